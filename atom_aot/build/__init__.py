@@ -1,0 +1,1 @@
+"""Build step: read a checkpoint, shard/fuse/quantize it, and write the artifact."""

@@ -1,0 +1,31 @@
+"""The local artifact cache: artifacts named by model, target and build key."""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from atom_aot.build.config import BuildConfig
+
+KEY_DIGITS = 12
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("ATOM_AOT_ARTIFACTS", "artifacts"))
+
+
+def artifact_name(model_name: str, config: BuildConfig, key: str) -> str:
+    model = re.sub(r"[^a-z0-9.]+", "-", model_name.lower()).strip("-")
+    return f"{model}-{config.arch}-tp{config.tensor_parallel_size}-{config.quant}-{key[:KEY_DIGITS]}.atom"
+
+
+def find_cached(cache_dir: Path, key: str) -> Path | None:
+    """The cached artifact with this key, if one is there (checked against its manifest's full key)."""
+    from atom_aot.runtime.artifact import Artifact, ArtifactError
+    for path in sorted(cache_dir.glob(f"*-{key[:KEY_DIGITS]}.atom")):
+        try:
+            if Artifact.open(path).manifest.get("build_key") == key:
+                return path
+        except ArtifactError:
+            continue          # a broken file is rebuilt, not trusted
+    return None

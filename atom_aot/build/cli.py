@@ -1,0 +1,90 @@
+"""`atom-build`: compile a model ahead of time into a versioned artifact."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from atom_aot.arch import ARCHES
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="atom-build",
+        description="Compile a model ahead of time into an artifact that `atom-run` serves with no compilation.",
+        epilog="Building needs the target present: --arch must be this machine's arch (or auto), since kernel "
+               "choices and graph-pool sizes are measured on it. Same inputs give the same build key, and the "
+               "build then returns the cached artifact at once.")
+    p.add_argument("--model", default=None,
+                   help="Hugging Face model folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--arch", default="auto", choices=("auto",) + ARCHES,
+                   help="target; auto = this machine (building for an arch that is not present is an error)")
+    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--ep", action="store_true", help="expert parallelism for MoE models")
+    p.add_argument("--quant", default="none", choices=("none", "fp8"), help="weight quantization")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "bf16", "fp8"))
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="model dtype (auto: float32 on cpu, bfloat16 on GPUs)")
+    p.add_argument("--capture-sizes", default=None, help="CUDA-graph batch sizes, e.g. 1,2,4,8,16")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--compile", default="aoti", choices=("aoti", "none"),
+                   help="aoti: AOTInductor package (default); none: weights only, the runtime runs eagerly")
+    p.add_argument("--out", type=Path, default=None, help="output path (.atom file, or a folder)")
+    p.add_argument("--cache-dir", type=Path, default=None, help="artifact cache (default: artifacts/)")
+    p.add_argument("--print-key", action="store_true", help="print the build key and exit without building")
+    p.add_argument("--force", action="store_true", help="rebuild even if the cache has this key")
+    return p.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace):
+    from atom_aot.arch import detect_arch
+    from atom_aot.build.config import BuildConfig
+    sizes = None
+    if args.capture_sizes:
+        try:
+            sizes = tuple(int(s) for s in args.capture_sizes.split(","))
+        except ValueError:
+            raise ValueError(f"--capture-sizes must be comma-separated integers, got {args.capture_sizes!r}")
+    return BuildConfig(
+        arch=detect_arch() if args.arch == "auto" else args.arch, dtype=args.dtype,
+        tensor_parallel_size=args.tensor_parallel_size, enable_expert_parallel=args.ep, quant=args.quant,
+        kv_cache_dtype=args.kv_cache_dtype, capture_sizes=sizes, max_model_len=args.max_model_len,
+        block_size=args.block_size, compile=args.compile)
+
+
+def main(argv=None) -> int:
+    from atom_aot.cli_util import run_cli
+    return run_cli(lambda: _main(parse_args(argv)))
+
+
+def _main(args: argparse.Namespace) -> int:
+    from atom_aot.build.pipeline import build, plan
+    config = build_config(args)
+    if args.print_key:
+        _, _, key, _ = plan(args.model, config)
+        print(key)
+        return 0
+    result = build(args.model, config, cache_dir=args.cache_dir, out=args.out, force=args.force)
+    print(summary(result))
+    return 0
+
+
+def summary(result) -> str:
+    from atom_aot.runtime.artifact import Artifact
+    manifest = Artifact.open(result.path).manifest
+    lines = [f"artifact   {result.path}", f"build key  {result.key}",
+             "status     " + ("cache hit: the artifact with this key was reused" if result.cached else "built")]
+    if not result.cached:
+        lines.append("stages     " + ", ".join(f"{k} {v:.1f}s" for k, v in result.seconds.items()))
+    sizes = {}
+    for name, info in manifest["members"].items():
+        group = name.split("/")[0] if "/" in name else "other"
+        sizes[group] = sizes.get(group, 0) + info["stored_size"]
+    total = f" (file {result.path.stat().st_size / 2**20:.1f} MiB)" if result.path.is_file() else ""
+    lines.append("sizes      " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in sorted(sizes.items())) + total)
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

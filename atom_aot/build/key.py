@@ -1,0 +1,51 @@
+"""The build key: a hash of everything that determines an artifact's bytes.
+
+Same inputs give the same key (the build is then a cache hit); changing any one of them (a
+weight value, a config field, the tokenizer, the toolchain, a build option, or the engine code
+that converts, exports and compiles) gives another.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import xxhash
+
+import atom_aot
+from atom_aot.arch import toolchain
+from atom_aot.build.config import BuildConfig
+from atom_aot.build.source import ModelSource
+from atom_aot.version import ARTIFACT_FORMAT_VERSION, __version__
+
+# Engine code whose behaviour shapes the artifact (model definitions, ops, conversion, export).
+ENGINE_CODE = ("models", "ops", "build/weights.py", "build/export.py", "build/tune.py", "build/graphs.py")
+
+
+def engine_code_hash() -> str:
+    root = Path(atom_aot.__file__).parent
+    h = xxhash.xxh3_128()
+    for entry in ENGINE_CODE:
+        path = root / entry
+        for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            if f.exists():
+                h.update(f.relative_to(root).as_posix().encode())
+                h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def key_inputs(source: ModelSource, config: BuildConfig) -> dict:
+    return {
+        "format_version": ARTIFACT_FORMAT_VERSION,
+        "engine": {"version": __version__, "code": engine_code_hash()},
+        "weights": source.weights_hash(),
+        "config": source.config,
+        "generation_config": source.generation_config,
+        "tokenizer": source.tokenizer_hash(),
+        "toolchain": toolchain(),
+        "build": config.key_fields(),
+    }
+
+
+def build_key(inputs: dict) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()

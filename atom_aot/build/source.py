@@ -1,0 +1,99 @@
+"""Model resolution: turn `--model` (an HF folder, a GGUF file, or nothing for the embedded
+default) into one interface the rest of the build reads."""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+import xxhash
+
+log = logging.getLogger("atom_aot")
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json")
+
+
+@dataclass
+class ModelSource:
+    name: str                     # short name for the artifact file name
+    path: Path
+    config: dict                  # HF config.json content
+    generation_config: dict
+    weight_files: list[Path]      # the files whose bytes are the weights (hashed for the build key)
+    tensors: Callable[[], Iterator[tuple[str, torch.Tensor]]]   # HF-named tensors, one at a time
+    save_tokenizer: Callable[[Path], None]
+    tokenizer_files: list[Path]   # hashed for the build key (a GGUF's tokenizer is inside its weights file)
+
+    def weights_hash(self) -> str:
+        """xxh3-128 over the weight files' bytes: any changed value changes it."""
+        h = xxhash.xxh3_128()
+        for f in self.weight_files:
+            h.update(f.name.encode())
+            with open(f, "rb") as fh:
+                while chunk := fh.read(1 << 24):
+                    h.update(chunk)
+        return h.hexdigest()
+
+    def tokenizer_hash(self) -> str:
+        h = xxhash.xxh3_128()
+        for f in self.tokenizer_files:
+            h.update(f.name.encode() + f.read_bytes())
+        if not self.tokenizer_files:     # converted from GGUF metadata by transformers
+            import transformers
+            h.update(f"gguf-converted-by-transformers-{transformers.__version__}".encode())
+        return h.hexdigest()
+
+
+def resolve_model(model: str | None) -> ModelSource:
+    if model is None:
+        from atom_aot.build.default_model import default_model_path
+        model = default_model_path()
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return _gguf_source(path)
+    if path.is_dir() and (path / "config.json").exists():
+        return _hf_folder_source(path)
+    if path.is_dir() and len(ggufs := sorted(path.glob("*.gguf"))) == 1:
+        return _gguf_source(ggufs[0])
+    raise FileNotFoundError(
+        f"--model {model!r} is neither a Hugging Face model folder (with config.json and *.safetensors) "
+        f"nor a .gguf file. Models are never downloaded at run time: pass a local path, or omit --model "
+        f"for the embedded default (SmolLM2-135M-Instruct).")
+
+
+def _hf_folder_source(path: Path) -> ModelSource:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path} has no *.safetensors weights (pickled .bin checkpoints are not loaded)")
+    config = json.loads((path / "config.json").read_text())
+    gen_file = path / "generation_config.json"
+    generation = json.loads(gen_file.read_text()) if gen_file.exists() else {}
+
+    def tensors():
+        from safetensors import safe_open
+        for f in files:
+            with safe_open(f, framework="pt") as fh:
+                for name in fh.keys():
+                    yield name, fh.get_tensor(name)
+
+    tokenizer_files = [path / n for n in TOKENIZER_FILES if (path / n).exists()]
+    if not any(f.name in ("tokenizer.json", "tokenizer.model") for f in tokenizer_files):
+        raise FileNotFoundError(f"{path} has no tokenizer (tokenizer.json or tokenizer.model)")
+
+    def save_tokenizer(out: Path):
+        for f in tokenizer_files:
+            shutil.copy(f, out / f.name)
+
+    return ModelSource(path.name, path, config, generation, files, tensors, save_tokenizer, tokenizer_files)
+
+
+def _gguf_source(path: Path) -> ModelSource:
+    from atom_aot.build.gguf_reader import read_gguf
+    checkpoint = read_gguf(str(path))
+    return ModelSource(path.stem, path, checkpoint.config, checkpoint.generation_config, [path],
+                       checkpoint.tensors, lambda out: checkpoint.save_tokenizer(str(out)), [])

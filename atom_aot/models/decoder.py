@@ -1,0 +1,126 @@
+"""The dense decoder-only transformer that Llama and Qwen3 share.
+
+A family's file says how it differs (QK-norm, bias, weight names); this file holds the common
+structure. The forward signature is the one the build exports: flat tensors only, with the
+token dimension T, the batch B and the block-table width dynamic.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from atom_aot.models.config import ModelConfig
+from atom_aot.models.layers import RMSNorm, RotaryEmbedding, make_linear
+from atom_aot.ops.attention import paged_attention
+
+
+class AttentionInputs(NamedTuple):
+    """What every attention layer reads for one step (see atom_aot/ops/attention.py)."""
+    kv_cache: torch.Tensor         # [L, 2, num_blocks, block_size, Hkv, D]
+    slot_mapping: torch.Tensor     # [T] int64
+    block_tables: torch.Tensor     # [B, max_blocks] int32
+    seq_lens: torch.Tensor         # [B] int32
+    query_start_loc: torch.Tensor  # [B + 1] int32
+
+
+class DecoderAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, quant: str, qk_norm: bool):
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim ** -0.5
+        self.qkv_proj = make_linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, cfg.attention_bias, dtype, quant)
+        self.o_proj = make_linear(self.q_size, cfg.hidden_size, False, dtype, quant)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if qk_norm else None
+
+    def forward(self, positions, x, rotary: RotaryEmbedding, attn: AttentionInputs):
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.unflatten(-1, (self.num_heads, self.head_dim))      # [T, H, D]
+        k = k.unflatten(-1, (self.num_kv_heads, self.head_dim))   # [T, Hkv, D]
+        v = v.unflatten(-1, (self.num_kv_heads, self.head_dim))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(positions, q, k)
+        o = paged_attention(q, k, v, attn.kv_cache, self.layer, attn.slot_mapping, attn.block_tables,
+                            attn.seq_lens, attn.query_start_loc, self.scale)
+        return self.o_proj(o.flatten(-2))
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str):
+        super().__init__()
+        self.gate_up_proj = make_linear(cfg.hidden_size, 2 * cfg.intermediate_size, False, dtype, quant)
+        self.down_proj = make_linear(cfg.intermediate_size, cfg.hidden_size, False, dtype, quant)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, quant: str, qk_norm: bool):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.self_attn = DecoderAttention(cfg, layer, dtype, quant, qk_norm)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.mlp = GatedMLP(cfg, dtype, quant)
+
+    def forward(self, positions, hidden, residual, rotary, attn: AttentionInputs):
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, rotary, attn)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str, qk_norm: bool, max_positions: int):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.rotary = RotaryEmbedding(cfg.head_dim, max_positions)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, quant, qk_norm) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+
+    def forward(self, input_ids, positions, attn: AttentionInputs):
+        hidden, residual = self.embed_tokens(input_ids), None   # [T, hidden]
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual, self.rotary, attn)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class DecoderForCausalLM(nn.Module):
+    """Base of the causal-LM families. Subclasses set `qk_norm` and `WEIGHT_MAP`."""
+
+    qk_norm = False
+    # checkpoint module name -> (runtime module name, index of its part in the fused parameter)
+    PACKED_MODULES = {
+        "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+        "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+    }
+    # runtime modules split across tensor-parallel ranks: "column" splits outputs, "row" inputs
+    TP_SPLITS = {"qkv_proj": "column", "gate_up_proj": "column", "o_proj": "row", "down_proj": "row",
+                 "embed_tokens": "vocab", "lm_head": "vocab"}
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None):
+        super().__init__()
+        self.config = cfg
+        self.model = DecoderModel(cfg, dtype, quant, self.qk_norm, max_positions or cfg.max_position_embeddings)
+        # lm_head stays unquantized: it decides the argmax.
+        self.lm_head = None if cfg.tie_word_embeddings else make_linear(cfg.hidden_size, cfg.vocab_size, False, dtype, "none")
+
+    def forward(self, input_ids, positions, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc,
+                logits_indices):
+        """Runs T tokens of B sequences; returns float32 logits [N, vocab] for the rows in logits_indices."""
+        attn = AttentionInputs(kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc)
+        hidden = self.model(input_ids, positions, attn)[logits_indices]   # [N, hidden]
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()

@@ -1,0 +1,3 @@
+"""Operators the models call. Importing this package registers the `atom::` custom ops, which must
+happen before a compiled model that calls them is loaded."""
+from atom_aot.ops.attention import paged_attention  # noqa: F401  (registers atom::paged_attention)

@@ -1,0 +1,102 @@
+"""Attention over the paged KV cache, as the custom op `atom::paged_attention`.
+
+Being a custom op keeps attention opaque to `torch.export`: the compiled model calls it by name,
+so the graph splits around it and each arch registers its own kernel for it (a torch reference
+here; Triton kernels register for CUDA). The op writes the new keys/values into the cache in
+place, then attends over everything the sequence has cached.
+
+KV cache layout (one tensor for the whole model):
+
+    kv_cache: [num_layers, 2 (k, v), num_blocks, block_size, num_kv_heads, head_dim]
+
+Token t of a sequence lives in block `block_table[t // block_size]`, row `t % block_size`;
+`slot_mapping` gives each new token's flat slot `block * block_size + row` (-1: padding, skipped).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+# Registered through the dispatcher directly (not `torch.library.custom_op`, whose wrapper imports
+# torch._dynamo on first call: seconds of start-up, and a compiler loaded into the runtime).
+LIBRARY = torch.library.Library("atom", "DEF")
+LIBRARY.define(
+    "paged_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) kv_cache, int layer, Tensor slot_mapping, "
+    "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale) -> Tensor")
+
+
+def paged_attention_reference(
+    q: torch.Tensor,              # [T, H, D]
+    k: torch.Tensor,              # [T, Hkv, D]
+    v: torch.Tensor,              # [T, Hkv, D]
+    kv_cache: torch.Tensor,       # [L, 2, num_blocks, block_size, Hkv, D]
+    layer: int,
+    slot_mapping: torch.Tensor,   # [T] int64
+    block_tables: torch.Tensor,   # [B, max_blocks] int32
+    seq_lens: torch.Tensor,       # [B] int32: tokens in context once this step's are written
+    query_start_loc: torch.Tensor,  # [B + 1] int32: the batch's tokens of sequence b are q[start[b]:start[b+1]]
+    scale: float,
+) -> torch.Tensor:
+    write_kv_cache(kv_cache[layer], k, v, slot_mapping)
+    return reference_attention(q, kv_cache[layer], block_tables, seq_lens, query_start_loc, scale)
+
+
+LIBRARY.impl("paged_attention", paged_attention_reference, "CPU")
+
+
+@torch.library.register_fake("atom::paged_attention", lib=LIBRARY)
+def _(q, k, v, kv_cache, layer, slot_mapping, block_tables, seq_lens, query_start_loc, scale):
+    return torch.empty_like(q)
+
+
+paged_attention = torch.ops.atom.paged_attention
+
+
+def write_kv_cache(kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Scatter the new k/v rows into their slots; padded tokens (slot -1) are dropped."""
+    _, num_blocks, block_size, num_kv_heads, head_dim = kv_layer.shape
+    flat = kv_layer.view(2, num_blocks * block_size, num_kv_heads, head_dim)
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid]
+    flat[0].index_copy_(0, slots, k[valid].to(kv_layer.dtype))
+    flat[1].index_copy_(0, slots, v[valid].to(kv_layer.dtype))
+
+
+def reference_attention(q, kv_layer, block_tables, seq_lens, query_start_loc, scale) -> torch.Tensor:
+    """Causal attention of each sequence's new tokens over its cached context, in plain torch.
+
+    The new tokens of a sequence with context length L are its last n_q positions, so query i
+    sees keys 0 .. L - n_q + i.
+    """
+    out = torch.empty_like(q)
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    for b, context_len in enumerate(lens):
+        first, last = starts[b], starts[b + 1]
+        if last > first:
+            keys, values = gather_context(kv_layer, block_tables[b], context_len)
+            out[first:last] = _causal_attention(q[first:last], keys, values, scale)
+    return out
+
+
+def gather_context(kv_layer: torch.Tensor, block_table: torch.Tensor, context_len: int):
+    """The first `context_len` keys and values of one sequence: 2 x [context_len, Hkv, D]."""
+    block_size = kv_layer.shape[2]
+    num_blocks = -(-context_len // block_size)
+    blocks = block_table[:num_blocks].long()
+    keys = kv_layer[0, blocks].flatten(0, 1)[:context_len]
+    values = kv_layer[1, blocks].flatten(0, 1)[:context_len]
+    return keys, values
+
+
+def _causal_attention(q, keys, values, scale):
+    # q: [n_q, H, D]; keys/values: [L, Hkv, D]
+    n_q, context_len = q.shape[0], keys.shape[0]
+    query_pos = torch.arange(n_q, device=q.device)[:, None] + (context_len - n_q)
+    mask = torch.arange(context_len, device=q.device)[None, :] <= query_pos  # [n_q, L]
+    group = q.shape[1] // keys.shape[1]
+    k = keys.to(q.dtype).transpose(0, 1).repeat_interleave(group, dim=0)   # [H, L, D]
+    v = values.to(q.dtype).transpose(0, 1).repeat_interleave(group, dim=0)
+    o = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask, scale=scale)
+    return o.transpose(0, 1)

@@ -1,0 +1,140 @@
+"""Paged KV-cache blocks with prefix caching, in plain Python (no torch).
+
+A full block is identified by a chained hash, xxh64(parent hash + its token ids), so equal
+prefixes map to equal hashes. Blocks are reference-counted; a freed block that holds a full,
+hashed prefix stays findable until it is reused, and reuse takes the least recently freed block
+first (a freed sequence's tail blocks are queued ahead of its head, so shared heads live longest).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import xxhash
+
+from atom_aot.runtime.sequence import Sequence
+
+NO_HASH = -1
+
+
+def chain_hash(token_ids: list[int], parent: int) -> int:
+    h = xxhash.xxh64()
+    if parent != NO_HASH:
+        h.update(parent.to_bytes(8, "little"))
+    h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
+    return h.intdigest()
+
+
+class Block:
+    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.hash = NO_HASH
+        self.token_ids: list[int] = []
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_block_ids: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.hash_to_block: dict[int, int] = {}
+        self.prefix_queries = 0   # full prompt blocks looked up
+        self.prefix_hits = 0      # of which found cached
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_block_ids)
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+
+    # -- allocation -------------------------------------------------------------------------
+    def allocate_prefix(self, seq: Sequence) -> None:
+        """Start a sequence's block table with the cached blocks of its prefix, if any.
+
+        At least one token is always left to compute, so the step that follows produces logits.
+        """
+        assert not seq.block_table, "sequence already has blocks"
+        seq.num_cached_tokens = 0
+        if not self.enable_prefix_caching:
+            return
+        parent = NO_HASH
+        for index in range((seq.num_tokens - 1) // self.block_size):
+            tokens = seq.block_tokens(index)
+            parent = chain_hash(tokens, parent)
+            self.prefix_queries += 1
+            block_id = self.hash_to_block.get(parent)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            self.prefix_hits += 1
+            self._take(block_id)
+            seq.block_table.append(block_id)
+            seq.block_hashes.append(parent)
+        seq.num_cached_tokens = len(seq.block_table) * self.block_size
+        seq.num_computed_tokens = seq.num_cached_tokens
+
+    def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
+        needed = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)
+        return max(0, needed - len(seq.block_table))
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return self.blocks_needed(seq, num_new_tokens) <= self.num_free_blocks
+
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
+        """Grow the block table so the next `num_new_tokens` tokens have slots."""
+        for _ in range(self.blocks_needed(seq, num_new_tokens)):
+            block_id = next(iter(self.free_block_ids))
+            self._evict(block_id)
+            self._take(block_id)
+            seq.block_table.append(block_id)
+
+    def free(self, seq: Sequence) -> None:
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_block_ids[block_id] = None
+                if block.hash == NO_HASH:   # nothing worth keeping: reuse it first
+                    self.free_block_ids.move_to_end(block_id, last=False)
+        seq.block_table.clear()
+        seq.block_hashes.clear()
+        seq.num_computed_tokens = 0
+        seq.num_cached_tokens = 0
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Register the hashes of blocks that became full of computed tokens."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = seq.num_computed_tokens // self.block_size
+        for index in range(len(seq.block_hashes), num_full):
+            parent = seq.block_hashes[-1] if seq.block_hashes else NO_HASH
+            tokens = seq.block_tokens(index)
+            h = chain_hash(tokens, parent)
+            seq.block_hashes.append(h)
+            block = self.blocks[seq.block_table[index]]
+            if h not in self.hash_to_block:
+                block.hash, block.token_ids = h, tokens
+                self.hash_to_block[h] = block.block_id
+
+    # -- internals --------------------------------------------------------------------------
+    def _take(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free_block_ids[block_id]
+        block.ref_count += 1
+
+    def _evict(self, block_id: int) -> None:
+        """Forget what a free block cached, before it is reused for other tokens."""
+        block = self.blocks[block_id]
+        if block.hash != NO_HASH and self.hash_to_block.get(block.hash) == block_id:
+            del self.hash_to_block[block.hash]
+        block.hash, block.token_ids = NO_HASH, []

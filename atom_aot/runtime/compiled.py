@@ -1,0 +1,30 @@
+"""Calls an AOTInductor package from the artifact, with the artifact's weights as its constants.
+
+Uses the package loader directly (not `torch._inductor.aoti_load_package`), so serving never
+imports Inductor: nothing at run time can compile.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+import atom_aot.ops  # noqa: F401  (the package calls atom:: custom ops by name)
+
+
+class CompiledModel:
+    def __init__(self, package: Path, constants: dict[str, torch.Tensor], device: torch.device):
+        device_index = -1 if device.type == "cpu" else (device.index or 0)
+        self._loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, device_index)
+        needed = set(self._loader.get_constant_fqns())
+        missing = needed - set(constants)
+        if missing:
+            raise ValueError(f"the compiled model needs weights the artifact lacks: {sorted(missing)[:5]}")
+        self._constants = {name: constants[name] for name in needed}   # kept alive: the loader borrows them
+        try:   # torch >= 2.13 takes allow_h2d_copy too
+            self._loader.load_constants(self._constants, False, True, True, False)
+        except TypeError:
+            self._loader.load_constants(self._constants, False, True, True)
+
+    def __call__(self, *args: torch.Tensor) -> torch.Tensor:
+        return self._loader.run(list(args))[0]

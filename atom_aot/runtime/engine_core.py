@@ -1,0 +1,112 @@
+"""The engine's inner loop at the level of token ids: intake -> schedule -> run -> update.
+
+It knows nothing of text. The same class runs inside `LLMEngine` (offline) and inside the
+server's engine process.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from atom_aot.runtime.block_manager import BlockManager
+from atom_aot.runtime.model_runner import ModelRunner
+from atom_aot.runtime.sampler import TokenLogprobs
+from atom_aot.runtime.sampling_params import SamplingParams
+from atom_aot.runtime.scheduler import Scheduler
+from atom_aot.runtime.sequence import Sequence
+
+
+@dataclass
+class CoreOutput:
+    """What one step produced for one request."""
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs] | None = None  # complete list, sent once
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    arrival_time: float = 0.0
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+
+class RequestError(ValueError):
+    """A request the engine cannot take (too long for the context, say); the message says why."""
+
+
+class EngineCore:
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, eos_token_ids: frozenset[int], block_size: int):
+        self.scheduler = scheduler
+        self.runner = runner
+        self.eos_token_ids = eos_token_ids
+        self.block_size = block_size
+        self._ids = itertools.count()
+        self._prompt_logprobs: dict[str, list[TokenLogprobs]] = {}
+        self.num_prompt_tokens_total = 0
+        self.num_generation_tokens_total = 0
+
+    @property
+    def block_manager(self) -> BlockManager:
+        return self.scheduler.block_manager
+
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                    arrival_time: float | None = None) -> str:
+        self.validate(len(prompt_token_ids), params)
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        seq = Sequence(request_id=request_id, token_ids=list(prompt_token_ids),
+                       num_prompt_tokens=len(prompt_token_ids), params=params, block_size=self.block_size,
+                       eos_token_ids=self.eos_token_ids, arrival_time=arrival_time or time.perf_counter())
+        if params.seed is not None:
+            seq.generator = self.runner.sampler.new_request_generator(params.seed)
+        if params.prompt_logprobs is not None:
+            self._prompt_logprobs[request_id] = []
+        self.scheduler.add(seq)
+        self.num_prompt_tokens_total += len(prompt_token_ids)
+        return request_id
+
+    def validate(self, num_prompt_tokens: int, params: SamplingParams) -> None:
+        max_len = self.scheduler.config.max_model_len
+        if num_prompt_tokens == 0:
+            raise RequestError("the prompt is empty")
+        wanted = num_prompt_tokens + (params.max_tokens or 1)
+        if wanted > max_len:
+            raise RequestError(
+                f"this model's maximum context length is {max_len} tokens, but the request needs "
+                f"{wanted} ({num_prompt_tokens} in the prompt + {params.max_tokens or 1} to generate)")
+
+    def abort(self, request_id: str, reason: str = "abort") -> None:
+        self._prompt_logprobs.pop(request_id, None)
+        self.scheduler.abort(request_id, reason)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[CoreOutput]:
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return []
+        result = self.runner.run(batch)
+        self._collect_prompt_logprobs(batch, result.prompt_logprobs)
+        advanced = self.scheduler.update(batch, result.sampled)
+        self.num_generation_tokens_total += len(advanced)
+        logprobs = {seq.request_id: lp for seq, lp in zip(batch.seqs, result.logprobs)}
+        return [self._output(seq, logprobs[seq.request_id]) for seq in advanced]
+
+    def _collect_prompt_logprobs(self, batch, prompt_logprobs) -> None:
+        for seq, scored in zip(batch.seqs, prompt_logprobs):
+            collected = self._prompt_logprobs.get(seq.request_id)
+            if scored is None or collected is None:
+                continue
+            missing = seq.num_prompt_tokens - 1 - len(collected)   # a recomputed prompt is scored once
+            collected.extend(scored[:max(0, missing)])
+
+    def _output(self, seq: Sequence, logprobs: TokenLogprobs | None) -> CoreOutput:
+        first = seq.num_output_tokens == 1
+        return CoreOutput(
+            request_id=seq.request_id, new_token_ids=[seq.token_ids[-1]], finish_reason=seq.finish_reason,
+            logprobs=[logprobs] if logprobs is not None else [],
+            prompt_logprobs=self._prompt_logprobs.pop(seq.request_id, None) if first else None,
+            num_prompt_tokens=seq.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens,
+            arrival_time=seq.arrival_time, first_token_time=seq.first_token_time, finish_time=seq.finish_time)

@@ -1,0 +1,109 @@
+"""Load an artifact for serving: check it, map its weights, and make the model callable.
+
+Order matters: the manifest and every member hash are checked before anything is
+deserialized, and the target (arch, toolchain, format) before any compiled code is touched.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from atom_aot.arch import detect_arch, device_for_arch, toolchain
+from atom_aot.models import ModelConfig, model_class
+from atom_aot.runtime.artifact import Artifact, ArtifactError, rebuild_command
+from atom_aot.runtime.safetensors_view import tensors_from_buffer
+
+log = logging.getLogger("atom_aot")
+
+WEIGHTS = "weights/rank0.safetensors"
+CHECKED_TOOLCHAIN = ("torch", "triton", "cuda", "hip", "cpu_isa")
+
+
+@dataclass
+class LoadedArtifact:
+    artifact: Artifact
+    model_config: ModelConfig
+    forward: torch.nn.Module | object   # called with the exported signature
+    execution: str                      # which path runs: "aotinductor" or "eager"
+    device: torch.device
+    dtype: torch.dtype
+    kv_dtype: torch.dtype
+    block_size: int
+    max_model_len: int
+    capture_sizes: tuple[int, ...]
+    generation_config: dict
+    tokenizer_dir: Path
+    tuning: dict
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def manifest(self) -> dict:
+        return self.artifact.manifest
+
+
+def check_target(artifact: Artifact) -> None:
+    """Refuse an artifact made for another arch or toolchain, saying how to make a matching one."""
+    manifest = artifact.manifest
+    target = manifest["target"]
+    here = {"arch": detect_arch(), **toolchain()}
+    for key in ("arch",) + CHECKED_TOOLCHAIN:
+        if target.get(key) != here.get(key):
+            raise ArtifactError(
+                f"{artifact.path} was built for {key} {target.get(key)!r}, but this machine has "
+                f"{here.get(key)!r}. Compiled code is tied to the arch and toolchain it was built with, so it "
+                f"is not loaded. Make a matching artifact here with: {rebuild_command(manifest, here['arch'])}")
+
+
+def load_artifact(path: str | Path, enforce_eager: bool = False) -> LoadedArtifact:
+    timings = {}
+    start = time.perf_counter()
+    artifact = Artifact.open(path)
+    check_target(artifact)
+    artifact.verify()
+    timings["verify"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    manifest = artifact.manifest
+    build = manifest["build"]
+    device = device_for_arch(manifest["target"]["arch"])
+    model_config = ModelConfig.from_hf_dict(artifact.read_json("config/config.json"))
+    weights = tensors_from_buffer(artifact.member_buffer(WEIGHTS))
+    if device.type != "cpu":
+        weights = {name: t.to(device, non_blocking=True) for name, t in weights.items()}
+        torch.cuda.synchronize(device)
+    timings["weights"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    compiled = manifest["compiled"]["kind"] == "aotinductor" and not enforce_eager
+    if compiled:
+        from atom_aot.runtime.compiled import CompiledModel
+        forward = CompiledModel(artifact.member_path(manifest["compiled"]["package"]), weights, device)
+    else:
+        forward = _eager_model(model_config, build, weights)
+    execution = "aotinductor" if compiled else "eager"
+    timings["compiled load" if compiled else "eager model"] = time.perf_counter() - start
+    log.info("model path: %s (%s)", execution,
+             "compiled package from the artifact" if compiled else
+             "--enforce-eager" if enforce_eager else "the artifact has no compiled code (built with --compile none)")
+    return LoadedArtifact(
+        artifact=artifact, model_config=model_config, forward=forward, execution=execution, device=device,
+        dtype=getattr(torch, build["dtype"]), kv_dtype=getattr(torch, build["kv_cache_dtype"]),
+        block_size=build["block_size"], max_model_len=build["max_model_len"],
+        capture_sizes=tuple(build["capture_sizes"]),
+        generation_config=artifact.read_json("config/generation_config.json"),
+        tokenizer_dir=artifact.member_dir("tokenizer"), tuning=artifact.read_json("tuning.json"), timings=timings)
+
+
+def _eager_model(model_config: ModelConfig, build: dict, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
+    cls = model_class(model_config.architecture)
+    with torch.device("meta"):
+        model = cls(model_config, getattr(torch, build["dtype"]), build["quant"], build["max_model_len"])
+    model.load_state_dict(weights, assign=True)
+    return model.eval()
+
+

@@ -1,0 +1,129 @@
+"""Runs one scheduled batch: flattens it into the model's input tensors, calls the model
+(compiled or eager, the same signature), samples, and scores logprobs where asked."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from atom_aot.runtime.sampler import Sampler, TokenLogprobs, compute_logprobs
+from atom_aot.runtime.scheduler import ScheduledBatch
+
+# forward(input_ids, positions, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, logits_indices)
+ModelForward = Callable[..., torch.Tensor]
+
+
+@dataclass
+class StepInputs:
+    """The flat tensors of one step, as the exported model takes them."""
+    input_ids: torch.Tensor        # [T] int64
+    positions: torch.Tensor        # [T] int64
+    slot_mapping: torch.Tensor     # [T] int64
+    block_tables: torch.Tensor     # [B, max_blocks] int32
+    seq_lens: torch.Tensor         # [B] int32
+    query_start_loc: torch.Tensor  # [B + 1] int32
+    logits_indices: torch.Tensor   # [N] int64: rows of T whose logits are needed
+    sample_rows: list[int]         # for each sampling sequence (batch order), its row in the logits
+    prompt_rows: dict[int, range] = field(default_factory=dict)  # seq index -> logits rows scoring its prompt
+
+
+@dataclass
+class StepOutput:
+    sampled: list[int | None]                      # per batch sequence; None: still in its prompt
+    logprobs: list[TokenLogprobs | None]
+    prompt_logprobs: list[list[TokenLogprobs] | None]
+
+
+class ModelRunner:
+    def __init__(self, forward: ModelForward, kv_cache: torch.Tensor, block_size: int, device: torch.device,
+                 sampler: Sampler):
+        self.forward = forward
+        self.kv_cache = kv_cache
+        self.block_size = block_size
+        self.device = device
+        self.sampler = sampler
+
+    def run(self, batch: ScheduledBatch) -> StepOutput:
+        inputs = self.prepare_inputs(batch)
+        logits = self.forward(inputs.input_ids, inputs.positions, self.kv_cache, inputs.slot_mapping,
+                              inputs.block_tables, inputs.seq_lens, inputs.query_start_loc, inputs.logits_indices)
+        return self.postprocess(batch, inputs, logits)
+
+    def prepare_inputs(self, batch: ScheduledBatch) -> StepInputs:
+        input_ids, positions, slots, logits_rows, sample_rows, prompt_rows = [], [], [], [], [], {}
+        first_row = 0   # row of this sequence's first new token in the flat batch
+        for i, (seq, count) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
+            start = seq.num_computed_tokens
+            pos = np.arange(start, start + count)
+            table = np.asarray(seq.block_table, dtype=np.int64)
+            input_ids.append(np.asarray(seq.token_ids[start:start + count], dtype=np.int64))
+            positions.append(pos)
+            slots.append(table[pos // self.block_size] * self.block_size + pos % self.block_size)
+            scoring = _prompt_positions_to_score(seq, start, count)
+            if scoring:
+                prompt_rows[i] = range(len(logits_rows), len(logits_rows) + len(scoring))
+                logits_rows.extend(first_row + p - start for p in scoring)
+            if batch.samples(i):
+                sample_rows.append(len(logits_rows))
+                logits_rows.append(first_row + count - 1)
+            first_row += count
+        max_blocks = max(len(seq.block_table) for seq in batch.seqs)
+        tables = np.zeros((len(batch.seqs), max_blocks), dtype=np.int32)
+        for i, seq in enumerate(batch.seqs):
+            tables[i, :len(seq.block_table)] = seq.block_table
+        counts = np.asarray(batch.num_new_tokens)
+        seq_lens = np.asarray([s.num_computed_tokens for s in batch.seqs]) + counts
+        to = self._to_device
+        return StepInputs(
+            input_ids=to(np.concatenate(input_ids)), positions=to(np.concatenate(positions)),
+            slot_mapping=to(np.concatenate(slots)), block_tables=to(tables),
+            seq_lens=to(seq_lens.astype(np.int32)),
+            query_start_loc=to(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)),
+            logits_indices=to(np.asarray(logits_rows, dtype=np.int64)),
+            sample_rows=sample_rows, prompt_rows=prompt_rows)
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device, non_blocking=True)
+
+    def postprocess(self, batch: ScheduledBatch, inputs: StepInputs, logits: torch.Tensor) -> StepOutput:
+        sampling_seqs = [seq for i, seq in enumerate(batch.seqs) if batch.samples(i)]
+        sampled = []
+        if sampling_seqs:
+            rows = torch.as_tensor(inputs.sample_rows, device=logits.device)
+            tokens = self.sampler(logits[rows], sampling_seqs)
+            sampled = tokens.tolist()
+            logprobs = self._sampled_logprobs(logits[rows], tokens, sampling_seqs)
+        out = StepOutput(sampled=[None] * len(batch.seqs), logprobs=[None] * len(batch.seqs),
+                         prompt_logprobs=[None] * len(batch.seqs))
+        sampling_indices = [i for i in range(len(batch.seqs)) if batch.samples(i)]
+        for j, i in enumerate(sampling_indices):
+            out.sampled[i] = sampled[j]
+            out.logprobs[i] = logprobs[j]
+        for i, rows in inputs.prompt_rows.items():
+            seq = batch.seqs[i]
+            start = seq.num_computed_tokens
+            targets = torch.as_tensor(seq.token_ids[start + 1:start + 1 + len(rows)], device=logits.device)
+            out.prompt_logprobs[i] = compute_logprobs(logits[rows.start:rows.stop], targets,
+                                                      [seq.params.prompt_logprobs] * len(rows))
+        return out
+
+    @staticmethod
+    def _sampled_logprobs(logits, tokens, seqs) -> list[TokenLogprobs | None]:
+        wanted = [i for i, seq in enumerate(seqs) if seq.params.logprobs is not None]
+        result: list[TokenLogprobs | None] = [None] * len(seqs)
+        if wanted:
+            rows = torch.as_tensor(wanted, device=logits.device)
+            scored = compute_logprobs(logits[rows], tokens[rows], [seqs[i].params.logprobs for i in wanted])
+            for i, lp in zip(wanted, scored):
+                result[i] = lp
+        return result
+
+
+def _prompt_positions_to_score(seq, start: int, count: int) -> list[int]:
+    """Positions in [start, start+count) whose logits score the next prompt token (echo + logprobs)."""
+    if seq.params.prompt_logprobs is None:
+        return []
+    last = min(start + count, seq.num_prompt_tokens - 1)
+    return list(range(start, last))

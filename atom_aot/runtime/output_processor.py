@@ -1,0 +1,119 @@
+"""From token ids to what a caller sees: incremental text, stop strings, timings.
+
+Runs beside the tokenizer: in `LLMEngine` offline, in the HTTP front end when serving. A stop
+string ends a request here (the caller then aborts it in the engine core); while a request is
+running, the last few characters are held back so a stop string is never half-streamed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from atom_aot.runtime.detokenizer import IncrementalDetokenizer
+from atom_aot.runtime.engine_core import CoreOutput
+from atom_aot.runtime.sampler import TokenLogprobs
+from atom_aot.runtime.sampling_params import SamplingParams
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    text: str                          # the whole output text so far (stop string trimmed)
+    delta_text: str                    # the text this update adds
+    token_ids: list[int]               # every output token so far
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    num_tokens_input: int
+    logprobs: list[TokenLogprobs] = field(default_factory=list)   # for new_token_ids
+    prompt_logprobs: list[TokenLogprobs] | None = None
+    num_cached_tokens: int = 0
+    ttft: float | None = None          # seconds from arrival to the first token
+    tpot: float | None = None          # mean seconds per output token after the first
+    latency: float | None = None       # seconds from arrival to the end
+
+    @property
+    def num_tokens_output(self) -> int:
+        return len(self.token_ids)
+
+    def as_dict(self) -> dict:
+        return {"text": self.text, "token_ids": self.token_ids, "latency": self.latency,
+                "finish_reason": self.finish_reason, "num_tokens_input": self.num_tokens_input,
+                "num_tokens_output": self.num_tokens_output, "ttft": self.ttft, "tpot": self.tpot}
+
+
+StreamCallback = Callable[[RequestOutput], None]
+
+
+class _RequestState:
+    def __init__(self, tokenizer, prompt_ids: list[int], params: SamplingParams, callback: StreamCallback | None):
+        self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids)
+        self.params = params
+        self.callback = callback
+        self.text = ""
+        self.emitted = 0   # characters of text already handed out
+        self.token_ids: list[int] = []
+        self.holdback = max((len(s) for s in params.stop_strings), default=1) - 1
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.requests: dict[str, _RequestState] = {}
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                    callback: StreamCallback | None = None) -> None:
+        self.requests[request_id] = _RequestState(self.tokenizer, prompt_ids, params, callback)
+
+    def abort(self, request_id: str) -> None:
+        self.requests.pop(request_id, None)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def process(self, outputs: list[CoreOutput]) -> tuple[list[RequestOutput], list[str]]:
+        """Returns the updates, and the ids a stop string finished (to abort in the engine core)."""
+        updates, stopped = [], []
+        for out in outputs:
+            state = self.requests.get(out.request_id)
+            if state is None:          # aborted meanwhile
+                continue
+            finish_reason = out.finish_reason
+            state.token_ids.extend(out.new_token_ids)
+            state.text += state.detokenizer.add(out.new_token_ids)
+            if finish_reason is None and self._match_stop_string(state):
+                finish_reason = "stop"
+                stopped.append(out.request_id)
+            update = self._update(state, out, finish_reason)
+            if update.finished:
+                del self.requests[out.request_id]
+            if state.callback is not None:
+                state.callback(update)
+            updates.append(update)
+        return updates, stopped
+
+    def _match_stop_string(self, state: _RequestState) -> bool:
+        search_from = max(0, state.emitted - state.holdback)
+        hits = [i for i in (state.text.find(s, search_from) for s in state.params.stop_strings) if i >= 0]
+        if hits:
+            state.text = state.text[:min(hits)]
+        return bool(hits)
+
+    def _update(self, state: _RequestState, out: CoreOutput, finish_reason: str | None) -> RequestOutput:
+        finished = finish_reason is not None
+        visible = len(state.text) if finished else max(state.emitted, len(state.text) - state.holdback)
+        delta, state.emitted = state.text[state.emitted:visible], visible
+        update = RequestOutput(
+            request_id=out.request_id, text=state.text[:visible], delta_text=delta,
+            token_ids=list(state.token_ids), new_token_ids=list(out.new_token_ids), finished=finished,
+            finish_reason=finish_reason, num_tokens_input=out.num_prompt_tokens, logprobs=out.logprobs,
+            prompt_logprobs=out.prompt_logprobs, num_cached_tokens=out.num_cached_tokens)
+        if out.first_token_time is not None:
+            update.ttft = out.first_token_time - out.arrival_time
+        if finished:
+            import time
+            end = out.finish_time or time.perf_counter()
+            update.latency = end - out.arrival_time
+            n = len(state.token_ids)
+            update.tpot = (end - out.first_token_time) / (n - 1) if n > 1 and out.first_token_time else 0.0
+        return update

@@ -1,0 +1,92 @@
+"""Turns logits into next tokens: greedy, temperature, top-k, top-p, min-p, per-request seeds.
+
+Sampling draws one exponential variate per vocabulary entry and takes argmax(p / E), which is an
+exact draw from p. A seeded request draws its variates from its own generator, so its tokens do
+not depend on which other requests share the batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from atom_aot.runtime.sequence import Sequence
+
+
+@dataclass
+class TokenLogprobs:
+    """The chosen token's log-probability and the top alternatives (under the model's distribution)."""
+    token_id: int
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]]
+
+
+def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                            min_p: torch.Tensor) -> torch.Tensor:
+    """Mask (to -inf) what top-k, then top-p, then min-p exclude. logits: [N, V]; the rest [N].
+
+    top_k <= 0 keeps all; top-p keeps the smallest set of most likely tokens whose mass reaches
+    top_p; min-p drops tokens less likely than min_p times the most likely one.
+    """
+    vocab = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
+    kth = sorted_logits.gather(-1, (k - 1).unsqueeze(-1))
+    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop = mass_before >= top_p.unsqueeze(-1)
+    drop |= probs < (min_p.unsqueeze(-1) * probs[:, :1])
+    drop[:, 0] = False                       # the most likely token always stays
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+
+
+class Sampler:
+    def __init__(self, device: torch.device, seed: int = 0):
+        self.device = device
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    def new_request_generator(self, seed: int) -> torch.Generator:
+        g = torch.Generator(device=self.device)
+        g.manual_seed(seed)
+        return g
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """logits: [N, V] float32, one row per sequence -> next token ids [N]."""
+        greedy = logits.argmax(dim=-1)
+        if all(seq.params.greedy for seq in seqs):
+            return greedy
+        temperature = torch.tensor([seq.params.temperature or 1.0 for seq in seqs], device=logits.device)
+        top_k = torch.tensor([seq.params.top_k for seq in seqs], device=logits.device)
+        top_p = torch.tensor([seq.params.top_p for seq in seqs], device=logits.device)
+        min_p = torch.tensor([seq.params.min_p for seq in seqs], device=logits.device)
+        scaled = apply_top_k_top_p_min_p(logits / temperature.unsqueeze(-1), top_k, top_p, min_p)
+        probs = scaled.softmax(dim=-1)
+        noise = self._exponential_noise(probs, seqs)
+        sampled = (probs / noise).argmax(dim=-1)
+        is_greedy = torch.tensor([seq.params.greedy for seq in seqs], device=logits.device)
+        return torch.where(is_greedy, greedy, sampled)
+
+    def _exponential_noise(self, probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        for row, seq in enumerate(seqs):
+            if seq.generator is not None and not seq.params.greedy:
+                noise[row].exponential_(generator=seq.generator)
+        return noise
+
+
+def compute_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, num_top: list[int]) -> list[TokenLogprobs]:
+    """Log-probabilities of `token_ids` under softmax(logits), with each row's top `num_top[i]`."""
+    logprobs = logits.float().log_softmax(dim=-1)
+    chosen = logprobs.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
+    ranks = (logprobs > chosen.unsqueeze(-1)).sum(dim=-1) + 1
+    most = max(num_top, default=0)
+    top_values, top_ids = logprobs.topk(most, dim=-1) if most else (None, None)
+    result = []
+    for row, count in enumerate(num_top):
+        top = list(zip(top_ids[row, :count].tolist(), top_values[row, :count].tolist())) if count else []
+        result.append(TokenLogprobs(int(token_ids[row]), float(chosen[row]), int(ranks[row]), top))
+    return result

@@ -1,0 +1,81 @@
+"""From an artifact path to a running EngineCore, with the startup breakdown `atom-run` prints."""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from atom_aot.runtime.block_manager import BlockManager
+from atom_aot.runtime.config import DEFAULT_CPU_KV_BYTES, RuntimeConfig
+from atom_aot.runtime.engine_core import EngineCore
+from atom_aot.runtime.kv_cache import allocate_kv_cache, bytes_per_block
+from atom_aot.runtime.loader import LoadedArtifact, load_artifact
+from atom_aot.runtime.model_runner import ModelRunner
+from atom_aot.runtime.sampler import Sampler
+from atom_aot.runtime.scheduler import Scheduler, SchedulerConfig
+
+log = logging.getLogger("atom_aot")
+
+
+class StartupError(Exception):
+    """A configuration this artifact cannot run with; the message says which numbers clash."""
+
+
+def eos_token_ids(loaded: LoadedArtifact) -> frozenset[int]:
+    eos = loaded.generation_config.get("eos_token_id")
+    if eos is None:
+        eos = loaded.artifact.read_json("config/config.json").get("eos_token_id")
+    if eos is None:
+        return frozenset()
+    return frozenset(eos if isinstance(eos, list) else [eos])
+
+
+def kv_block_count(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    per_block = bytes_per_block(loaded.model_config, loaded.block_size, loaded.kv_dtype)
+    if loaded.device.type == "cpu":
+        budget = config.kv_cache_memory_bytes or DEFAULT_CPU_KV_BYTES
+    else:
+        free, total = torch.cuda.mem_get_info(loaded.device)
+        used = total - free
+        budget = int(total * config.gpu_memory_utilization) - used - activation_reserve(loaded, config)
+    return max(0, budget // per_block)
+
+
+def activation_reserve(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
+    """Bytes kept free for activations of the largest step (logits dominate): a bound, not a probe."""
+    cfg = loaded.model_config
+    tokens = config.max_num_batched_tokens
+    width = max(cfg.hidden_size * 4, cfg.intermediate_size * 3, cfg.vocab_size)
+    return tokens * width * 4 + (256 << 20)
+
+
+def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig) -> EngineCore:
+    max_model_len = min(config.max_model_len or loaded.max_model_len, loaded.max_model_len)
+    num_blocks = kv_block_count(loaded, config)
+    blocks_per_seq = -(-max_model_len // loaded.block_size)
+    if num_blocks < blocks_per_seq:
+        raise StartupError(
+            f"the KV cache holds {num_blocks} blocks of {loaded.block_size} tokens, fewer than the "
+            f"{blocks_per_seq} that one sequence of max_model_len={max_model_len} needs. Give the cache more "
+            f"memory (kv_cache_memory_bytes / gpu_memory_utilization) or lower max_model_len.")
+    kv_cache = allocate_kv_cache(loaded.model_config, num_blocks, loaded.block_size, loaded.kv_dtype, loaded.device)
+    log.info("KV cache: %d blocks x %d tokens (%.1f MiB, %s)", num_blocks, loaded.block_size,
+             kv_cache.numel() * kv_cache.element_size() / 2**20, str(loaded.kv_dtype).removeprefix("torch."))
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+                        max_model_len=max_model_len, scheduler_delay_factor=config.scheduler_delay_factor),
+        BlockManager(num_blocks, loaded.block_size, config.enable_prefix_caching))
+    runner = ModelRunner(loaded.forward, kv_cache, loaded.block_size, loaded.device,
+                         Sampler(loaded.device, config.seed))
+    return EngineCore(scheduler, runner, eos_token_ids(loaded), loaded.block_size)
+
+
+def load_and_start(artifact_path, config: RuntimeConfig) -> tuple[LoadedArtifact, EngineCore]:
+    loaded = load_artifact(artifact_path, enforce_eager=config.enforce_eager)
+    start = time.perf_counter()
+    core = start_engine_core(loaded, config)
+    loaded.timings["kv cache"] = time.perf_counter() - start
+    return loaded, core

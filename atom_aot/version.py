@@ -1,0 +1,2 @@
+__version__ = "0.1.0"
+ARTIFACT_FORMAT_VERSION = 1

