@@ -142,6 +142,13 @@ class Artifact:
             data = self._decompress(name, data)
         return memoryview(data)
 
+    def verified_member(self, name: str) -> memoryview:
+        """A member's bytes after checking them against the manifest (for readers that skip `verify`)."""
+        data = self.member_buffer(name)
+        if fast_hash(data) != self.manifest["members"][name]["xxh3"]:
+            self._corrupt(name, "its hash does not match the manifest")
+        return data
+
     def member_path(self, name: str) -> Path:
         """A file holding the member (the folder's own, or an unpacked copy keyed by its hash)."""
         if self._mapped is None:
@@ -151,7 +158,7 @@ class Artifact:
         if not dest.exists():
             dest.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=dest.parent, delete=False) as tmp:
-                tmp.write(self.member_buffer(name))
+                tmp.write(self.verified_member(name))
             os.replace(tmp.name, dest)
         elif fast_hash(dest.read_bytes()) != self.manifest["members"][name]["xxh3"]:
             dest.unlink()
@@ -170,7 +177,7 @@ class Artifact:
             staging = Path(tempfile.mkdtemp(dir=cache_root()))
             for n in names:
                 (staging / Path(n).relative_to(prefix)).parent.mkdir(parents=True, exist_ok=True)
-                (staging / Path(n).relative_to(prefix)).write_bytes(self.member_buffer(n))
+                (staging / Path(n).relative_to(prefix)).write_bytes(self.verified_member(n))
             dest.parent.mkdir(parents=True, exist_ok=True)
             try:
                 os.replace(staging, dest)

@@ -83,6 +83,16 @@ class EngineCore:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def stats(self) -> dict:
+        """Counters for /metrics and tests (plain numbers, safe to send between processes)."""
+        bm = self.block_manager
+        return {"num_running": len(self.scheduler.running), "num_waiting": len(self.scheduler.waiting),
+                "kv_blocks_total": bm.num_blocks, "kv_blocks_free": bm.num_free_blocks,
+                "prefix_cache_queries": bm.prefix_queries, "prefix_cache_hits": bm.prefix_hits,
+                "num_preemptions": self.scheduler.num_preemptions,
+                "prompt_tokens_total": self.num_prompt_tokens_total,
+                "generation_tokens_total": self.num_generation_tokens_total}
+
     def step(self) -> list[CoreOutput]:
         batch = self.scheduler.schedule()
         if batch is None:
