@@ -5,17 +5,9 @@ import logging
 import sys
 import textwrap
 
+from atom_aot.errors import USER_ERRORS
+
 EXIT_USER_ERROR = 2
-
-
-def user_errors() -> tuple[type[BaseException], ...]:
-    from atom_aot.build.pipeline import BuildError
-    from atom_aot.models.registry import UnsupportedArchitectureError
-    from atom_aot.runtime.artifact import ArtifactError
-    from atom_aot.runtime.engine_core import RequestError
-    from atom_aot.runtime.startup import StartupError
-    return (ArtifactError, BuildError, StartupError, RequestError, UnsupportedArchitectureError, ValueError,
-            FileNotFoundError)
 
 
 def run_cli(fn) -> int:
@@ -25,7 +17,7 @@ def run_cli(fn) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as e:
-        if isinstance(e, user_errors()):
+        if isinstance(e, USER_ERRORS):
             print("error: " + textwrap.fill(str(e), width=100, subsequent_indent="  "), file=sys.stderr)
             return EXIT_USER_ERROR
         raise

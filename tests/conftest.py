@@ -7,6 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+# Without a GPU, Triton kernels run in Triton's interpreter. Triton reads this when it is first
+# imported, and Inductor (the AOT builds) imports it early, so it is set here, before any test.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, str(Path(__file__).parent))
 from factories import make_tiny_model  # noqa: E402
@@ -42,6 +48,12 @@ def _build(model_dir: Path, cache: Path, **options) -> Path:
     from atom_aot.build.config import BuildConfig
     from atom_aot.build.pipeline import build
     return build(str(model_dir), BuildConfig(arch="cpu", **options), cache_dir=cache, show_progress=False).path
+
+
+@pytest.fixture(scope="session")
+def build_artifact(artifact_cache):
+    """Build (or fetch from the session cache) an artifact for the cpu arch."""
+    return lambda model, **options: _build(model, artifact_cache, **options)
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,8 @@ def artifact_name(model_name: str, config: BuildConfig, key: str) -> str:
 
 def find_cached(cache_dir: Path, key: str) -> Path | None:
     """The cached artifact with this key, if one is there (checked against its manifest's full key)."""
-    from atom_aot.runtime.artifact import Artifact, ArtifactError
+    from atom_aot.errors import ArtifactError
+    from atom_aot.runtime.artifact import Artifact
     for path in sorted(cache_dir.glob(f"*-{key[:KEY_DIGITS]}.atom")):
         try:
             if Artifact.open(path).manifest.get("build_key") == key:

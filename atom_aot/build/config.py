@@ -54,16 +54,19 @@ class BuildConfig:
         return torch.bfloat16 if self.kv_cache_dtype == "bf16" else self.torch_dtype
 
     @property
-    def resolved_capture_sizes(self) -> tuple[int, ...]:
-        if self.arch == "cpu":
-            return ()       # no graphs on the CPU
+    def requested_capture_sizes(self) -> tuple[int, ...]:
         return tuple(self.capture_sizes) if self.capture_sizes is not None else DEFAULT_CAPTURE_SIZES
+
+    @property
+    def graph_capture_sizes(self) -> tuple[int, ...]:
+        """The sizes graphs are captured at: none on the CPU, which has no graphs."""
+        return () if self.arch == "cpu" else self.requested_capture_sizes
 
     def key_fields(self) -> dict:
         d = asdict(self)
         d["dtype"] = str(self.torch_dtype).removeprefix("torch.")
         d["kv_cache_dtype"] = str(self.kv_torch_dtype).removeprefix("torch.")
-        d["capture_sizes"] = list(self.resolved_capture_sizes)
+        d["capture_sizes"] = list(self.requested_capture_sizes)
         return d
 
 

@@ -13,7 +13,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from safetensors.torch import save_file
 
 from atom_aot.arch import device_for_arch, detect_arch, toolchain
@@ -27,14 +26,11 @@ from atom_aot.build.progress import StageProgress
 from atom_aot.build.source import ModelSource, resolve_model
 from atom_aot.build.tune import tune_kernels
 from atom_aot.build.weights import build_meta_model, convert_state_dict
+from atom_aot.errors import ArtifactError, BuildError
 from atom_aot.models import ModelConfig, model_class
 from atom_aot.version import ARTIFACT_FORMAT_VERSION, __version__
 
 log = logging.getLogger("atom_aot")
-
-
-class BuildError(Exception):
-    """A build that cannot go ahead; the message says why and what to do."""
 
 
 @dataclass
@@ -90,7 +86,7 @@ def _existing(target: Path, cache_dir: Path, key: str, explicit_out: bool) -> Pa
     if not explicit_out:
         return find_cached(cache_dir, key)
     if target.exists():
-        from atom_aot.runtime.artifact import Artifact, ArtifactError
+        from atom_aot.runtime.artifact import Artifact
         try:
             return target if Artifact.open(target).manifest.get("build_key") == key else None
         except ArtifactError:

@@ -1,6 +1,7 @@
 """Model classes keyed by the Hugging Face `architectures` name: the one place a new family registers."""
 from __future__ import annotations
 
+from atom_aot.errors import UnsupportedArchitectureError
 from atom_aot.models.decoder import DecoderForCausalLM
 from atom_aot.models.llama import LlamaForCausalLM
 from atom_aot.models.qwen3 import Qwen3ForCausalLM
@@ -9,10 +10,6 @@ MODEL_REGISTRY: dict[str, type[DecoderForCausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
 }
-
-
-class UnsupportedArchitectureError(ValueError):
-    pass
 
 
 def model_class(architecture: str) -> type[DecoderForCausalLM]:

@@ -59,8 +59,11 @@ def write_kv_cache(kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slo
     flat = kv_layer.view(2, num_blocks * block_size, num_kv_heads, head_dim)
     valid = slot_mapping >= 0
     slots = slot_mapping[valid]
-    flat[0].index_copy_(0, slots, k[valid].to(kv_layer.dtype))
-    flat[1].index_copy_(0, slots, v[valid].to(kv_layer.dtype))
+    k, v = k[valid].to(kv_layer.dtype), v[valid].to(kv_layer.dtype)
+    if kv_layer.element_size() == 1:   # index_copy_ has no float8 kernel: move the bytes instead
+        flat, k, v = flat.view(torch.uint8), k.view(torch.uint8), v.view(torch.uint8)
+    flat[0].index_copy_(0, slots, k)
+    flat[1].index_copy_(0, slots, v)
 
 
 def reference_attention(q, kv_layer, block_tables, seq_lens, query_start_loc, scale) -> torch.Tensor:

@@ -19,15 +19,12 @@ from pathlib import Path
 import xxhash
 import zstandard
 
+from atom_aot.errors import ArtifactError
 from atom_aot.version import ARTIFACT_FORMAT_VERSION
 
 MANIFEST = "manifest.json"
 MANIFEST_CHECKSUM = "manifest.xxh3"
 ZSTD_SUFFIX = ".zst"
-
-
-class ArtifactError(Exception):
-    """An artifact that cannot be used here; the message says what to do instead."""
 
 
 def cache_root() -> Path:

@@ -58,28 +58,40 @@ class BlockManager:
         return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
 
     # -- allocation -------------------------------------------------------------------------
-    def allocate_prefix(self, seq: Sequence) -> None:
-        """Start a sequence's block table with the cached blocks of its prefix, if any.
+    def find_cached_prefix(self, seq: Sequence) -> list[int]:
+        """The cached blocks that hold this sequence's prefix (a lookup: nothing is taken).
 
         At least one token is always left to compute, so the step that follows produces logits.
         """
-        assert not seq.block_table, "sequence already has blocks"
-        seq.num_cached_tokens = 0
         if not self.enable_prefix_caching:
-            return
-        parent = NO_HASH
+            return []
+        found, parent = [], NO_HASH
         for index in range((seq.num_tokens - 1) // self.block_size):
             tokens = seq.block_tokens(index)
             parent = chain_hash(tokens, parent)
-            self.prefix_queries += 1
             block_id = self.hash_to_block.get(parent)
             if block_id is None or self.blocks[block_id].token_ids != tokens:
                 break
-            self.prefix_hits += 1
+            found.append(block_id)
+        return found
+
+    def can_allocate_with_prefix(self, seq: Sequence, cached: list[int], num_new_tokens: int) -> bool:
+        """Whether the cached prefix plus slots for `num_new_tokens` more tokens fit in the free pool."""
+        revived = sum(1 for b in cached if self.blocks[b].ref_count == 0)   # free now, taken back
+        covered = len(cached) * self.block_size + num_new_tokens
+        return revived + max(0, -(-covered // self.block_size) - len(cached)) <= self.num_free_blocks
+
+    def allocate_prefix(self, seq: Sequence, cached: list[int]) -> None:
+        """Start a waiting sequence's block table with its cached prefix blocks."""
+        assert not seq.block_table, "sequence already has blocks"
+        if self.enable_prefix_caching:
+            self.prefix_queries += (seq.num_tokens - 1) // self.block_size
+            self.prefix_hits += len(cached)
+        for block_id in cached:
             self._take(block_id)
             seq.block_table.append(block_id)
-            seq.block_hashes.append(parent)
-        seq.num_cached_tokens = len(seq.block_table) * self.block_size
+            seq.block_hashes.append(self.blocks[block_id].hash)
+        seq.num_cached_tokens = len(cached) * self.block_size
         seq.num_computed_tokens = seq.num_cached_tokens
 
     def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:

@@ -45,7 +45,6 @@ def main(argv=None) -> int:
 
 def generate(artifact: str, argv: list[str]) -> int:
     from atom_aot.runtime.compile_counter import TRITON, compile_counts
-    from atom_aot.runtime.config import RuntimeConfig
     from atom_aot.runtime.llm_engine import LLMEngine
     from atom_aot.runtime.sampling_params import SamplingParams
     args = parse_generate_args(argv)
@@ -72,7 +71,7 @@ def generate(artifact: str, argv: list[str]) -> int:
         out = results[request_id]
         print(f"--- {prompt!r}\n{out.text}\n[{out.num_tokens_output} tokens, finish: {out.finish_reason}]")
     tokens = sum(r.num_tokens_output for r in results.values())
-    print(f"\nstartup: " + ", ".join(f"{k} {v:.2f}s" for k, v in timings.items())
+    print("\nstartup: " + ", ".join(f"{k} {v:.2f}s" for k, v in timings.items())
           + f" | start to first token {first_token.get('t', start) - t0:.2f}s", file=sys.stderr)
     print(f"path: {engine.loaded.execution} | {tokens} tokens in {elapsed:.2f}s ({tokens / elapsed:.1f} tok/s)"
           f" | runtime compilations: {compile_counts()}", file=sys.stderr)

@@ -39,11 +39,10 @@ TRITON = TritonCompileCounter()
 def compile_counts() -> dict[str, int]:
     counts = {"dynamo_frames": 0, "inductor_compilations": 0, "triton_jit": TRITON.count}
     if "torch._dynamo.utils" in sys.modules:
-        counters = sys.modules["torch._dynamo.utils"].counters
-        counts["dynamo_frames"] = counters["frames"]["total"]
-        counts["inductor_compilations"] = (counters["inductor"]["fxgraph_cache_miss"]
-                                           + counters["inductor"]["fxgraph_cache_hit"]
-                                           + counters["inductor"]["fxgraph_cache_bypass"])
+        utils = sys.modules["torch._dynamo.utils"]
+        counts["dynamo_frames"] = utils.counters["frames"]["total"]
+        # one entry per Inductor graph compilation (cache hits and misses alike)
+        counts["inductor_compilations"] = len(utils.compilation_time_metrics.get("compile_fx_inner", []))
     return counts
 
 

@@ -7,33 +7,14 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
 
 from atom_aot.runtime.block_manager import BlockManager
 from atom_aot.runtime.model_runner import ModelRunner
-from atom_aot.runtime.sampler import TokenLogprobs
+from atom_aot.errors import ContextLengthError, RequestError
+from atom_aot.runtime.outputs import CoreOutput, TokenLogprobs
 from atom_aot.runtime.sampling_params import SamplingParams
 from atom_aot.runtime.scheduler import Scheduler
 from atom_aot.runtime.sequence import Sequence
-
-
-@dataclass
-class CoreOutput:
-    """What one step produced for one request."""
-    request_id: str
-    new_token_ids: list[int]
-    finish_reason: str | None = None
-    logprobs: list[TokenLogprobs] = field(default_factory=list)
-    prompt_logprobs: list[TokenLogprobs] | None = None  # complete list, sent once
-    num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0
-    arrival_time: float = 0.0
-    first_token_time: float | None = None
-    finish_time: float | None = None
-
-
-class RequestError(ValueError):
-    """A request the engine cannot take (too long for the context, say); the message says why."""
 
 
 class EngineCore:
@@ -72,7 +53,7 @@ class EngineCore:
             raise RequestError("the prompt is empty")
         wanted = num_prompt_tokens + (params.max_tokens or 1)
         if wanted > max_len:
-            raise RequestError(
+            raise ContextLengthError(
                 f"this model's maximum context length is {max_len} tokens, but the request needs "
                 f"{wanted} ({num_prompt_tokens} in the prompt + {params.max_tokens or 1} to generate)")
 

@@ -5,7 +5,6 @@ deserialized, and the target (arch, toolchain, format) before any compiled code 
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -15,7 +14,8 @@ import torch
 
 from atom_aot.arch import detect_arch, device_for_arch, toolchain
 from atom_aot.models import ModelConfig, model_class
-from atom_aot.runtime.artifact import Artifact, ArtifactError, rebuild_command
+from atom_aot.errors import ArtifactError
+from atom_aot.runtime.artifact import Artifact, rebuild_command
 from atom_aot.runtime.safetensors_view import tensors_from_buffer
 
 log = logging.getLogger("atom_aot")
@@ -35,7 +35,7 @@ class LoadedArtifact:
     kv_dtype: torch.dtype
     block_size: int
     max_model_len: int
-    capture_sizes: tuple[int, ...]
+    graphs: dict                        # graphs.json: capture sizes and pool bytes measured at build
     generation_config: dict
     tokenizer_dir: Path
     tuning: dict
@@ -94,7 +94,7 @@ def load_artifact(path: str | Path, enforce_eager: bool = False) -> LoadedArtifa
         artifact=artifact, model_config=model_config, forward=forward, execution=execution, device=device,
         dtype=getattr(torch, build["dtype"]), kv_dtype=getattr(torch, build["kv_cache_dtype"]),
         block_size=build["block_size"], max_model_len=build["max_model_len"],
-        capture_sizes=tuple(build["capture_sizes"]),
+        graphs=artifact.read_json("graphs.json"),
         generation_config=artifact.read_json("config/generation_config.json"),
         tokenizer_dir=artifact.member_dir("tokenizer"), tuning=artifact.read_json("tuning.json"), timings=timings)
 

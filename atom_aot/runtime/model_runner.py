@@ -8,7 +8,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from atom_aot.runtime.sampler import Sampler, TokenLogprobs, compute_logprobs
+from atom_aot.runtime.outputs import TokenLogprobs
+from atom_aot.runtime.sampler import Sampler, compute_logprobs
 from atom_aot.runtime.scheduler import ScheduledBatch
 
 # forward(input_ids, positions, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, logits_indices)
@@ -45,6 +46,7 @@ class ModelRunner:
         self.device = device
         self.sampler = sampler
 
+    @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepOutput:
         inputs = self.prepare_inputs(batch)
         logits = self.forward(inputs.input_ids, inputs.positions, self.kv_cache, inputs.slot_mapping,

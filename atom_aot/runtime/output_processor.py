@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from atom_aot.runtime.detokenizer import IncrementalDetokenizer
-from atom_aot.runtime.engine_core import CoreOutput
-from atom_aot.runtime.sampler import TokenLogprobs
+from atom_aot.runtime.outputs import CoreOutput, TokenLogprobs
 from atom_aot.runtime.sampling_params import SamplingParams
 
 

@@ -6,20 +6,10 @@ not depend on which other requests share the batch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from atom_aot.runtime.outputs import TokenLogprobs
 from atom_aot.runtime.sequence import Sequence
-
-
-@dataclass
-class TokenLogprobs:
-    """The chosen token's log-probability and the top alternatives (under the model's distribution)."""
-    token_id: int
-    logprob: float
-    rank: int
-    top: list[tuple[int, float]]
 
 
 def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,

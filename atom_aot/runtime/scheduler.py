@@ -113,11 +113,12 @@ class Scheduler:
                 budget -= count
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            if not seq.block_table and seq.params.prompt_logprobs is None:
-                self.block_manager.allocate_prefix(seq)   # a prompt scored token by token cannot skip any
-            count = min(seq.num_uncomputed_tokens, budget)
-            if not self.block_manager.can_allocate(seq, count):
-                break
+            # a prompt scored token by token (prompt logprobs) cannot skip cached tokens
+            cached = [] if seq.params.prompt_logprobs is not None else self.block_manager.find_cached_prefix(seq)
+            count = min(seq.num_tokens - len(cached) * self.block_manager.block_size, budget)
+            if not self.block_manager.can_allocate_with_prefix(seq, cached, count):
+                break                                   # waiting sequences hold no blocks
+            self.block_manager.allocate_prefix(seq, cached)
             self.block_manager.allocate(seq, count)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING

@@ -6,6 +6,7 @@ import time
 
 import torch
 
+from atom_aot.errors import StartupError
 from atom_aot.runtime.block_manager import BlockManager
 from atom_aot.runtime.config import DEFAULT_CPU_KV_BYTES, RuntimeConfig
 from atom_aot.runtime.engine_core import EngineCore
@@ -16,10 +17,6 @@ from atom_aot.runtime.sampler import Sampler
 from atom_aot.runtime.scheduler import Scheduler, SchedulerConfig
 
 log = logging.getLogger("atom_aot")
-
-
-class StartupError(Exception):
-    """A configuration this artifact cannot run with; the message says which numbers clash."""
 
 
 def eos_token_ids(loaded: LoadedArtifact) -> frozenset[int]:

@@ -1,0 +1,23 @@
+"""Small helpers the Triton op modules share."""
+from __future__ import annotations
+
+import torch
+import triton
+
+
+def next_pow2(n: int) -> int:
+    """Triton tiles are powers of two; shapes that are not get padded and masked."""
+    return triton.next_power_of_2(n)
+
+
+def check_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
+    """Kernels index rows by stride but assume the last dimension is dense (vector loads)."""
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name} must have a contiguous last dimension, got strides {tuple(t.stride())}")
+
+
+def check_kv_cache(kv_cache: torch.Tensor) -> None:
+    # kv_cache: [L, 2, num_blocks, block_size, Hkv, D]
+    if kv_cache.dim() != 6 or kv_cache.shape[1] != 2:
+        raise ValueError(f"kv_cache must be [L, 2, num_blocks, block_size, Hkv, D], got {tuple(kv_cache.shape)}")
+    check_last_dim_contiguous("kv_cache", kv_cache)

@@ -1,0 +1,192 @@
+"""Compile the atom_triton kernels for a GPU target on a machine without one.
+
+The interpreter checks what a kernel computes, not whether Triton can compile it (early returns,
+loops with loaded bounds, dot shapes) nor what it costs in registers. Here a launcher runs on
+`meta` tensors with `wrap_triton` swapped for a recorder, and each recorded launch is compiled
+ahead of time with `triton.compile` for a named target (sm90, gfx942, ...): the NVIDIA backend
+ships ptxas and the AMD one its linker, so no driver or device is involved.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+from itertools import zip_longest
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from unittest import mock
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+TARGETS = {
+    "sm90": GPUTarget("cuda", 90, 32),
+    "gfx942": GPUTarget("hip", "gfx942", 64),
+    "gfx950": GPUTarget("hip", "gfx950", 64),
+}
+POINTER_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16",
+                 torch.float8_e4m3fnuz: "*fp8e4b8",
+                 torch.float8_e4m3fn: "*fp8e4nv", torch.int32: "*i32", torch.int64: "*i64"}
+
+
+@dataclass
+class Launch:
+    kernel: object                  # the @triton.jit function
+    grid: tuple
+    args: dict                      # parameter name -> value (tensors on `meta`)
+    options: dict = field(default_factory=dict)   # num_warps, num_stages
+
+
+def record_launches(module, launcher, *args, **kwargs) -> list[Launch]:
+    """Runs `launcher` (which calls `module.wrap_triton(kernel)[grid](...)`) without launching."""
+    launches: list[Launch] = []
+
+    def wrap(kernel):
+        class Indexed:
+            def __getitem__(self, grid):
+                def call(*call_args, **call_kwargs):
+                    options = {k: call_kwargs.pop(k) for k in ("num_warps", "num_stages") if k in call_kwargs}
+                    named = dict(zip(kernel.arg_names, call_args)) | call_kwargs
+                    launches.append(Launch(kernel, grid, named, options))
+                return call
+        return Indexed()
+
+    with mock.patch.object(module, "wrap_triton", wrap):
+        launcher(*args, **kwargs)
+    return launches
+
+
+def _source(launch: Launch) -> ASTSource:
+    signature, constexprs, attrs = {}, {}, {}
+    for i, param in enumerate(launch.kernel.params):
+        value = launch.args[param.name]
+        if param.is_constexpr:
+            signature[param.name], constexprs[param.name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[param.name] = POINTER_TYPES[value.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]     # torch allocations are 16-byte aligned
+        elif isinstance(value, bool):
+            signature[param.name] = "i1"
+        elif isinstance(value, int):
+            signature[param.name] = "i32" if -2**31 <= value < 2**31 else "i64"
+            if value % 16 == 0 and value != 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            signature[param.name] = "fp32"
+        else:
+            raise TypeError(f"{param.name}: cannot type {type(value).__name__} for compilation")
+    return ASTSource(launch.kernel, signature, constexprs, attrs)
+
+
+def compile_launch(launch: Launch, target: str) -> dict:
+    """Compiles one launch for `target`; returns its resource use (registers, spills, shared memory)."""
+    compiled = triton.compile(_source(launch), target=TARGETS[target], options=dict(launch.options))
+    usage = {"kernel": launch.kernel.fn.__name__, "target": target, **launch.options,
+             "shared_bytes": compiled.metadata.shared}
+    if TARGETS[target].backend == "cuda":
+        usage |= _cuda_usage(compiled.asm["cubin"])
+    else:
+        usage |= _amd_usage(compiled.asm["amdgcn"])
+    return usage
+
+
+def _cuda_usage(cubin: bytes) -> dict:
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    found = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", text))
+    return {"registers": int(found.get("REG", -1)), "stack_bytes": int(found.get("STACK", -1)),
+            "local_bytes": int(found.get("LOCAL", -1))}
+
+
+def _amd_usage(amdgcn: str) -> dict:
+    def field_value(name):
+        match = re.search(rf"\.{name}:\s+(\d+)", amdgcn)
+        return int(match.group(1)) if match else -1
+    return {"registers": field_value("vgpr_count"), "vgpr_spills": field_value("vgpr_spill_count"),
+            "sgpr_spills": field_value("sgpr_spill_count")}
+
+
+def model_launches(num_heads: int, num_kv_heads: int, head_dim: int, hidden: int, intermediate: int,
+                   dtype: torch.dtype = torch.bfloat16, cache_dtype: torch.dtype | None = None,
+                   attention_configs=(), rope_config=None, norm_config=None, silu_config=None) -> list[Launch]:
+    """The launches one decoder layer makes with the given configs (meta tensors, nothing runs)."""
+    from atom_aot.ops.triton import activation, paged_attention, rms_norm, rope_cache
+    meta = dict(device="meta")
+    tokens, seqs = 64, 8
+    q = torch.empty(tokens, num_heads, head_dim, dtype=dtype, **meta)
+    k = torch.empty(tokens, num_kv_heads, head_dim, dtype=dtype, **meta)
+    cache = torch.empty(2, 2, 4096, 16, num_kv_heads, head_dim, dtype=cache_dtype or dtype, **meta)
+    int32, int64 = dict(dtype=torch.int32, **meta), dict(dtype=torch.int64, **meta)
+    tables, lens, starts = torch.empty(seqs, 512, **int32), torch.empty(seqs, **int32), torch.empty(seqs + 1, **int32)
+    launches = []
+    for config in attention_configs:
+        launches += record_launches(paged_attention, paged_attention.launch_paged_attention,
+                                    q, cache, 1, tables, lens, starts, head_dim ** -0.5, *config.as_args())
+    if rope_config is not None:
+        norm_w = torch.empty(head_dim, dtype=dtype, **meta)
+        launches += record_launches(rope_cache, rope_cache.launch_qk_norm_rope_cache_write,
+                                    q, k, k, torch.empty(tokens, **int64), torch.empty(8192, head_dim, **meta),
+                                    norm_w, norm_w, 1e-6, cache, 1, torch.empty(tokens, **int64),
+                                    *rope_config.as_args())
+    if norm_config is not None:
+        x = torch.empty(tokens, hidden, dtype=dtype, **meta)
+        launches += record_launches(rms_norm, rms_norm.launch_rms_norm, x, x, torch.empty(hidden, dtype=dtype, **meta),
+                                    1e-6, *norm_config.as_args())
+    if silu_config is not None:
+        launches += record_launches(activation, activation.launch_silu_and_mul,
+                                    torch.empty(tokens, 2 * intermediate, dtype=dtype, **meta), *silu_config.as_args())
+    return launches
+
+
+MODELS = {"qwen3-0.6b": dict(num_heads=16, num_kv_heads=8, head_dim=128, hidden=1024, intermediate=3072),
+          "llama-3.1-8b": dict(num_heads=32, num_kv_heads=8, head_dim=128, hidden=4096, intermediate=14336)}
+
+
+def check(model: str, targets: list[str], cache_dtype: torch.dtype | None, all_candidates: bool) -> list[dict]:
+    """Compiles a decoder layer's launches (default or all candidate configs) for each target."""
+    from atom_aot.ops.triton import activation, paged_attention, rms_norm, rope_cache
+    if all_candidates:
+        configs = dict(attention_configs=[c for phase in paged_attention.CANDIDATE_CONFIGS.values() for c in phase],
+                       rope_configs=rope_cache.CANDIDATE_CONFIGS, norm_configs=rms_norm.CANDIDATE_CONFIGS,
+                       silu_configs=activation.CANDIDATE_CONFIGS)
+    else:
+        configs = dict(attention_configs=list(paged_attention.DEFAULT_CONFIGS.values()),
+                       rope_configs=[rope_cache.DEFAULT_CONFIG], norm_configs=[rms_norm.DEFAULT_CONFIG],
+                       silu_configs=[activation.DEFAULT_CONFIG])
+    launches = model_launches(**MODELS[model], cache_dtype=cache_dtype, attention_configs=configs["attention_configs"])
+    for rope, norm, silu in zip_longest(configs["rope_configs"], configs["norm_configs"], configs["silu_configs"]):
+        launches += model_launches(**MODELS[model], cache_dtype=cache_dtype, rope_config=rope, norm_config=norm,
+                                   silu_config=silu)
+    results = []
+    for launch in launches:
+        for target in targets:
+            try:
+                usage = compile_launch(launch, target)
+            except Exception as e:  # noqa: BLE001  (report every failure, keep going)
+                usage = {"kernel": launch.kernel.fn.__name__, "target": target, "error": repr(e)[:2000]}
+            usage["constexprs"] = {p.name: launch.args[p.name] for p in launch.kernel.params if p.is_constexpr}
+            results.append(usage)
+    return results
+
+
+def main() -> None:
+    import argparse
+    import json
+    parser = argparse.ArgumentParser(description="Compile the atom_triton kernels for GPU targets, no GPU needed.")
+    parser.add_argument("--model", choices=sorted(MODELS), default="llama-3.1-8b")
+    parser.add_argument("--targets", default="sm90,gfx942")
+    parser.add_argument("--fp8-cache", action="store_true")
+    parser.add_argument("--all-candidates", action="store_true")
+    args = parser.parse_args()
+    results = check(args.model, args.targets.split(","), torch.float8_e4m3fn if args.fp8_cache else None,
+                    args.all_candidates)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""Triton kernels of paged attention: one tile kernel for every kind of batch, and a merge kernel.
+
+Work decomposition (grid = (num_tiles, Hkv, NUM_SPLITS), all from shapes and constexprs):
+
+    a tile = BLOCK_Q consecutive query tokens of ONE sequence x the GROUP q heads that share one
+             kv head, flattened to BLOCK_M = BLOCK_Q * GROUP_PAD rows (row r: token r // GROUP_PAD,
+             head r % GROUP_PAD), so every K/V tile loaded from the cache serves the whole group.
+
+    sequence b owns tiles [start[b] // BLOCK_Q + b, start[b+1] // BLOCK_Q + b + 1): at least
+    ceil(n_q / BLOCK_Q) of them, so T // BLOCK_Q + B + 1 tiles cover any batch of T tokens; the
+    "+1" is a pseudo-sequence B holding the padding rows start[B] .. T-1, written as zeros.
+    A program finds its sequence by binary search over query_start_loc and returns at once when
+    its tile lies past the sequence's last query (the grid is an upper bound, not a count).
+
+Split-K (flash-decoding): split s of NUM_SPLITS takes an equal share of the tile's key blocks and
+writes a normalized partial output plus its log2-sum-exp; `merge_splits_kernel` combines them.
+With NUM_SPLITS == 1 the tile kernel writes the final output directly.
+"""
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _find_sequence(query_start_loc_ptr, tile, num_seqs, BLOCK_Q: tl.constexpr):
+    """The largest b in [0, num_seqs] whose first tile (start[b] // BLOCK_Q + b) is <= tile."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        first_tile = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first_tile <= tile:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@triton.jit
+def paged_attention_kernel(
+    q_ptr, kv_ptr, out_ptr, lse_ptr,
+    block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
+    qk_scale_log2,                      # softmax scale * log2(e): the kernel works in base 2
+    num_tokens, num_seqs, layer_offset,   # layer_offset = layer * kv_cache.stride(0)
+    stride_qt, stride_qh,
+    stride_ot, stride_oh, stride_os,    # out: [T, H, D] or partials [T, H, NUM_SPLITS, D]
+    stride_lt, stride_lh,               # lse partials: [T, H, NUM_SPLITS] (unused when NUM_SPLITS == 1)
+    stride_ckv, stride_cblk, stride_crow, stride_ch,   # kv_cache strides (last dim dense)
+    stride_bt,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr,
+):
+    BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    b = _find_sequence(query_start_loc_ptr, tile, num_seqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + b)
+    is_padding = b == num_seqs
+    q_end = tl.load(query_start_loc_ptr + b + 1, mask=b < num_seqs, other=num_tokens)
+    q_first = q_start + (tile - (q_start // BLOCK_Q + b)) * BLOCK_Q
+    if q_first >= q_end:
+        return
+
+    rows = tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    tok = q_first + rows // GROUP_PAD                       # [BLOCK_M] query token of each row
+    head_in_group = rows % GROUP_PAD
+    head = kv_head * GROUP + head_in_group
+    row_ok = (tok < q_end) & (head_in_group < GROUP)
+    dim_ok = dims < HEAD_DIM
+    io_mask = row_ok[:, None] & dim_ok[None, :]
+    tok64 = tok.to(tl.int64)
+    if NUM_SPLITS == 1:
+        out_offs = tok64[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :]
+    else:
+        out_offs = tok64[:, None] * stride_ot + head[:, None] * stride_oh + split * stride_os + dims[None, :]
+        lse_offs = tok64 * stride_lt + head * stride_lh + split
+
+    if is_padding:
+        # rows past the last sequence: zeros (and lse 0, so the merge yields zeros as well)
+        tl.store(out_ptr + out_offs, tl.zeros([BLOCK_M, HEAD_DIM_PAD], out_ptr.dtype.element_ty), mask=io_mask)
+        if NUM_SPLITS > 1:
+            tl.store(lse_ptr + lse_offs, tl.zeros([BLOCK_M], tl.float32), mask=row_ok)
+        return
+
+    seq_len = tl.load(seq_lens_ptr + b)
+    context = seq_len - (q_end - q_start)                  # tokens cached before this step's queries
+    q_pos = context + (tok - q_start)                       # [BLOCK_M] absolute position of each query
+    kv_len = context + tl.minimum(q_first + BLOCK_Q, q_end) - q_start   # keys the tile's last query sees
+
+    num_kv_blocks = tl.cdiv(kv_len, BLOCK_N)
+    per_split = tl.cdiv(num_kv_blocks, NUM_SPLITS)
+    kb_lo = split * per_split
+    kb_hi = tl.minimum(kb_lo + per_split, num_kv_blocks)
+
+    # q: [BLOCK_M, D]
+    q = tl.load(q_ptr + tok64[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
+                mask=io_mask, other=0.0)
+    cache = kv_ptr + layer_offset + kv_head * stride_ch
+    table = block_tables_ptr + b * stride_bt
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
+    for kb in range(kb_lo, kb_hi):
+        keys = kb * BLOCK_N + tl.arange(0, BLOCK_N)         # [BLOCK_N] key positions
+        key_ok = keys < kv_len
+        page = tl.load(table + keys // PAGE_SIZE, mask=key_ok, other=0).to(tl.int64)
+        slot = page * stride_cblk + (keys % PAGE_SIZE) * stride_crow
+        # k: [D, BLOCK_N] (transposed by addressing); v: [BLOCK_N, D]; fp8 caches widen here
+        k = tl.load(cache + slot[None, :] + dims[:, None], mask=key_ok[None, :] & dim_ok[:, None],
+                    other=0.0).to(q.dtype)
+        v = tl.load(cache + stride_ckv + slot[:, None] + dims[None, :], mask=key_ok[:, None] & dim_ok[None, :],
+                    other=0.0).to(q.dtype)
+        if IEEE:
+            s = tl.dot(q, k, input_precision="ieee")
+        else:
+            s = tl.dot(q, k)
+        s = s * qk_scale_log2                                # [BLOCK_M, BLOCK_N]
+        visible = (keys[None, :] <= q_pos[:, None]) & key_ok[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # rows that see no key yet
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if IEEE:
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+
+    has_keys = l_i > 0.0
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=io_mask)
+    if NUM_SPLITS > 1:
+        lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+        tl.store(lse_ptr + lse_offs, lse, mask=row_ok)
+
+
+@triton.jit
+def merge_splits_kernel(
+    part_ptr, lse_ptr, out_ptr,
+    stride_pt, stride_ph, stride_ps,
+    stride_lt, stride_lh,
+    stride_ot, stride_oh,
+    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+):
+    """out[t, h] = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M); one program per (token, head)."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    splits = tl.arange(0, SPLITS_PAD)
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    split_ok = splits < NUM_SPLITS
+    lse = tl.load(lse_ptr + t * stride_lt + h * stride_lh + splits, mask=split_ok, other=float("-inf"))
+    top = tl.max(lse, 0)
+    weight = tl.exp2(lse - tl.where(top == float("-inf"), 0.0, top))   # [SPLITS_PAD]; all 0 if no key at all
+    part = tl.load(part_ptr + t * stride_pt + h * stride_ph + splits[:, None] * stride_ps + dims[None, :],
+                   mask=split_ok[:, None] & (dims[None, :] < HEAD_DIM), other=0.0)   # [SPLITS_PAD, D]
+    total = tl.sum(weight, 0)
+    out = tl.sum(part * weight[:, None], 0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(out_ptr + t * stride_ot + h * stride_oh + dims, out.to(out_ptr.dtype.element_ty),
+             mask=dims < HEAD_DIM)

@@ -1,0 +1,28 @@
+"""What the engine core hands out per step. Torch-free: these cross to the server's front end."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TokenLogprobs:
+    """The chosen token's log-probability and the top alternatives (under the model's distribution)."""
+    token_id: int
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]]
+
+
+@dataclass
+class CoreOutput:
+    """What one step produced for one request."""
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs] | None = None  # complete list, sent once
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    arrival_time: float = 0.0
+    first_token_time: float | None = None
+    finish_time: float | None = None

@@ -1,0 +1,167 @@
+"""The engine process: loads the artifact, then loops intake -> step -> send outputs.
+
+It owns the EngineCore and nothing else: no HTTP, no tokenizer. While requests are running it
+drains its inbox without waiting between steps; when idle it blocks on the inbox (waking now
+and then to notice a front end that went away, and exit with it).
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import signal
+import sys
+import time
+import traceback
+
+import zmq
+
+from atom_aot.runtime.config import RuntimeConfig
+from atom_aot.errors import ContextLengthError, RequestError
+from atom_aot.runtime.engine_core import EngineCore
+from atom_aot.server.messages import (Abort, Call, EngineInfo, Outputs, Ready, Reply, Shutdown, StartupFailed,
+                                      decode, encode)
+from atom_aot.server.profiler import ProfilerError, TorchProfiler
+
+log = logging.getLogger("atom_aot.engine")
+
+IDLE_POLL_MS = 1000          # how often an idle engine checks that its front end is alive
+PARENT_CHECK_S = 1.0
+
+
+def run_engine_process(artifact_path: str, config: RuntimeConfig, inputs_addr: str, outputs_addr: str,
+                       profiler_dir: str | None, log_level: str = "info") -> None:
+    """Entry point of the spawned process."""
+    _install_signal_handlers()
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    context = zmq.Context()
+    inbox = context.socket(zmq.PULL)
+    inbox.connect(inputs_addr)
+    outbox = context.socket(zmq.PUSH)
+    outbox.setsockopt(zmq.SNDHWM, 0)
+    outbox.connect(outputs_addr)
+    try:
+        core, info = _start(artifact_path, config)
+    except Exception as e:   # any failure is reported to the front end, which prints it and exits
+        log.debug("startup failed", exc_info=True)
+        outbox.send(encode(StartupFailed(_startup_message(e))))
+        _close(context, outbox, inbox)
+        return
+    outbox.send(encode(Ready(info)))
+    try:
+        EngineLoop(core, inbox, outbox, TorchProfiler(profiler_dir)).run()
+    finally:
+        _close(context, outbox, inbox)
+
+
+def _install_signal_handlers() -> None:
+    """Ctrl-C reaches the whole process group: the front end decides when the engine stops (it
+    sends Shutdown), so the engine ignores SIGINT. SIGTERM ends it quietly."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+
+
+def _start(artifact_path: str, config: RuntimeConfig) -> tuple[EngineCore, EngineInfo]:
+    from atom_aot.runtime.compile_counter import TRITON, compile_counts
+    from atom_aot.runtime.startup import load_and_start
+    TRITON.install()
+    loaded, core = load_and_start(artifact_path, config)
+    counts = compile_counts()
+    log.info("engine ready (%s, %d KV blocks); startup %s; runtime compilations: %s", loaded.execution,
+             core.block_manager.num_blocks, ", ".join(f"{k} {v:.2f}s" for k, v in loaded.timings.items()), counts)
+    info = EngineInfo(max_model_len=core.scheduler.config.max_model_len, vocab_size=loaded.model_config.vocab_size,
+                      block_size=loaded.block_size, num_kv_blocks=core.block_manager.num_blocks,
+                      execution=loaded.execution, build_key=loaded.manifest.get("build_key", ""),
+                      compile_counts=counts)
+    return core, info
+
+
+def _startup_message(error: Exception) -> str:
+    from atom_aot.errors import USER_ERRORS
+    if isinstance(error, USER_ERRORS):
+        return str(error)
+    return f"the engine failed to start: {type(error).__name__}: {error}\n{traceback.format_exc()}"
+
+
+def _close(context: zmq.Context, *sockets: zmq.Socket) -> None:
+    for sock in sockets:
+        sock.close(linger=1000)
+    context.term()
+
+
+class EngineLoop:
+    def __init__(self, core: EngineCore, inbox: zmq.Socket, outbox: zmq.Socket, profiler: TorchProfiler):
+        self.core = core
+        self.inbox = inbox
+        self.outbox = outbox
+        self.profiler = profiler
+        self.running = True
+        self._parent_checked = time.monotonic()
+        self._methods = {"add": self._add, "stats": self._stats, "ping": lambda _: "pong",
+                         "start_profile": lambda _: self.profiler.start(),
+                         "stop_profile": lambda _: self.profiler.stop()}
+
+    def run(self) -> None:
+        import torch
+        with torch.inference_mode():      # serving never needs autograd
+            self._loop()
+
+    def _loop(self) -> None:
+        while self.running:
+            self._intake(block=not self.core.has_unfinished())
+            if self.running and self.core.has_unfinished():
+                outputs = self.core.step()
+                if outputs:
+                    self.outbox.send(encode(Outputs(outputs)))
+
+    def _intake(self, block: bool) -> None:
+        if not self.inbox.poll(IDLE_POLL_MS if block else 0):
+            self._check_parent()
+            return
+        while self.running:
+            try:
+                data = self.inbox.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            self._handle(decode(data))
+        self._check_parent()
+
+    def _handle(self, message) -> None:
+        if isinstance(message, Abort):
+            for request_id in message.request_ids:
+                self.core.abort(request_id, message.reason)
+        elif isinstance(message, Call):
+            self.outbox.send(encode(self._answer(message)))
+        elif isinstance(message, Shutdown):
+            self.running = False
+
+    def _answer(self, call: Call) -> Reply:
+        try:
+            return Reply(call.call_id, result=self._methods[call.method](call.args))
+        except (RequestError, ProfilerError) as e:      # the caller's fault: told, not logged
+            code = "context_length_exceeded" if isinstance(e, ContextLengthError) else None
+            return Reply(call.call_id, error=str(e), rejected=True, code=code)
+        except Exception as e:   # a bug in one call must not take the engine down
+            log.exception("engine call %s failed", call.method)
+            return Reply(call.call_id, error=f"{type(e).__name__}: {e}")
+
+    def _add(self, requests) -> int:
+        """All or none: every request is checked before any is queued (the n choices of one call)."""
+        for r in requests:
+            self.core.validate(len(r.prompt_token_ids), r.params)
+        for r in requests:
+            self.core.add_request(r.prompt_token_ids, r.params, r.request_id, r.arrival_time)
+        return len(requests)
+
+    def _stats(self, _) -> dict:
+        from atom_aot.runtime.compile_counter import compile_counts
+        return {**self.core.stats(), "compile_counts": compile_counts()}
+
+    def _check_parent(self) -> None:
+        now = time.monotonic()
+        if now - self._parent_checked < PARENT_CHECK_S:
+            return
+        self._parent_checked = now
+        parent = multiprocessing.parent_process()
+        if parent is not None and not parent.is_alive():
+            log.warning("the front end went away; the engine stops")
+            self.running = False

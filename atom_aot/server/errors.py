@@ -1,0 +1,105 @@
+"""OpenAI-shaped errors: whatever goes wrong, the client gets
+`{"error": {"message", "type", "param", "code"}}` with a status that says whose fault it was.
+
+Every framework error (invalid JSON, pydantic validation, unknown route, wrong method) is
+turned into that shape here, so no handler has to think about it.
+"""
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("atom_aot.server")
+
+# status -> the OpenAI error type that goes with it
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
+               500: "server_error", 503: "server_error"}
+
+
+class APIError(Exception):
+    """An error the client is told about, already in OpenAI's terms."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 error_type: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = error_type or ERROR_TYPES.get(status, "invalid_request_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def engine_unavailable(why: str = "the engine process is not running") -> APIError:
+    return APIError(503, f"{why}; the server cannot generate until it is restarted", code="engine_unavailable")
+
+
+def validation_error(exc: RequestValidationError) -> APIError:
+    """The first pydantic complaint, in words a client understands, with the field as `param`."""
+    errors = exc.errors()
+    if not errors:
+        return bad_request("invalid request")
+    first = errors[0]
+    loc = [str(part) for part in first.get("loc", ()) if part != "body" and not _is_type_tag(part)]
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        detail = first.get("ctx", {}).get("error", "not valid JSON")
+        return bad_request(f"the request body is not valid JSON: {detail}", code="invalid_json")
+    if kind == "missing" and not loc:
+        return bad_request("the request body is missing: send a JSON object", code="invalid_json")
+    if kind in ("model_attributes_type", "model_type") and not loc:
+        hint = " (send Content-Type: application/json)" if isinstance(first.get("input"), (str, bytes)) else ""
+        return bad_request(f"the request body must be a JSON object{hint}", code="invalid_json")
+    param = ".".join(loc) or None
+    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if param:
+        message = f"{param}: {message}"
+    if kind != "missing" and "input" in first and not isinstance(first["input"], (dict, list)):
+        message += f" (got {first['input']!r})"
+    return bad_request(message, param=param, code="missing_field" if kind == "missing" else "invalid_value")
+
+
+def _is_type_tag(part) -> bool:
+    """pydantic names the union member that failed ("str", "list[TextPart]"): not a field."""
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool", "none") or "[" in part)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        return validation_error(exc).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        return _http_error(request, exc).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return APIError(500, f"internal server error ({type(exc).__name__}); the server keeps running").response()
+
+
+def _http_error(request: Request, exc: StarletteHTTPException) -> APIError:
+    if exc.status_code == 404:
+        return APIError(404, f"no route {request.method} {request.url.path}", code="not_found")
+    if exc.status_code == 405:
+        return APIError(405, f"{request.method} is not allowed on {request.url.path}", code="method_not_allowed")
+    return APIError(exc.status_code, str(exc.detail))

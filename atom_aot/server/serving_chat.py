@@ -1,0 +1,81 @@
+"""POST /v1/chat/completions: messages -> chat template -> n choices, whole or streamed."""
+from __future__ import annotations
+
+import time
+
+import jinja2
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from atom_aot.runtime.tokenizer import apply_chat_template, encode_prompt
+from atom_aot.server.async_engine import RequestGroup
+from atom_aot.server.engine_client import EngineDeadError
+from atom_aot.server.errors import bad_request, engine_unavailable
+from atom_aot.server.logprobs import chat_logprobs
+from atom_aot.server.protocol import ChatCompletionRequest
+from atom_aot.server.responses import DONE, Envelope, StreamResponse, envelope, sse, sse_error, usage
+from atom_aot.server.serving_common import (ChoiceResult, check_request, choice_params, collect_unless_disconnected,
+                                            submit)
+from atom_aot.server.state import ServerState
+
+
+async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request) -> Response:
+    arrival = time.perf_counter()
+    check_request(state, req)
+    prompt_ids = encode_messages(state, req)
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    params = choice_params(req, req.requested_max_tokens, logprobs)
+    env = envelope(state, "chatcmpl", "chat.completion.chunk" if req.stream else "chat.completion",
+                   req.include_usage)
+    group = await submit(state, env.id, [prompt_ids] * len(params), params, arrival)
+    if req.stream:
+        return StreamResponse(_stream(state, req, group, env, len(prompt_ids)), group)
+    results = await collect_unless_disconnected(request, group)
+    if results is None:
+        return Response(status_code=499)        # the client is gone; nobody reads this
+    return JSONResponse(_response(state, req, env, results, len(prompt_ids)))
+
+
+def encode_messages(state: ServerState, req: ChatCompletionRequest) -> list[int]:
+    messages = [m.as_template_input() for m in req.messages]
+    try:
+        text = apply_chat_template(state.tokenizer, messages,
+                                   add_generation_prompt=req.add_generation_prompt is not False)
+    except (ValueError, jinja2.TemplateError) as e:
+        raise bad_request(f"the chat template could not render these messages: {e}", param="messages") from None
+    return encode_prompt(state.tokenizer, text, chat_templated=True)
+
+
+def _response(state: ServerState, req: ChatCompletionRequest, env: Envelope, results: list[ChoiceResult],
+              num_prompt_tokens: int) -> dict:
+    choices = [{"index": i, "message": {"role": "assistant", "content": r.text},
+                "logprobs": chat_logprobs(state.renderer, r.logprobs) if req.logprobs else None,
+                "finish_reason": r.finish_reason} for i, r in enumerate(results)]
+    completion_tokens = sum(len(r.token_ids) for r in results)
+    cached = max((r.last.num_cached_tokens for r in results if r.last), default=0)
+    return env.wrap(choices, usage(num_prompt_tokens, completion_tokens, cached, [r.last for r in results]))
+
+
+async def _stream(state: ServerState, req: ChatCompletionRequest, group: RequestGroup, env: Envelope,
+                  num_prompt_tokens: int):
+    finals = [None] * len(group.request_ids)
+    try:
+        for i in range(len(group.request_ids)):
+            yield sse(env.wrap([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                 "finish_reason": None}]))
+        async for index, update in group:
+            if update.finished:
+                finals[index] = update
+            if not (update.delta_text or update.finished or (req.logprobs and update.logprobs)):
+                continue      # text held back (a partial character, a possible stop string)
+            choice = {"index": index, "delta": {"content": update.delta_text} if update.delta_text else {},
+                      "logprobs": chat_logprobs(state.renderer, update.logprobs) if req.logprobs else None,
+                      "finish_reason": update.finish_reason}
+            yield sse(env.wrap([choice]))
+        if req.include_usage:
+            completion_tokens = sum(len(f.token_ids) for f in finals)
+            cached = max(f.num_cached_tokens for f in finals)
+            yield sse(env.wrap([], usage(num_prompt_tokens, completion_tokens, cached, finals)))
+    except EngineDeadError:
+        yield sse_error(engine_unavailable("the engine process exited while the request was running"))
+    yield DONE

@@ -1,0 +1,122 @@
+"""The request side the chat and completions handlers share: checks against the loaded model,
+per-choice SamplingParams, submitting to the engine, collecting results, noticing a client leave."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from fastapi import Request
+
+from atom_aot.runtime.output_processor import RequestOutput
+from atom_aot.runtime.outputs import TokenLogprobs
+from atom_aot.runtime.sampling_params import SamplingParams
+from atom_aot.server.async_engine import RequestGroup
+from atom_aot.server.engine_client import CallRejected, EngineDeadError
+from atom_aot.server.errors import bad_request, engine_unavailable
+from atom_aot.server.protocol import SamplingFields
+from atom_aot.server.state import ServerState
+
+
+def check_request(state: ServerState, req: SamplingFields) -> None:
+    if state.engine.dead:
+        raise engine_unavailable()
+    if req.model != state.model_name:
+        raise bad_request(f"model {req.model!r} is not served here; this server serves {state.model_name!r} "
+                          f"(see GET /v1/models)", param="model", code="model_not_found")
+
+
+def check_token_ids(state: ServerState, token_ids: list[int]) -> None:
+    vocab = state.info.vocab_size
+    bad = next((t for t in token_ids if t >= vocab), None)
+    if bad is not None:
+        raise bad_request(f"token id {bad} is outside the vocabulary (0..{vocab - 1})", param="prompt",
+                          code="invalid_value")
+
+
+def choice_params(req: SamplingFields, max_tokens: int | None, logprobs: int | None,
+                  prompt_logprobs: int | None = None) -> list[SamplingParams]:
+    """One SamplingParams per choice; with a seed, choice i uses seed + i (reproducible, distinct)."""
+    params = []
+    for i in range(req.n or 1):
+        try:
+            params.append(SamplingParams(
+                temperature=1.0 if req.temperature is None else req.temperature,
+                top_p=1.0 if req.top_p is None else req.top_p, top_k=-1 if req.top_k is None else req.top_k,
+                min_p=req.min_p or 0.0, max_tokens=max_tokens, ignore_eos=bool(req.ignore_eos),
+                stop_strings=req.stop_strings, stop_token_ids=list(req.stop_token_ids or []),
+                seed=None if req.seed is None else req.seed + i, logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs))
+        except ValueError as e:
+            raise bad_request(str(e)) from None
+    return params
+
+
+async def submit(state: ServerState, api_id: str, prompts: list[list[int]], params: list[SamplingParams],
+                 arrival_time: float) -> RequestGroup:
+    """Queue one engine request per (prompt, choice); the engine's refusal becomes a 400."""
+    ids = [f"{api_id}-{i}" for i in range(len(prompts))]
+    try:
+        return await state.engine.submit(ids, prompts, params, arrival_time)
+    except CallRejected as e:
+        raise bad_request(str(e), code=e.code) from None
+    except EngineDeadError:
+        raise engine_unavailable() from None
+
+
+@dataclass
+class ChoiceResult:
+    """Everything one choice produced, gathered from its updates."""
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs] | None = None
+    finish_reason: str | None = None
+    last: RequestOutput | None = None
+
+    def add(self, update: RequestOutput) -> None:
+        self.text, self.token_ids, self.last = update.text, update.token_ids, update
+        self.logprobs.extend(update.logprobs)
+        if update.prompt_logprobs is not None:
+            self.prompt_logprobs = update.prompt_logprobs
+        self.finish_reason = update.finish_reason
+
+
+async def collect(group: RequestGroup) -> list[ChoiceResult]:
+    results = [ChoiceResult() for _ in group.request_ids]
+    try:
+        async for index, update in group:
+            results[index].add(update)
+    except EngineDeadError:
+        raise engine_unavailable("the engine process exited while the request was running") from None
+    return results
+
+
+async def collect_unless_disconnected(request: Request, group: RequestGroup) -> list[ChoiceResult] | None:
+    """All choices' results, or None if the client left first; either way nothing is left running."""
+    try:
+        return await unless_disconnected(request, collect(group))
+    finally:
+        group.close()
+
+
+async def unless_disconnected(request: Request, work):
+    """Run `work` (a coroutine) but cancel it if the client hangs up first. Returns its result,
+    or None after a disconnect."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    return None
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,26 @@
+"""Everything a request handler needs, made once at startup and hung on `app.state` (no globals)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from atom_aot.server.async_engine import AsyncEngine
+from atom_aot.server.logprobs import TokenRenderer
+from atom_aot.server.messages import EngineInfo
+from atom_aot.server.metrics import ServerMetrics
+
+
+@dataclass
+class ServerState:
+    engine: AsyncEngine
+    tokenizer: object
+    info: EngineInfo
+    model_name: str
+    metrics: ServerMetrics
+    api_key: str | None = None
+    health_timeout_s: float = 10.0
+    created: int = field(default_factory=lambda: int(time.time()))
+    renderer: TokenRenderer = field(init=False)
+
+    def __post_init__(self):
+        self.renderer = TokenRenderer(self.tokenizer)
