@@ -34,7 +34,10 @@ def toolchain() -> dict:
     """Versions an artifact's compiled code depends on: all must match at load time."""
     info = {"torch": torch.__version__, "cuda": torch.version.cuda, "hip": torch.version.hip,
             "triton": None, "cpu_isa": cpu_isa()}
-    if torch.cuda.is_available():
-        import triton
-        info["triton"] = triton.__version__
+    if torch.cuda.is_available():   # read from the package metadata: importing triton costs seconds
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            info["triton"] = version("triton")
+        except PackageNotFoundError:
+            info["triton"] = None
     return info

@@ -34,6 +34,7 @@ import triton.testing  # noqa: E402
 from atom_aot.models.layers import rope_cos_sin_cache  # noqa: E402
 from atom_aot.ops.attention import reference_attention  # noqa: E402
 from atom_aot.ops.triton import activation, paged_attention, rms_norm, rope_cache  # noqa: E402
+from atom_aot.ops.triton.timing import measure_ms  # noqa: E402
 from atom_aot.ops.triton.testing import (  # noqa: E402
     make_paged_batch, patch_triton_interpreter, rel_error, rms_norm_reference, rope_cache_reference,
     silu_and_mul_reference)
@@ -84,18 +85,8 @@ class Bench:
             start = time.perf_counter()
             fn()
             return (time.perf_counter() - start) * 1e3
-        fn()   # compiles outside the capture
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph):
-                fn()
-            run = graph.replay
-        except Exception:  # noqa: BLE001
-            self.uncaptured += 1
-            run = fn
-        ms = triton.testing.do_bench(run, warmup=10, rep=40, return_mode="median")
-        del graph
+        ms, captured = measure_ms(fn)
+        self.uncaptured += not captured
         return ms
 
     def guarded(self, name: str, fn, *args) -> None:

@@ -6,7 +6,7 @@ would read a downloaded model, and transformers can run it as the reference.
 """
 from __future__ import annotations
 
-import json
+import random
 from pathlib import Path
 
 import torch
@@ -77,5 +77,6 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int, ig
     return outs
 
 
-def read_json(path: Path) -> dict:
-    return json.loads(Path(path).read_text())
+def random_prompts(n: int, vocab: int, seed: int, lengths=(3, 60), prefix: list[int] | None = None):
+    rng = random.Random(seed)
+    return [(prefix or []) + [rng.randrange(3, vocab) for _ in range(rng.randint(*lengths))] for _ in range(n)]

@@ -168,7 +168,7 @@ def no_compiled_load(monkeypatch):
 class TestIntegrity:
     def test_every_member_with_a_flipped_byte_is_refused(self, tiny_llama_artifact, tmp_path, no_compiled_load):
         names = member_offsets(tiny_llama_artifact)
-        assert {MANIFEST, MANIFEST_CHECKSUM, "weights/rank0.safetensors", "compiled/model.pt2.zst"} <= set(names)
+        assert {MANIFEST, MANIFEST_CHECKSUM, "weights/rank0.safetensors", "compiled/mixed.pt2.zst"} <= set(names)
         for name, (offset, size) in names.items():
             bad = copy_artifact(tiny_llama_artifact, tmp_path)
             flip_byte(bad, offset + size // 2)

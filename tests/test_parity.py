@@ -3,20 +3,13 @@
 The engine decodes every batch together (prompts of different lengths in one continuous batch);
 the reference runs transformers' `generate` one prompt at a time.
 """
-import random
-
 import pytest
 import torch
 
 from atom_aot import LLMEngine, SamplingParams
-from factories import hf_greedy, make_tiny_model
+from factories import hf_greedy, make_tiny_model, random_prompts
 
 MAX_NEW = 24
-
-
-def random_prompts(n: int, vocab: int, seed: int, lengths=(3, 60), prefix: list[int] | None = None):
-    rng = random.Random(seed)
-    return [(prefix or []) + [rng.randrange(3, vocab) for _ in range(rng.randint(*lengths))] for _ in range(n)]
 
 
 def engine_greedy(artifact, prompts, max_new=MAX_NEW, **config):

@@ -73,6 +73,17 @@ class ServerProcess:
                 return int(pid)
         raise RuntimeError("no engine process found")
 
+    def __enter__(self) -> "ServerProcess":
+        """Waits until healthy; the server stops when the block ends (even if it never got healthy)."""
+        try:
+            return self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -25,7 +26,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "bf16", "fp8"))
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                    help="model dtype (auto: float32 on cpu, bfloat16 on GPUs)")
-    p.add_argument("--capture-sizes", default=None, help="CUDA-graph batch sizes, e.g. 1,2,4,8,16")
+    p.add_argument("--capture-sizes", default=None, help="CUDA-graph batch sizes, e.g. 1,2,4,8,16 (none: no graphs)")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--compile", default="aoti", choices=("aoti", "none"),
@@ -34,6 +35,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cache-dir", type=Path, default=None, help="artifact cache (default: artifacts/)")
     p.add_argument("--print-key", action="store_true", help="print the build key and exit without building")
     p.add_argument("--force", action="store_true", help="rebuild even if the cache has this key")
+    p.add_argument("--summary-json", action="store_true", help="print the result as one JSON line (for tools)")
     return p.parse_args(argv)
 
 
@@ -41,7 +43,9 @@ def build_config(args: argparse.Namespace):
     from atom_aot.arch import detect_arch
     from atom_aot.build.config import BuildConfig
     sizes = None
-    if args.capture_sizes:
+    if args.capture_sizes == "none":
+        sizes = ()
+    elif args.capture_sizes:
         try:
             sizes = tuple(int(s) for s in args.capture_sizes.split(","))
         except ValueError:
@@ -66,7 +70,11 @@ def _main(args: argparse.Namespace) -> int:
         print(key)
         return 0
     result = build(args.model, config, cache_dir=args.cache_dir, out=args.out, force=args.force)
-    print(summary(result))
+    if args.summary_json:
+        print(json.dumps({"path": str(result.path), "key": result.key, "cached": result.cached,
+                          "seconds": result.seconds}))
+    else:
+        print(summary(result))
     return 0
 
 

@@ -15,11 +15,13 @@ import xxhash
 import atom_aot
 from atom_aot.arch import toolchain
 from atom_aot.build.config import BuildConfig
+from atom_aot.build.cxx import wrapper_compiler
 from atom_aot.build.source import ModelSource
 from atom_aot.version import ARTIFACT_FORMAT_VERSION, __version__
 
 # Engine code whose behaviour shapes the artifact (model definitions, ops, conversion, export).
-ENGINE_CODE = ("models", "ops", "build/weights.py", "build/export.py", "build/tune.py", "build/graphs.py")
+ENGINE_CODE = ("models", "ops", "build/weights.py", "build/export.py", "build/tune.py", "build/graphs.py",
+               "build/cxx.py")
 
 
 def engine_code_hash() -> str:
@@ -43,6 +45,7 @@ def key_inputs(source: ModelSource, config: BuildConfig) -> dict:
         "generation_config": source.generation_config,
         "tokenizer": source.tokenizer_hash(),
         "toolchain": toolchain(),
+        "cxx": wrapper_compiler()["version"] if config.compile == "aoti" else None,
         "build": config.key_fields(),
     }
 

@@ -28,6 +28,7 @@ from atom_aot.build.tune import tune_kernels
 from atom_aot.build.weights import build_meta_model, convert_state_dict
 from atom_aot.errors import ArtifactError, BuildError
 from atom_aot.models import ModelConfig, model_class
+from atom_aot.ops.kernels import KernelChoices, load_kernel_modules
 from atom_aot.version import ARTIFACT_FORMAT_VERSION, __version__
 
 log = logging.getLogger("atom_aot")
@@ -73,9 +74,9 @@ def build(model: str | None, config: BuildConfig, cache_dir: Path | None = None,
         return BuildResult(cached, key, cached=True, seconds=progress.seconds)
     staging = Path(tempfile.mkdtemp(prefix="atom-build-"))
     try:
-        _stage_all(staging, source, model_config, config, progress)
+        phases = _stage_all(staging, source, model_config, config, progress)
         with progress.stage("pack"):
-            manifest = _manifest(source, model_config, config, key, inputs, progress.seconds)
+            manifest = _manifest(source, model_config, config, key, inputs, progress.seconds, phases)
             write_artifact(staging, manifest, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -95,41 +96,53 @@ def _existing(target: Path, cache_dir: Path, key: str, explicit_out: bool) -> Pa
 
 
 def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, config: BuildConfig,
-               progress: StageProgress) -> None:
+               progress: StageProgress) -> list[str]:
+    """Writes every member but the manifest; returns the phases compiled."""
     max_len = config.max_model_len or model_config.max_position_embeddings
     model_cls = model_class(model_config.architecture)
-    meta_model = build_meta_model(model_cls, model_config, config.torch_dtype, config.quant, max_len)
-    num_tensors = len(meta_model.state_dict())
+    model = build_meta_model(model_cls, model_config, config.torch_dtype, config.quant, max_len)
+    num_tensors = len(model.state_dict())
     with progress.stage("weights", total=num_tensors) as bar:
-        state = convert_state_dict(source.tensors(), meta_model, model_config, config.quant,
-                                   on_tensor=lambda name: bar.update(0))
+        state = convert_state_dict(source.tensors(), model, model_config, config.quant)
         bar.update(num_tensors)
         (staging / "weights").mkdir()
         save_file(state, str(staging / "weights" / "rank0.safetensors"))
-    if config.compile == "aoti":
-        _compile(staging, meta_model, state, config, max_len, progress)
     with progress.stage("tune"):
-        (staging / "tuning.json").write_text(json.dumps(tune_kernels(config), indent=1))
-    with progress.stage("capture-size probe"):
-        (staging / "graphs.json").write_text(json.dumps(probe_capture_sizes(config), indent=1))
+        tuning = tune_kernels(config, model_config, max_len)
+        (staging / "tuning.json").write_text(json.dumps(tuning, indent=1))
+    phases = []
+    if config.compile == "aoti":
+        device = device_for_arch(config.arch)
+        model.load_state_dict({k: v.to(device) for k, v in state.items()}, assign=True)
+        phases = _compile(staging, model.eval(), tuning, config, max_len, progress)
     (staging / "tokenizer").mkdir()
     source.save_tokenizer(staging / "tokenizer")
     (staging / "config").mkdir()
     (staging / "config" / "config.json").write_text(json.dumps(source.config, indent=1, sort_keys=True))
     (staging / "config" / "generation_config.json").write_text(json.dumps(source.generation_config, indent=1))
+    with progress.stage("capture-size probe"):
+        graphs = probe_capture_sizes(config, staging, max_len)
+        (staging / "graphs.json").write_text(json.dumps(graphs, indent=1))
+    return phases
 
 
-def _compile(staging, meta_model, state, config: BuildConfig, max_len: int, progress: StageProgress) -> None:
+def _compile(staging, model, tuning: dict, config: BuildConfig, max_len: int, progress: StageProgress) -> list[str]:
+    """One AOTInductor package per phase: `mixed` everywhere, plus `decode` where graphs replay it."""
+    phases = ["mixed"] if config.arch == "cpu" else ["mixed", "decode"]
     device = device_for_arch(config.arch)
-    meta_model.load_state_dict({k: v.to(device) for k, v in state.items()}, assign=True)
-    with progress.stage("export"):
-        exported = export_model(meta_model.eval(), config.kv_torch_dtype, config.block_size, max_len, device)
-    with progress.stage("compile"):
-        compile_package(exported, staging / "compiled" / "model.pt2")
+    for phase in phases:
+        kernels = KernelChoices.from_tuning(tuning, phase)
+        load_kernel_modules(kernels)
+        model.use_kernels(kernels)
+        with progress.stage(f"export ({phase})"):
+            exported = export_model(model, config.kv_torch_dtype, config.block_size, max_len, device, phase)
+        with progress.stage(f"compile ({phase})"):
+            compile_package(exported, staging / "compiled" / f"{phase}.pt2")
+    return phases
 
 
 def _manifest(source: ModelSource, model_config: ModelConfig, config: BuildConfig, key: str, inputs: dict,
-              seconds: dict) -> dict:
+              seconds: dict, phases: list[str]) -> dict:
     return {
         "format_version": ARTIFACT_FORMAT_VERSION,
         "build_key": key,
@@ -138,9 +151,10 @@ def _manifest(source: ModelSource, model_config: ModelConfig, config: BuildConfi
                   "config_hash": build_key({"config": source.config}), "weights_hash": inputs["weights"],
                   "tokenizer_hash": inputs["tokenizer"]},
         "target": {"arch": config.arch, **toolchain()},
+        "build_compiler": inputs["cxx"],
         "build": {**config.key_fields(),
                   "max_model_len": config.max_model_len or model_config.max_position_embeddings},
-        "compiled": {"kind": "aotinductor", "package": "compiled/model.pt2"} if config.compile == "aoti"
+        "compiled": {"kind": "aotinductor", "packages": {p: f"compiled/{p}.pt2" for p in phases}} if phases
                     else {"kind": "none"},
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "build_host": socket.gethostname(),

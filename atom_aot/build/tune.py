@@ -1,17 +1,107 @@
 """Kernel choices for the target, measured at build time and stored in tuning.json.
 
 The runtime reads these and never autotunes. On the CPU there is one implementation of each op
-(torch reference ops; Inductor's C++ code for the rest), so the table records that choice.
+(torch reference ops; Inductor's C++ code for the rest), so the table records that choice. On a
+GPU arch each Triton kernel's candidate configs are timed on the model's own shapes (decode at
+several capture sizes, prefill at two token counts) and the fastest is kept per phase: `decode`
+for the decode package the CUDA graphs replay, `mixed` for everything else.
 """
 from __future__ import annotations
 
+import math
+
+import torch
+
 from atom_aot.build.config import BuildConfig
+from atom_aot.models import ModelConfig
+
+DECODE_BATCHES = (1, 8, 32, 128)
+PREFILL_BATCHES = ((1, 1024), (4, 512))      # (sequences, tokens each)
 
 
-def tune_kernels(config: BuildConfig) -> dict:
+def tune_kernels(config: BuildConfig, model_config: ModelConfig, max_model_len: int) -> dict:
     if config.arch == "cpu":
         return {"arch": "cpu", "measured": False,
-                "kernels": {"paged_attention": {"impl": "torch_reference"},
-                            "gemm": {"impl": "aten (Inductor extern call)"},
-                            "sampling": {"impl": "torch"}}}
-    raise ValueError(f"kernel tuning for {config.arch} is not available in this build of atom-aot")
+                "phases": {"mixed": {"attention": "reference"}},
+                "kernels": {"attention": "torch reference (atom::paged_attention)",
+                            "gemm": "aten (Inductor extern call)", "norms/activations": "Inductor C++ (fused)",
+                            "sampling": "torch"}}
+    return _tune_triton(config, model_config, max_model_len)
+
+
+def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int) -> dict:
+    import atom_aot.ops.triton  # noqa: F401  (registers the ops)
+    from atom_aot.ops.triton.paged_attention import CANDIDATE_CONFIGS as ATTENTION
+    from atom_aot.ops.triton.rope_cache import CANDIDATE_CONFIGS as ROPE
+    context = min(max_model_len - 1, 2048)
+    measurements = {"decode": {}, "prefill": {}, "rope_cache": {}}
+    for batch in DECODE_BATCHES:
+        measurements["decode"][batch] = _time_attention(cfg, config, ATTENTION["decode"], [context] * batch, [1] * batch)
+    for seqs, tokens in PREFILL_BATCHES:
+        measurements["prefill"][f"{seqs}x{tokens}"] = _time_attention(cfg, config, ATTENTION["prefill"],
+                                                                      [0] * seqs, [tokens] * seqs)
+    for tokens in (8, 1024):
+        measurements["rope_cache"][tokens] = _time_rope(cfg, config, ROPE, tokens)
+    decode, prefill = _best(measurements["decode"]), _best(measurements["prefill"])
+    rope = _best(measurements["rope_cache"])
+    return {
+        "arch": config.arch, "measured": True, "context_tokens": context,
+        "phases": {"decode": {"attention": "triton", "attention_config": list(decode),
+                              "rope_cache_config": list(rope)},
+                   "mixed": {"attention": "triton", "attention_config": list(prefill),
+                             "rope_cache_config": list(rope)}},
+        "kernels": {"attention": "triton atom_triton::paged_attention (decode / mixed configs above)",
+                    "qk_norm+rope+kv write": "triton atom_triton::qk_norm_rope_cache_write",
+                    "gemm": "aten -> cuBLAS (Inductor extern call)",
+                    "norms/activations": "Inductor-generated Triton (fused, compiled into the package)",
+                    "sampling": "torch on the GPU"},
+        "measurements_ms": {kind: {str(shape): {",".join(map(str, c)): ms for c, ms in row.items()}
+                                   for shape, row in rows.items()} for kind, rows in measurements.items()},
+    }
+
+
+def _best(rows: dict) -> tuple[int, ...]:
+    """The config with the lowest geometric-mean slowdown against each shape's fastest."""
+    configs = set.intersection(*(set(row) for row in rows.values()))
+    def score(c):
+        return sum(math.log(row[c] / min(row.values())) for row in rows.values())
+    return min(configs, key=score)
+
+
+def _batch(cfg: ModelConfig, config: BuildConfig, context: list[int], new: list[int]):
+    from atom_aot.ops.triton.testing import make_paged_batch
+    return make_paged_batch(context, new, cfg.num_key_value_heads, cfg.head_dim, block_size=config.block_size,
+                            num_layers=1, dtype=config.kv_torch_dtype, device="cuda")
+
+
+def _time_attention(cfg, config: BuildConfig, candidates, context: list[int], new: list[int]) -> dict:
+    from atom_aot.ops.triton.timing import measure_ms
+    b = _batch(cfg, config, context, new)
+    q = torch.randn(sum(new), cfg.num_attention_heads, cfg.head_dim, device="cuda", dtype=config.torch_dtype)
+    op, scale = torch.ops.atom_triton.paged_attention, cfg.head_dim ** -0.5
+    times = {}
+    for c in candidates:
+        args = c.as_args()
+        times[args] = measure_ms(lambda: op(q, b.kv_cache, 0, b.block_tables, b.seq_lens, b.query_start_loc,
+                                            scale, *args))[0]
+    return times
+
+
+def _time_rope(cfg, config: BuildConfig, candidates, tokens: int) -> dict:
+    from atom_aot.models.layers import rope_cos_sin_cache
+    from atom_aot.ops.triton.timing import measure_ms
+    b = _batch(cfg, config, [0] * tokens, [1] * tokens)
+    dt, dev = config.torch_dtype, "cuda"
+    q = torch.randn(tokens, cfg.num_attention_heads, cfg.head_dim, device=dev, dtype=dt)
+    k = torch.randn(tokens, cfg.num_key_value_heads, cfg.head_dim, device=dev, dtype=dt)
+    v = torch.randn_like(k)
+    positions = torch.randint(0, 4096, (tokens,), device=dev)
+    cos_sin = rope_cos_sin_cache(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_dict, 4096).to(dev)
+    w = torch.randn(cfg.head_dim, device=dev, dtype=dt)
+    op = torch.ops.atom_triton.qk_norm_rope_cache_write
+    times = {}
+    for c in candidates:
+        args = c.as_args()
+        times[args] = measure_ms(lambda: op(q, k, v, positions, cos_sin, w, w, 1e-6, b.kv_cache, 0,
+                                            b.slot_mapping, *args))[0]
+    return times

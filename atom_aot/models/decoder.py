@@ -6,24 +6,13 @@ token dimension T, the batch B and the block-table width dynamic.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 from torch import nn
 import torch.nn.functional as F
 
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.layers import RMSNorm, RotaryEmbedding, make_linear
-from atom_aot.ops.attention import paged_attention
-
-
-class AttentionInputs(NamedTuple):
-    """What every attention layer reads for one step (see atom_aot/ops/attention.py)."""
-    kv_cache: torch.Tensor         # [L, 2, num_blocks, block_size, Hkv, D]
-    slot_mapping: torch.Tensor     # [T] int64
-    block_tables: torch.Tensor     # [B, max_blocks] int32
-    seq_lens: torch.Tensor         # [B] int32
-    query_start_loc: torch.Tensor  # [B + 1] int32
+from atom_aot.ops.kernels import AttentionInputs, KernelChoices, attention_block
 
 
 class DecoderAttention(nn.Module):
@@ -38,17 +27,17 @@ class DecoderAttention(nn.Module):
         self.o_proj = make_linear(self.q_size, cfg.hidden_size, False, dtype, quant)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if qk_norm else None
+        self.kernels = KernelChoices()      # set per arch and phase by DecoderForCausalLM.use_kernels
 
     def forward(self, positions, x, rotary: RotaryEmbedding, attn: AttentionInputs):
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.unflatten(-1, (self.num_heads, self.head_dim))      # [T, H, D]
         k = k.unflatten(-1, (self.num_kv_heads, self.head_dim))   # [T, Hkv, D]
         v = v.unflatten(-1, (self.num_kv_heads, self.head_dim))
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
-        o = paged_attention(q, k, v, attn.kv_cache, self.layer, attn.slot_mapping, attn.block_tables,
-                            attn.seq_lens, attn.query_start_loc, self.scale)
+        norms = (self.q_norm.weight, self.k_norm.weight) if self.q_norm is not None else (None, None)
+        eps = self.q_norm.eps if self.q_norm is not None else 0.0
+        o = attention_block(self.kernels, self.layer, positions, q, k, v, rotary.cos_sin_cache, *norms, eps,
+                            self.scale, attn)
         return self.o_proj(o.flatten(-2))
 
 
@@ -116,6 +105,12 @@ class DecoderForCausalLM(nn.Module):
         self.model = DecoderModel(cfg, dtype, quant, self.qk_norm, max_positions or cfg.max_position_embeddings)
         # lm_head stays unquantized: it decides the argmax.
         self.lm_head = None if cfg.tie_word_embeddings else make_linear(cfg.hidden_size, cfg.vocab_size, False, dtype, "none")
+
+    def use_kernels(self, kernels: KernelChoices) -> "DecoderForCausalLM":
+        """Pick the kernels every attention layer calls (the build exports once per phase's row)."""
+        for layer in self.model.layers:
+            layer.self_attn.kernels = kernels
+        return self
 
     def forward(self, input_ids, positions, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc,
                 logits_indices):

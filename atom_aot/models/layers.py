@@ -12,6 +12,13 @@ from torch import nn
 import torch.nn.functional as F
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's RMSNorm: normalize in float32, cast back, then scale."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
 class RMSNorm(nn.Module):
     """RMSNorm with an optional residual add folded in (returns the new residual too)."""
 
@@ -24,10 +31,7 @@ class RMSNorm(nn.Module):
         if residual is not None:
             x = x + residual
             residual = x
-        out_dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        out = self.weight * h.to(out_dtype)
+        out = rms_norm(x, self.weight, self.eps)
         return out if residual is None else (out, residual)
 
 
@@ -59,16 +63,17 @@ def rope_cos_sin_cache(head_dim: int, theta: float, scaling: dict, max_positions
 
 
 class RotaryEmbedding(nn.Module):
-    """Neox-style rotary embedding read from a precomputed cos/sin table (a weight of the artifact)."""
+    """Holds the precomputed cos/sin table (a weight of the artifact) that rotary embedding reads."""
 
     def __init__(self, head_dim: int, max_positions: int):
         super().__init__()
         self.register_buffer("cos_sin_cache", torch.empty(max_positions, head_dim, dtype=torch.float32))
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        # positions: [T]; q: [T, H, D]; k: [T, Hkv, D]
-        cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2]
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+def apply_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor):
+    """Neox-style rotation of q: [T, H, D] and k: [T, Hkv, D] at positions: [T]."""
+    cos, sin = cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2]
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

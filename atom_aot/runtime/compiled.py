@@ -15,7 +15,11 @@ import atom_aot.ops  # noqa: F401  (the package calls atom:: custom ops by name)
 class CompiledModel:
     def __init__(self, package: Path, constants: dict[str, torch.Tensor], device: torch.device):
         device_index = -1 if device.type == "cpu" else (device.index or 0)
-        self._loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, device_index)
+        # run_single_threaded: the thread-safe entry point queries a CUDA event left by the previous
+        # run before each call, which is illegal while a CUDA graph is being captured (it fails
+        # with cudaErrorStreamCaptureInvalidated). One engine thread drives each model, so the
+        # locking it buys is not needed.
+        self._loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", True, 1, device_index)
         needed = set(self._loader.get_constant_fqns())
         missing = needed - set(constants)
         if missing:

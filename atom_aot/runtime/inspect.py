@@ -23,16 +23,19 @@ def describe(art: Artifact) -> str:
         ("layout", f"tp {build['tensor_parallel_size']}, ep {build['enable_expert_parallel']}"),
         ("numerics", f"dtype {build['dtype']}, quant {build['quant']}, kv cache {build['kv_cache_dtype']}"),
         ("limits", f"max model len {build['max_model_len']}, block size {build['block_size']}"),
-        ("compiled", "AOTInductor package " + compiled["package"] if compiled["kind"] == "aotinductor"
+        ("compiled", "AOTInductor packages " + ", ".join(f"{k}: {v}" for k, v in compiled["packages"].items())
+                     if compiled["kind"] == "aotinductor"
                      else "none: the runtime runs the model module eagerly (built with --compile none)"),
         ("cuda graphs", ", ".join(map(str, graphs["capture_sizes"])) or graphs.get("note", "none")),
         ("built", f"{m['built_at']} on {m['build_host']} in "
                   + ", ".join(f"{k} {v:.1f}s" for k, v in m["build_seconds"].items())),
     ]
     lines = [f"{k:<12} {v}" for k, v in rows]
-    lines.append("kernels")
+    lines.append("kernels" + (" (measured at build)" if tuning.get("measured") else ""))
     for op, choice in tuning.get("kernels", {}).items():
-        lines.append(f"  {op:<18} {choice}")
+        lines.append(f"  {op:<22} {choice}")
+    for phase, row in tuning.get("phases", {}).items():
+        lines.append(f"  {phase + ' phase':<22} {row}")
     lines.append("members")
     for name, info in sorted(m["members"].items()):
         stored = f", stored zstd {info['stored_size'] / 2**20:.2f} MiB" if info["stored"] == "zstd" else ""

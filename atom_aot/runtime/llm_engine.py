@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from atom_aot.arch import detect_arch
@@ -14,7 +15,7 @@ from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.output_processor import OutputProcessor, RequestOutput, StreamCallback
 from atom_aot.runtime.sampling_params import SamplingParams
 from atom_aot.runtime.startup import load_and_start
-from atom_aot.runtime.tokenizer import apply_chat_template, encode_prompt, load_tokenizer
+from atom_aot.runtime.tokenizer import apply_chat_template, encode_prompt, load_artifact_tokenizer
 
 log = logging.getLogger("atom_aot")
 
@@ -33,13 +34,17 @@ def resolve_artifact(model: str | None, options: dict, max_model_len: int | None
     """An artifact path for `model`: itself, or the cached build of it for this machine."""
     if is_artifact(model):
         return Path(model)
+    from atom_aot.build.cache import default_cache_dir
     from atom_aot.build.config import BuildConfig
-    from atom_aot.build.pipeline import build
-    cache_dir = options.pop("cache_dir", None)
+    from atom_aot.build.isolated import build_isolated
+    from atom_aot.build.pipeline import check_arch_present, plan
+    cache_dir = Path(options.pop("cache_dir", None) or default_cache_dir())
     config = BuildConfig(arch=detect_arch(), max_model_len=max_model_len, **options)
-    result = build(model, config, cache_dir=cache_dir)
-    log.info("artifact %s (%s)", result.path, "cached" if result.cached else "built")
-    return result.path
+    check_arch_present(config.arch)
+    _, _, key, _ = plan(model, config)
+    result = build_isolated(model, config, cache_dir, key)
+    log.info("artifact %s (%s)", result["path"], "cached" if result["cached"] else "built")
+    return result["path"]
 
 
 class LLMEngine:
@@ -50,8 +55,11 @@ class LLMEngine:
         build_options = {k: v for k, v in config.items() if k in BUILD_OPTIONS}
         self.config = RuntimeConfig(**{k: v for k, v in config.items() if k in RuntimeConfig.field_names()})
         self.artifact_path = resolve_artifact(model, build_options, self.config.max_model_len)
-        self.loaded, self.core = load_and_start(self.artifact_path, self.config)
-        self.tokenizer = load_tokenizer(self.loaded.tokenizer_dir)
+        # The tokenizer (and the transformers import) loads beside the model: seconds off cold start.
+        with ThreadPoolExecutor(1) as pool:
+            tokenizer = pool.submit(load_artifact_tokenizer, self.artifact_path)
+            self.loaded, self.core = load_and_start(self.artifact_path, self.config)
+            self.tokenizer, self.loaded.timings["tokenizer (overlapped)"] = tokenizer.result()
         self.output_processor = OutputProcessor(self.tokenizer)
         self._request_ids = itertools.count()
 

@@ -14,6 +14,7 @@ import torch
 
 from atom_aot.arch import detect_arch, device_for_arch, toolchain
 from atom_aot.models import ModelConfig, model_class
+from atom_aot.ops.kernels import KernelChoices, load_kernel_modules
 from atom_aot.errors import ArtifactError
 from atom_aot.runtime.artifact import Artifact, rebuild_command
 from atom_aot.runtime.safetensors_view import tensors_from_buffer
@@ -28,7 +29,8 @@ CHECKED_TOOLCHAIN = ("torch", "triton", "cuda", "hip", "cpu_isa")
 class LoadedArtifact:
     artifact: Artifact
     model_config: ModelConfig
-    forward: torch.nn.Module | object   # called with the exported signature
+    weights: dict[str, torch.Tensor]    # the runtime's parameters, on the device
+    forwards: dict[str, object]         # phase ("mixed", "decode") -> callable with the exported signature
     execution: str                      # which path runs: "aotinductor" or "eager"
     device: torch.device
     dtype: torch.dtype
@@ -79,31 +81,37 @@ def load_artifact(path: str | Path, enforce_eager: bool = False) -> LoadedArtifa
     timings["weights"] = time.perf_counter() - start
 
     start = time.perf_counter()
+    tuning = artifact.read_json("tuning.json")
     compiled = manifest["compiled"]["kind"] == "aotinductor" and not enforce_eager
     if compiled:
         from atom_aot.runtime.compiled import CompiledModel
-        forward = CompiledModel(artifact.member_path(manifest["compiled"]["package"]), weights, device)
+        forwards = {phase: CompiledModel(artifact.member_path(path), weights, device)
+                    for phase, path in manifest["compiled"]["packages"].items()}
     else:
-        forward = _eager_model(model_config, build, weights)
+        forwards = {"mixed": _eager_model(model_config, build, weights, tuning)}
     execution = "aotinductor" if compiled else "eager"
     timings["compiled load" if compiled else "eager model"] = time.perf_counter() - start
     log.info("model path: %s (%s)", execution,
              "compiled package from the artifact" if compiled else
              "--enforce-eager" if enforce_eager else "the artifact has no compiled code (built with --compile none)")
     return LoadedArtifact(
-        artifact=artifact, model_config=model_config, forward=forward, execution=execution, device=device,
+        artifact=artifact, model_config=model_config, weights=weights, forwards=forwards, execution=execution, device=device,
         dtype=getattr(torch, build["dtype"]), kv_dtype=getattr(torch, build["kv_cache_dtype"]),
         block_size=build["block_size"], max_model_len=build["max_model_len"],
         graphs=artifact.read_json("graphs.json"),
         generation_config=artifact.read_json("config/generation_config.json"),
-        tokenizer_dir=artifact.member_dir("tokenizer"), tuning=artifact.read_json("tuning.json"), timings=timings)
+        tokenizer_dir=artifact.member_dir("tokenizer"), tuning=tuning, timings=timings)
 
 
-def _eager_model(model_config: ModelConfig, build: dict, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
+def _eager_model(model_config: ModelConfig, build: dict, weights: dict[str, torch.Tensor],
+                 tuning: dict) -> torch.nn.Module:
+    """The model module itself, with the arch's kernels (the `mixed` row serves every batch)."""
     cls = model_class(model_config.architecture)
     with torch.device("meta"):
         model = cls(model_config, getattr(torch, build["dtype"]), build["quant"], build["max_model_len"])
     model.load_state_dict(weights, assign=True)
-    return model.eval()
+    kernels = KernelChoices.from_tuning(tuning, "mixed")
+    load_kernel_modules(kernels)
+    return model.use_kernels(kernels).eval()
 
 

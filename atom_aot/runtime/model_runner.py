@@ -38,9 +38,9 @@ class StepOutput:
 
 
 class ModelRunner:
-    def __init__(self, forward: ModelForward, kv_cache: torch.Tensor, block_size: int, device: torch.device,
-                 sampler: Sampler):
-        self.forward = forward
+    def __init__(self, forwards: dict[str, ModelForward], kv_cache: torch.Tensor, block_size: int,
+                 device: torch.device, sampler: Sampler):
+        self.forwards = forwards      # "mixed" runs any batch; "decode" (if present) one token per sequence
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.device = device
@@ -48,10 +48,20 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepOutput:
-        inputs = self.prepare_inputs(batch)
-        logits = self.forward(inputs.input_ids, inputs.positions, self.kv_cache, inputs.slot_mapping,
-                              inputs.block_tables, inputs.seq_lens, inputs.query_start_loc, inputs.logits_indices)
-        return self.postprocess(batch, inputs, logits)
+        # a named range per step, so profiler traces (server or offline) split prefill from decode
+        phase = "prefill" if batch.is_prefill else "decode"
+        with torch.profiler.record_function(f"{phase}[bs={len(batch.seqs)},tokens={batch.num_tokens}]"):
+            inputs = self.prepare_inputs(batch)
+            logits = self.forward_for(batch)(inputs.input_ids, inputs.positions, self.kv_cache,
+                                             inputs.slot_mapping, inputs.block_tables, inputs.seq_lens,
+                                             inputs.query_start_loc, inputs.logits_indices)
+            return self.postprocess(batch, inputs, logits)
+
+    def forward_for(self, batch: ScheduledBatch) -> ModelForward:
+        decode = self.forwards.get("decode")
+        if batch.is_prefill or decode is None or not getattr(decode, "fits", lambda n: True)(len(batch.seqs)):
+            return self.forwards["mixed"]
+        return decode
 
     def prepare_inputs(self, batch: ScheduledBatch) -> StepInputs:
         input_ids, positions, slots, logits_rows, sample_rows, prompt_rows = [], [], [], [], [], {}

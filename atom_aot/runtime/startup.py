@@ -37,7 +37,8 @@ def kv_block_count(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
     else:
         free, total = torch.cuda.mem_get_info(loaded.device)
         used = total - free
-        budget = int(total * config.gpu_memory_utilization) - used - activation_reserve(loaded, config)
+        graph_pool = loaded.graphs.get("pool_bytes", 0) if uses_graphs(loaded, config) else 0
+        budget = int(total * config.gpu_memory_utilization) - used - activation_reserve(loaded, config) - graph_pool
     return max(0, budget // per_block)
 
 
@@ -47,6 +48,26 @@ def activation_reserve(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
     tokens = config.max_num_batched_tokens
     width = max(cfg.hidden_size * 4, cfg.intermediate_size * 3, cfg.vocab_size)
     return tokens * width * 4 + (256 << 20)
+
+
+def uses_graphs(loaded: LoadedArtifact, config: RuntimeConfig) -> bool:
+    return (loaded.device.type == "cuda" and "decode" in loaded.forwards and not config.enforce_eager
+            and bool(loaded.graphs.get("capture_sizes")))
+
+
+def decode_forward(loaded: LoadedArtifact, config: RuntimeConfig, kv_cache, max_model_len: int):
+    """The decode package replayed as CUDA graphs (captured here), or as it is."""
+    if not uses_graphs(loaded, config):
+        return loaded.forwards.get("decode")
+    from atom_aot.runtime.cuda_graphs import DecodeGraphs
+    start = time.perf_counter()
+    graphs = DecodeGraphs(loaded.forwards["decode"], kv_cache, tuple(loaded.graphs["capture_sizes"]),
+                          -(-max_model_len // loaded.block_size))
+    graphs.capture()
+    loaded.timings["graph capture"] = time.perf_counter() - start
+    log.info("CUDA graphs: captured %d decode sizes up to %d in %.2fs", len(graphs.sizes), graphs.sizes[-1],
+             loaded.timings["graph capture"])
+    return graphs
 
 
 def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig) -> EngineCore:
@@ -65,8 +86,13 @@ def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig) -> EngineCo
         SchedulerConfig(max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
                         max_model_len=max_model_len, scheduler_delay_factor=config.scheduler_delay_factor),
         BlockManager(num_blocks, loaded.block_size, config.enable_prefix_caching))
-    runner = ModelRunner(loaded.forward, kv_cache, loaded.block_size, loaded.device,
-                         Sampler(loaded.device, config.seed))
+    forwards = {"mixed": loaded.forwards["mixed"]}
+    decode = decode_forward(loaded, config, kv_cache, max_model_len)
+    if decode is not None:
+        forwards["decode"] = decode
+    log.info("decode steps: %s", "CUDA graphs of the decode package" if uses_graphs(loaded, config)
+             else "the decode package" if decode is not None else "the same path as prefill")
+    runner = ModelRunner(forwards, kv_cache, loaded.block_size, loaded.device, Sampler(loaded.device, config.seed))
     return EngineCore(scheduler, runner, eos_token_ids(loaded), loaded.block_size)
 
 
@@ -74,5 +100,5 @@ def load_and_start(artifact_path, config: RuntimeConfig) -> tuple[LoadedArtifact
     loaded = load_artifact(artifact_path, enforce_eager=config.enforce_eager)
     start = time.perf_counter()
     core = start_engine_core(loaded, config)
-    loaded.timings["kv cache"] = time.perf_counter() - start
+    loaded.timings["kv cache"] = time.perf_counter() - start - loaded.timings.get("graph capture", 0.0)
     return loaded, core

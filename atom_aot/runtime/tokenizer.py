@@ -1,12 +1,32 @@
-"""The artifact's tokenizer (transformers' AutoTokenizer over its tokenizer/ folder) and prompt helpers."""
+"""The artifact's tokenizer (fast, from its tokenizer/ folder) and prompt helpers."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 
 def load_tokenizer(tokenizer_dir: Path):
+    """The fast tokenizer straight from tokenizer.json when there is one, else AutoTokenizer.
+
+    Both read the same tokenizer.json and tokenizer_config.json (tests/test_tokenizer_loading.py
+    checks they agree), but importing AutoTokenizer pulls in transformers' generation code and,
+    on some versions, torch._dynamo and Inductor: seconds of start-up that, in the thread
+    `LLMEngine` loads the tokenizer in, also hold the GIL the model load needs.
+    """
+    tokenizer_dir = Path(tokenizer_dir)
+    if (tokenizer_dir / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+        return PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir))
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(str(tokenizer_dir))
+
+
+def load_artifact_tokenizer(artifact_path: Path):
+    """(tokenizer, seconds) from an artifact's verified tokenizer/ members."""
+    from atom_aot.runtime.artifact import Artifact
+    start = time.perf_counter()
+    tokenizer = load_tokenizer(Artifact.open(artifact_path).member_dir("tokenizer"))
+    return tokenizer, time.perf_counter() - start
 
 
 def apply_chat_template(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> str:

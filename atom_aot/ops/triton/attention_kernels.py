@@ -120,7 +120,7 @@ def paged_attention_kernel(
             s = tl.dot(q, k, input_precision="ieee")
         else:
             s = tl.dot(q, k)
-        s = s * qk_scale_log2                                # [BLOCK_M, BLOCK_N]
+        s = s * tl.cast(qk_scale_log2, tl.float32)                 # [BLOCK_M, BLOCK_N]; Inductor passes floats as fp64
         visible = (keys[None, :] <= q_pos[:, None]) & key_ok[None, :]
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))

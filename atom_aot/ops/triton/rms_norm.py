@@ -46,7 +46,7 @@ def rms_norm_kernel(
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)     # the new residual, rounded like torch's add
         tl.store(new_residual_ptr + row * stride_nr + cols, x, mask=ok)
     h = x.to(tl.float32)
-    inv = tl.rsqrt(tl.sum(h * h, 0) / hidden + eps)
+    inv = tl.rsqrt(tl.sum(h * h, 0) / hidden + tl.cast(eps, tl.float32))   # Inductor passes floats as fp64
     w = tl.load(weight_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     out = w * (h * inv).to(x.dtype).to(tl.float32)
     tl.store(out_ptr + row * stride_o + cols, out.to(out_ptr.dtype.element_ty), mask=ok)

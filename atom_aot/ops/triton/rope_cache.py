@@ -43,7 +43,7 @@ def _norm_rope(x_ptr, w_ptr, cos, sin, eps, heads, halves, ok, HEAD_DIM: tl.cons
     if HAS_NORM:
         f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
         mean_sq = (tl.sum(f1 * f1, 1) + tl.sum(f2 * f2, 1)) / HEAD_DIM
-        inv = tl.rsqrt(mean_sq + eps)[:, None]
+        inv = tl.rsqrt(mean_sq + tl.cast(eps, tl.float32))[:, None]   # Inductor passes floats as fp64
         w1 = tl.load(w_ptr + halves, mask=halves < half, other=0.0).to(tl.float32)
         w2 = tl.load(w_ptr + halves + half, mask=halves < half, other=0.0).to(tl.float32)
         x1 = (w1 * (f1 * inv).to(x1.dtype).to(tl.float32)).to(x1.dtype)

@@ -83,17 +83,11 @@ def randn(*shape, dtype: torch.dtype = torch.float32, device: str = "cpu",
 def rope_cache_reference(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, kv_cache, layer,
                          slot_mapping) -> torch.Tensor:
     """What DecoderAttention does before attention: optional QK-norm, rope, then the cache write."""
-    from atom_aot.models.layers import RotaryEmbedding
+    from atom_aot.models.layers import apply_rope
     from atom_aot.ops.attention import write_kv_cache
-    head_dim = q.shape[-1]
     if q_norm_weight is not None:
         q, k = (rms_norm_reference(t, None, w, eps) for t, w in ((q, q_norm_weight), (k, k_norm_weight)))
-    rotary = RotaryEmbedding(head_dim, cos_sin_cache.shape[0]).to(q.device)
-    rotary.cos_sin_cache.copy_(cos_sin_cache)
-    q, k = rotary(positions, q, k)
-    if kv_cache.dtype.itemsize == 1:   # index_copy_ has no fp8 kernel: scatter the bytes
-        k, v = (t.to(kv_cache.dtype).view(torch.uint8) for t in (k, v))
-        kv_cache = kv_cache.view(torch.uint8)
+    q, k = apply_rope(positions, q, k, cos_sin_cache)
     write_kv_cache(kv_cache[layer], k, v, slot_mapping)
     return q
 

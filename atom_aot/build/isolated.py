@@ -1,0 +1,47 @@
+"""Build in a child process, for callers that serve afterwards (LLMEngine given a model folder).
+
+A process that compiled (Inductor, Triton JIT) is not where compiled code should be loaded: on
+some toolchains the two clash, and serving must not carry compilers anyway. The child is
+`atom-build` itself, so its progress bars show as usual.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from atom_aot.build.cache import find_cached
+from atom_aot.build.config import BuildConfig
+from atom_aot.errors import BuildError
+
+
+def cli_args(model: str | None, config: BuildConfig, cache_dir: Path) -> list[str]:
+    args = ["--arch", config.arch, "--dtype", config.dtype, "-tp", str(config.tensor_parallel_size),
+            "--quant", config.quant, "--kv-cache-dtype", config.kv_cache_dtype, "--block-size", str(config.block_size),
+            "--compile", config.compile, "--cache-dir", str(cache_dir)]
+    if model is not None:
+        args += ["--model", str(model)]
+    if config.enable_expert_parallel:
+        args.append("--ep")
+    if config.capture_sizes is not None:
+        args += ["--capture-sizes", ",".join(map(str, config.capture_sizes)) or "none"]
+    if config.max_model_len is not None:
+        args += ["--max-model-len", str(config.max_model_len)]
+    return args
+
+
+def build_isolated(model: str | None, config: BuildConfig, cache_dir: Path, key: str) -> dict:
+    """The cached artifact for `key`, or one built by a child `atom-build`: {"path", "key", "cached", "seconds"}."""
+    cached = find_cached(cache_dir, key)
+    if cached is not None:
+        return {"path": cached, "key": key, "cached": True, "seconds": {}}
+    cmd = [sys.executable, "-m", "atom_aot.build.cli", *cli_args(model, config, cache_dir), "--summary-json"]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise BuildError(f"atom-build failed (exit {proc.returncode}); its message is above. Command: "
+                         + " ".join(cmd[2:]))
+    result = json.loads(lines[-1])
+    result["path"] = Path(result["path"])
+    return result

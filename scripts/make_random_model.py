@@ -1,0 +1,67 @@
+"""Write a Hugging Face model folder with random weights of a real architecture's shapes.
+
+No weights can be downloaded on the GPU machine; performance of dense models does not depend on
+weight values, and correctness is checked against transformers on the same random weights.
+Tensors are drawn one at a time on the chosen device (fast even for 8B) from the parameter names
+and shapes of transformers' own model class, built on the meta device.
+
+  python scripts/make_random_model.py --config CONFIG.json --tokenizer TOKENIZER_DIR --out DIR [--device cuda]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True, type=Path, help="a config.json of the architecture")
+    p.add_argument("--tokenizer", type=Path, help="folder with tokenizer.json (+ tokenizer_config.json)")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--std", type=float, default=0.02, help="std of the normal the matrices are drawn from")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--override", default="{}", help="JSON of config fields to change (e.g. fewer layers)")
+    return p.parse_args(argv)
+
+
+def make_random_model(config_path: Path, out: Path, tokenizer: Path | None = None, dtype: str = "bfloat16",
+                      device: str = "cpu", std: float = 0.02, seed: int = 0, override: dict | None = None) -> Path:
+    from transformers import AutoConfig, AutoModelForCausalLM
+    out.mkdir(parents=True, exist_ok=True)
+    config_dict = {**json.loads(config_path.read_text()), **(override or {}), "torch_dtype": dtype}
+    (out / "config.json").write_text(json.dumps(config_dict, indent=1))
+    config = AutoConfig.from_pretrained(out)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    tensors = {}
+    for name, meta in model.state_dict().items():
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        if "norm" in name:      # norm weights near 1, as trained models have them
+            t = 1 + 0.1 * torch.randn(meta.shape, generator=generator, device=device)
+        else:
+            t = std * torch.randn(meta.shape, generator=generator, device=device)
+        tensors[name] = t.to(getattr(torch, dtype)).cpu()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    eos = config_dict.get("eos_token_id")
+    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": config_dict.get("bos_token_id"),
+                                                            "eos_token_id": eos}, indent=1))
+    if tokenizer is not None:
+        for f in tokenizer.iterdir():
+            if f.is_file() and f.name != "LICENSE":
+                shutil.copy(f, out / f.name)
+    return out
+
+
+if __name__ == "__main__":
+    a = parse_args()
+    path = make_random_model(a.config, a.out, a.tokenizer, a.dtype, a.device, a.std, a.seed, json.loads(a.override))
+    print(path)
