@@ -27,7 +27,7 @@ def bm():
     yield manager
     # every test frees what it takes: the pool is whole again
     assert manager.num_free_blocks == manager.num_blocks
-    assert all(b.ref_count == 0 for b in manager.blocks)
+    assert all(b.ref_count == 0 for b in manager.blocks.values())
 
 
 class TestChainHash:

@@ -1,10 +1,12 @@
-"""The runtime loads tokenizers as the fast class straight from tokenizer.json (cheaper to import than
-AutoTokenizer); it must behave exactly as AutoTokenizer on the same folder."""
+"""The runtime loads tokenizers as FastTokenizer straight from tokenizer.json (no transformers import);
+it must behave exactly as AutoTokenizer on the same folder, down to the order of the special ids.
+tests/test_fast_tokenizer.py checks the whole surface on more tokenizers."""
 import pytest
 from transformers import AutoTokenizer
 
 from atom_aot.runtime.tokenizer import load_tokenizer
 from factories import make_tokenizer
+from test_fast_tokenizer import smollm2_tokenizer_dir
 
 TEXTS = ["Hello world", "  leading spaces\tand tabs\n\nnewlines", "émojis 🤖, 中文 and Ünïcödé",
          "<|im_start|>user\nhi<|im_end|>", "The   quick brown fox's dog, isn't it?", "a" * 50]
@@ -13,12 +15,10 @@ TEXTS = ["Hello world", "  leading spaces\tand tabs\n\nnewlines", "émojis 🤖,
 @pytest.fixture(scope="module", params=["tiny", "smollm2"])
 def tokenizer_dir(request, tmp_path_factory):
     """A tokenizer folder as atom-build writes it into an artifact (for SmolLM2: from its GGUF)."""
-    out = tmp_path_factory.mktemp("tok")
     if request.param == "smollm2":
-        from atom_aot.build.gguf_reader import read_gguf
-        read_gguf(str(request.getfixturevalue("smollm2_gguf"))).save_tokenizer(str(out))
-    else:
-        make_tokenizer(out)
+        return smollm2_tokenizer_dir(request, tmp_path_factory)
+    out = tmp_path_factory.mktemp("tok")
+    make_tokenizer(out)
     return out
 
 

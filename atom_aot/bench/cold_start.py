@@ -18,9 +18,12 @@ from pathlib import Path
 CHILD_OURS = r"""
 import json, sys, time
 t0 = time.perf_counter()
+import torch
+t_torch = time.perf_counter()
 from atom_aot import LLMEngine, SamplingParams
 from atom_aot.runtime.compile_counter import TRITON, compile_counts, compilers_loaded
 TRITON.install()
+t_imports = time.perf_counter()
 engine = LLMEngine(sys.argv[1], **json.loads(sys.argv[2]))
 t_ready = time.perf_counter()
 def first(update):
@@ -29,6 +32,8 @@ engine.add_request(["Hello, my name is"], SamplingParams(temperature=0, max_toke
 while not engine.is_finished():
     engine.step()
 print("RESULT " + json.dumps({"timings": engine.loaded.timings, "execution": engine.loaded.execution,
+      "import_torch_s": t_torch - t0,
+      "import_engine_s": t_imports - t_torch, "engine_init_s": t_ready - t_imports,
       "ready_s": t_ready - t0, "compile_counts": compile_counts(), "compilers_loaded": compilers_loaded()}), flush=True)
 """
 
@@ -67,18 +72,22 @@ def time_to_first_token(cmd: list[str], timeout: int = 1800) -> dict:
     return out
 
 
-def measure(artifact: Path, model: str, engine_kwargs: dict, include_hf: bool = True) -> dict:
+def measure(artifact: Path, model: str, engine_kwargs: dict, include_hf: bool = True,
+            include_jit: bool = True) -> dict:
     kw = json.dumps(engine_kwargs)
     ours = [time_to_first_token([sys.executable, "-c", CHILD_OURS, str(artifact), kw]) for _ in range(2)]
-    with tempfile.TemporaryDirectory(dir=".") as empty_cache:
-        jit = time_to_first_token([sys.executable, "-c", CHILD_OURS, model,
-                                   json.dumps({**engine_kwargs, "cache_dir": empty_cache})])
-    result = {"artifact_runs": ours, "jit_build_then_serve": jit}
+    result = {"artifact_runs": ours}
+    jit = {}
+    if include_jit:
+        with tempfile.TemporaryDirectory(dir=".") as empty_cache:
+            jit = time_to_first_token([sys.executable, "-c", CHILD_OURS, model,
+                                       json.dumps({**engine_kwargs, "cache_dir": empty_cache})])
+        result["jit_build_then_serve"] = jit
     if include_hf:
         result["transformers"] = time_to_first_token([sys.executable, "-c", CHILD_HF, model])
     best = min((r["first_token_s"] for r in ours if r["first_token_s"]), default=None)
     ratios = {}
-    if best and jit["first_token_s"]:
+    if best and jit.get("first_token_s"):
         ratios["jit_over_artifact"] = jit["first_token_s"] / best
     if best and result.get("transformers", {}).get("first_token_s"):
         ratios["transformers_over_artifact"] = result["transformers"]["first_token_s"] / best

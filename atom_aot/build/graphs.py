@@ -39,7 +39,7 @@ def _probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_
     device = torch.device("cuda")
     cfg = ModelConfig.from_json(staging / "config" / "config.json")
     weights = load_file(str(staging / "weights" / "rank0.safetensors"), device="cuda")
-    decode = CompiledModel(staging / "compiled" / "decode.pt2", weights, device)
+    decode = CompiledModel(staging / "compiled" / "decode.pt2", device).bind(weights)
     kv_cache = allocate_kv_cache(cfg, sizes[-1] + 1, block_size, getattr(torch, kv_dtype), device)
     torch.cuda.synchronize()
     before = torch.cuda.memory_reserved()

@@ -13,22 +13,29 @@ import atom_aot.ops  # noqa: F401  (the package calls atom:: custom ops by name)
 
 
 class CompiledModel:
-    def __init__(self, package: Path, constants: dict[str, torch.Tensor], device: torch.device):
+    """Opened first (library load, kernels), bound to the weights after: the two can overlap."""
+
+    def __init__(self, package: Path, device: torch.device):
         device_index = -1 if device.type == "cpu" else (device.index or 0)
         # run_single_threaded: the thread-safe entry point queries a CUDA event left by the previous
         # run before each call, which is illegal while a CUDA graph is being captured (it fails
         # with cudaErrorStreamCaptureInvalidated). One engine thread drives each model, so the
         # locking it buys is not needed.
         self._loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", True, 1, device_index)
+        self._constants: dict[str, torch.Tensor] | None = None
+
+    def bind(self, constants: dict[str, torch.Tensor]) -> "CompiledModel":
+        """Hands the package the artifact's weights (borrowed, not copied)."""
         needed = set(self._loader.get_constant_fqns())
         missing = needed - set(constants)
         if missing:
             raise ValueError(f"the compiled model needs weights the artifact lacks: {sorted(missing)[:5]}")
         self._constants = {name: constants[name] for name in needed}   # kept alive: the loader borrows them
-        try:   # torch >= 2.13 takes allow_h2d_copy too
-            self._loader.load_constants(self._constants, False, True, True, False)
-        except TypeError:
-            self._loader.load_constants(self._constants, False, True, True)
+        # (constants, use_inactive, check_full_update, user_managed): the four arguments every torch
+        # from 2.11 takes. Never call it with a signature it may refuse: pybind's TypeError message
+        # prints every tensor passed, which took 2.6 s for Qwen3-0.6B's 454 weights.
+        self._loader.load_constants(self._constants, False, True, True)
+        return self
 
     def __call__(self, *args: torch.Tensor) -> torch.Tensor:
         return self._loader.run(list(args))[0]

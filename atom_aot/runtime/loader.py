@@ -17,7 +17,7 @@ from atom_aot.models import ModelConfig, model_class
 from atom_aot.ops.kernels import KernelChoices, load_kernel_modules
 from atom_aot.errors import ArtifactError
 from atom_aot.runtime.artifact import Artifact, rebuild_command
-from atom_aot.runtime.safetensors_view import tensors_from_buffer
+from atom_aot.runtime.safetensors_view import tensors_from_buffer, tensors_on_device
 
 log = logging.getLogger("atom_aot")
 
@@ -69,28 +69,23 @@ def load_artifact(path: str | Path, enforce_eager: bool = False) -> LoadedArtifa
     artifact.verify()
     timings["verify"] = time.perf_counter() - start
 
-    start = time.perf_counter()
     manifest = artifact.manifest
     build = manifest["build"]
     device = device_for_arch(manifest["target"]["arch"])
     model_config = ModelConfig.from_hf_dict(artifact.read_json("config/config.json"))
-    weights = tensors_from_buffer(artifact.member_buffer(WEIGHTS))
-    if device.type != "cpu":
-        weights = {name: t.to(device, non_blocking=True) for name, t in weights.items()}
-        torch.cuda.synchronize(device)
-    timings["weights"] = time.perf_counter() - start
-
-    start = time.perf_counter()
     tuning = artifact.read_json("tuning.json")
     compiled = manifest["compiled"]["kind"] == "aotinductor" and not enforce_eager
+    buffer = artifact.member_buffer(WEIGHTS)
     if compiled:
-        from atom_aot.runtime.compiled import CompiledModel
-        forwards = {phase: CompiledModel(artifact.member_path(path), weights, device)
-                    for phase, path in manifest["compiled"]["packages"].items()}
+        weights, forwards = _load_compiled(artifact, buffer, device, timings)
     else:
+        start = time.perf_counter()
+        weights = _weights(buffer, device)
+        timings["weights"] = time.perf_counter() - start
+        start = time.perf_counter()
         forwards = {"mixed": _eager_model(model_config, build, weights, tuning)}
+        timings["eager model"] = time.perf_counter() - start
     execution = "aotinductor" if compiled else "eager"
-    timings["compiled load" if compiled else "eager model"] = time.perf_counter() - start
     log.info("model path: %s (%s)", execution,
              "compiled package from the artifact" if compiled else
              "--enforce-eager" if enforce_eager else "the artifact has no compiled code (built with --compile none)")
@@ -101,6 +96,44 @@ def load_artifact(path: str | Path, enforce_eager: bool = False) -> LoadedArtifa
         graphs=artifact.read_json("graphs.json"),
         generation_config=artifact.read_json("config/generation_config.json"),
         tokenizer_dir=artifact.member_dir("tokenizer"), tuning=tuning, timings=timings)
+
+
+def _weights(buffer: memoryview, device: torch.device) -> dict[str, torch.Tensor]:
+    """The weights on the device: views of the mapped file on the CPU, one upload on a GPU."""
+    if device.type == "cpu":
+        return tensors_from_buffer(buffer)
+    weights = tensors_on_device(buffer, device)
+    torch.cuda.synchronize(device)
+    return weights
+
+
+def _load_compiled(artifact: Artifact, buffer: memoryview, device: torch.device,
+                   timings: dict) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
+    """Weights and compiled packages, loaded side by side: the weight upload runs in a thread (the
+    copy releases the GIL) while this one opens the packages; the weights are bound to them after."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from atom_aot.runtime.compiled import CompiledModel
+
+    def upload():
+        start = time.perf_counter()
+        weights = _weights(buffer, device)
+        return weights, time.perf_counter() - start
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(1, thread_name_prefix="atom-weights") as pool:
+        pending = pool.submit(upload)
+        opened = time.perf_counter()
+        forwards = {phase: CompiledModel(artifact.member_path(path), device)
+                    for phase, path in artifact.manifest["compiled"]["packages"].items()}
+        timings["compiled load"] = time.perf_counter() - opened
+        weights, timings["weights (overlapped)"] = pending.result()
+    bind_start = time.perf_counter()
+    for forward in forwards.values():
+        forward.bind(weights)
+    timings["bind weights"] = time.perf_counter() - bind_start
+    timings["weights + compiled load (wall)"] = time.perf_counter() - start
+    return weights, forwards
 
 
 def _eager_model(model_config: ModelConfig, build: dict, weights: dict[str, torch.Tensor],

@@ -1,22 +1,27 @@
-"""The artifact's tokenizer (fast, from its tokenizer/ folder) and prompt helpers."""
+"""The artifact's tokenizer (from its tokenizer/ folder) and prompt helpers."""
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
+log = logging.getLogger("atom_aot")
+
 
 def load_tokenizer(tokenizer_dir: Path):
-    """The fast tokenizer straight from tokenizer.json when there is one, else AutoTokenizer.
+    """`FastTokenizer` straight from tokenizer.json when there is one, else transformers' AutoTokenizer.
 
-    Both read the same tokenizer.json and tokenizer_config.json (tests/test_tokenizer_loading.py
-    checks they agree), but importing AutoTokenizer pulls in transformers' generation code and,
-    on some versions, torch._dynamo and Inductor: seconds of start-up that, in the thread
-    `LLMEngine` loads the tokenizer in, also hold the GIL the model load needs.
+    Both read the same tokenizer.json and tokenizer_config.json (tests/test_fast_tokenizer.py checks
+    they agree), but importing transformers costs seconds of start-up that, in the thread
+    `LLMEngine` loads the tokenizer in, also hold the GIL the model load needs. The usual path logs
+    at debug level (the CLI's stderr stays clean), the slow fallback at info.
     """
     tokenizer_dir = Path(tokenizer_dir)
     if (tokenizer_dir / "tokenizer.json").is_file():
-        from transformers import PreTrainedTokenizerFast
-        return PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir))
+        from atom_aot.runtime.fast_tokenizer import FastTokenizer
+        log.debug("tokenizer: tokenizer.json via the tokenizers package (%s)", tokenizer_dir)
+        return FastTokenizer.from_dir(tokenizer_dir)
+    log.info("tokenizer: no tokenizer.json in %s; transformers' AutoTokenizer (slower to import)", tokenizer_dir)
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(str(tokenizer_dir))
 
