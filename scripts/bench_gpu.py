@@ -9,6 +9,8 @@ recorded, not fatal. Sections:
   tpot         batch-1 decode time per output token: ours, transformers (static cache + torch.compile,
                its fastest mode), and the HBM roofline (weight bytes per token / measured copy bandwidth)
   throughput   offline: N prompts of I random tokens, O new tokens each (ignore_eos), ours vs transformers
+  throughput_temperature, throughput_top_p, throughput_top_k_top_p
+               the same workload sampled (not in the default sections): what sampling costs
 
   PYTHONPATH=. python scripts/bench_gpu.py --model-dir DIR --name qwen3-0.6b --out $OUT/qwen3.json
 """
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-SECTIONS = ("build", "correctness", "tpot", "cold_start", "throughput", "throughput_hf")
+SECTIONS = ("build", "correctness", "tpot", "cold_start", "throughput", "throughput_hf")  # the default run
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"     # cpu: a smoke run of the script itself
 
 
@@ -262,11 +264,21 @@ def hf_tpot(args, prompt: list[int]) -> dict:
     return result
 
 
-def throughput(args) -> dict:
+# What the throughput sections sample with: greedy (the comparison with transformers), and the
+# two sampled modes, to show what sampling costs (temperature only skips the vocabulary sort).
+SAMPLING_MODES = {
+    "throughput": {"temperature": 0},
+    "throughput_temperature": {"temperature": 0.8},
+    "throughput_top_p": {"temperature": 0.8, "top_p": 0.95},
+    "throughput_top_k_top_p": {"temperature": 0.8, "top_k": 50, "top_p": 0.95},
+}
+
+
+def throughput(args, mode: str = "throughput") -> dict:
     from atom_aot import LLMEngine, SamplingParams
     engine = LLMEngine(str(args.artifact), max_model_len=args.max_model_len, max_num_seqs=256)
     prompts = random_prompts(args.num_prompts, args.input_len, engine.loaded.model_config.vocab_size, seed=4)
-    params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+    params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, **SAMPLING_MODES[mode])
     engine.generate(prompts[:4], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     start = time.perf_counter()
     outs = engine.generate(prompts, params)
@@ -274,7 +286,7 @@ def throughput(args) -> dict:
     out_tokens = sum(o["num_tokens_output"] for o in outs)
     result = {"seconds": elapsed, "output_tokens": out_tokens, "output_tok_s": out_tokens / elapsed,
               "total_tok_s": (out_tokens + args.num_prompts * args.input_len) / elapsed,
-              "preemptions": engine.core.scheduler.num_preemptions}
+              "preemptions": engine.core.scheduler.num_preemptions, "sampling": SAMPLING_MODES[mode]}
     del engine
     free_memory()
     return result
@@ -313,13 +325,17 @@ def main(argv=None):
     sections = args.sections.split(",")
     report.run("build", build_artifact, args)
     for name, fn in (("correctness", correctness), ("tpot", tpot), ("cold_start", cold_start),
-                     ("throughput", throughput), ("throughput_hf", hf_throughput)):
+                     *((mode, throughput) for mode in SAMPLING_MODES), ("throughput_hf", hf_throughput)):
         if name in sections and "build" in report.data["sections"]:
-            report.run(name, fn, args)
-    ours, hf = report.data["sections"].get("throughput"), report.data["sections"].get("throughput_hf")
+            report.run(name, fn, args, *([name] if fn is throughput else []))
+    done = report.data["sections"]
+    ours, hf = done.get("throughput"), done.get("throughput_hf")
     if ours and hf:
-        report.data["sections"]["throughput_ratio_ours_over_hf"] = ours["output_tok_s"] / hf["output_tok_s"]
-        report.save()
+        done["throughput_ratio_ours_over_hf"] = ours["output_tok_s"] / hf["output_tok_s"]
+    for mode in list(SAMPLING_MODES)[1:]:
+        if ours and done.get(mode):
+            done[f"{mode}_over_greedy"] = done[mode]["output_tok_s"] / ours["output_tok_s"]
+    report.save()
     print(json.dumps({k: v for k, v in report.data["sections"].items() if k != "build"}, indent=1, default=str)[-6000:])
 
 

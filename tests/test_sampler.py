@@ -96,11 +96,15 @@ def test_greedy_rows_take_argmax_in_mixed_batch():
     assert out[0] == logits[0].argmax() and out[2] == logits[2].argmax()
 
 
-def test_sampling_follows_distribution():
+@pytest.mark.parametrize("mask, expected", [
+    ({}, [0.5, 0.3, 0.2]),                          # temperature only: the unmasked path
+    ({"top_p": 0.75}, [0.625, 0.375, 0.0]),         # the masked path renormalises what top-p keeps
+])
+def test_sampling_follows_distribution(mask, expected):
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
-    sampler, seqs = make_seqs([SamplingParams(temperature=1.0, seed=3)])
+    sampler, seqs = make_seqs([SamplingParams(temperature=1.0, seed=3, **mask)])
     counts = torch.bincount(torch.tensor([sampler(logits, seqs).item() for _ in range(4000)]), minlength=3)
-    assert torch.allclose(counts.float() / 4000, torch.tensor([0.5, 0.3, 0.2]), atol=0.03)
+    assert torch.allclose(counts.float() / 4000, torch.tensor(expected), atol=0.03)
 
 
 def test_top_k_one_is_greedy():
@@ -130,3 +134,21 @@ class TestSamplingParamsValidation:
 
     def test_stop_string_alone_becomes_list(self):
         assert SamplingParams(stop_strings="END").stop_strings == ["END"]
+
+
+def test_top_k_path_draws_what_the_full_sort_draws():
+    """Rows that all have a top-k are drawn among the top-k candidates; a row without one in the
+    batch sends every row through the full-vocabulary sort. Seeded rows must draw the same tokens."""
+    torch.manual_seed(5)
+    with_k = [SamplingParams(temperature=0.9, top_k=k, top_p=p, min_p=m, seed=10 + i)
+              for i, (k, p, m) in enumerate([(5, 1.0, 0.0), (40, 0.8, 0.0), (12, 0.95, 0.05), (1, 1.0, 0.0)])]
+    greedy = SamplingParams(temperature=0)
+    without_k = SamplingParams(temperature=0.9, top_p=0.9, seed=99)
+    sampler_a, seqs_a = make_seqs([*with_k, greedy])
+    sampler_b, seqs_b = make_seqs([*with_k, without_k])
+    for _ in range(50):
+        logits = torch.randn(5, 300) * 2
+        a, b = sampler_a(logits, seqs_a), sampler_b(logits, seqs_b)
+        assert torch.equal(a[:4], b[:4])
+        assert a[4] == logits[4].argmax()
+        assert a[3] == logits[3].argmax()                     # top_k=1
