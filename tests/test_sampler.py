@@ -8,6 +8,9 @@ from atom_aot.runtime.sampler import Sampler, apply_top_k_top_p_min_p, compute_l
 from atom_aot.runtime.sampling_params import SamplingParams
 from atom_aot.runtime.sequence import Sequence
 
+# The sampler runs where the logits are: CPU here, and the GPU too where there is one.
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
 
 def direct_mask(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> set[int]:
     """The kept token ids, computed one rule at a time in float64 from the definitions."""
@@ -50,8 +53,8 @@ def test_per_row_parameters_are_independent():
     assert (masked[2] > float("-inf")).sum() == 32
 
 
-def make_seqs(params_list):
-    sampler = Sampler(torch.device("cpu"), seed=123)
+def make_seqs(params_list, device="cpu"):
+    sampler = Sampler(torch.device(device), seed=123)
     seqs = []
     for i, p in enumerate(params_list):
         seq = Sequence(request_id=str(i), token_ids=[1], num_prompt_tokens=1, params=p, block_size=16)
@@ -96,13 +99,14 @@ def test_greedy_rows_take_argmax_in_mixed_batch():
     assert out[0] == logits[0].argmax() and out[2] == logits[2].argmax()
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mask, expected", [
     ({}, [0.5, 0.3, 0.2]),                          # temperature only: the unmasked path
     ({"top_p": 0.75}, [0.625, 0.375, 0.0]),         # the masked path renormalises what top-p keeps
 ])
-def test_sampling_follows_distribution(mask, expected):
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
-    sampler, seqs = make_seqs([SamplingParams(temperature=1.0, seed=3, **mask)])
+def test_sampling_follows_distribution(mask, expected, device):
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]], device=device))
+    sampler, seqs = make_seqs([SamplingParams(temperature=1.0, seed=3, **mask)], device)
     counts = torch.bincount(torch.tensor([sampler(logits, seqs).item() for _ in range(4000)]), minlength=3)
     assert torch.allclose(counts.float() / 4000, torch.tensor(expected), atol=0.03)
 
@@ -136,7 +140,8 @@ class TestSamplingParamsValidation:
         assert SamplingParams(stop_strings="END").stop_strings == ["END"]
 
 
-def test_top_k_path_draws_what_the_full_sort_draws():
+@pytest.mark.parametrize("device", DEVICES)
+def test_top_k_path_draws_what_the_full_sort_draws(device):
     """Rows that all have a top-k are drawn among the top-k candidates; a row without one in the
     batch sends every row through the full-vocabulary sort. Seeded rows must draw the same tokens."""
     torch.manual_seed(5)
@@ -144,10 +149,10 @@ def test_top_k_path_draws_what_the_full_sort_draws():
               for i, (k, p, m) in enumerate([(5, 1.0, 0.0), (40, 0.8, 0.0), (12, 0.95, 0.05), (1, 1.0, 0.0)])]
     greedy = SamplingParams(temperature=0)
     without_k = SamplingParams(temperature=0.9, top_p=0.9, seed=99)
-    sampler_a, seqs_a = make_seqs([*with_k, greedy])
-    sampler_b, seqs_b = make_seqs([*with_k, without_k])
+    sampler_a, seqs_a = make_seqs([*with_k, greedy], device)
+    sampler_b, seqs_b = make_seqs([*with_k, without_k], device)
     for _ in range(50):
-        logits = torch.randn(5, 300) * 2
+        logits = torch.randn(5, 300, device=device) * 2
         a, b = sampler_a(logits, seqs_a), sampler_b(logits, seqs_b)
         assert torch.equal(a[:4], b[:4])
         assert a[4] == logits[4].argmax()

@@ -22,6 +22,7 @@ import torch
 t_torch = time.perf_counter()
 from atom_aot import LLMEngine, SamplingParams
 from atom_aot.runtime.compile_counter import TRITON, compile_counts, compilers_loaded
+from atom_aot.runtime.bytecode import torch_bytecode_state
 TRITON.install()
 t_imports = time.perf_counter()
 engine = LLMEngine(sys.argv[1], **json.loads(sys.argv[2]))
@@ -34,7 +35,8 @@ while not engine.is_finished():
 print("RESULT " + json.dumps({"timings": engine.loaded.timings, "execution": engine.loaded.execution,
       "import_torch_s": t_torch - t0,
       "import_engine_s": t_imports - t_torch, "engine_init_s": t_ready - t_imports,
-      "ready_s": t_ready - t0, "compile_counts": compile_counts(), "compilers_loaded": compilers_loaded()}), flush=True)
+      "ready_s": t_ready - t0, "compile_counts": compile_counts(), "compilers_loaded": compilers_loaded(),
+      **torch_bytecode_state()}), flush=True)
 """
 
 CHILD_HF = r"""
