@@ -265,7 +265,7 @@ def hf_tpot(args, prompt: list[int]) -> dict:
 
 
 # What the throughput sections sample with: greedy (the comparison with transformers), and the
-# two sampled modes, to show what sampling costs (temperature only skips the vocabulary sort).
+# sampled modes, to show what sampling costs (temperature only skips the vocabulary sort).
 SAMPLING_MODES = {
     "throughput": {"temperature": 0},
     "throughput_temperature": {"temperature": 0.8},

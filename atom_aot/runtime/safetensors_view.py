@@ -26,13 +26,17 @@ def _header(buffer: memoryview) -> tuple[dict, int]:
     return header, 8 + header_len
 
 
+def _entries(header: dict):
+    """(name, begin, end, dtype, shape) per tensor, offsets relative to the data section."""
+    for name, info in header.items():
+        begin, end = info["data_offsets"]
+        yield name, begin, end, DTYPES[info["dtype"]], info["shape"]
+
+
 def tensors_from_buffer(buffer: memoryview) -> dict[str, torch.Tensor]:
     header, base = _header(buffer)
     out = {}
-    for name, info in header.items():
-        begin, end = info["data_offsets"]
-        dtype = DTYPES[info["dtype"]]
-        shape = info["shape"]
+    for name, begin, end, dtype, shape in _entries(header):
         if end == begin:
             out[name] = torch.empty(shape, dtype=dtype)
             continue
@@ -56,9 +60,7 @@ def tensors_on_device(buffer: memoryview, device: torch.device) -> dict[str, tor
     data = torch.frombuffer(buffer, dtype=torch.uint8, count=data_len, offset=base) if data_len else None
     on_device = data.to(device) if data is not None else None
     out = {}
-    for name, info in header.items():
-        begin, end = info["data_offsets"]
-        dtype, shape = DTYPES[info["dtype"]], info["shape"]
+    for name, begin, end, dtype, shape in _entries(header):
         if end == begin:
             out[name] = torch.empty(shape, dtype=dtype, device=device)
         elif begin % dtype.itemsize == 0:
