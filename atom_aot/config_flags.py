@@ -1,0 +1,85 @@
+"""Command-line flags generated from config dataclasses: one place for names, choices and defaults.
+
+A field opts in with `flag(...)` metadata; `add_arguments` turns the dataclass into argparse
+options, `from_namespace` reads them back into the dataclass (so its `__post_init__` validates
+them before anything heavy runs), and `to_argv` writes an instance back as a command line (the
+build child process, the "rebuild with" hint of a refused artifact).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any, Callable
+
+
+def flag(default: Any, *names: str, help: str, choices: tuple | None = None, parse: Callable[[str], Any] | None = None,
+         render: Callable[[Any], str] | None = None, negate: str | None = None) -> Any:
+    """A dataclass field that is also a command-line option.
+
+    names: the option strings (first is canonical); parse/render convert a non-trivial value
+    (e.g. a tuple of sizes) from and to its text; negate: for a bool defaulting to True, the flag
+    that turns it off (e.g. --no-prefix-caching). A bool defaulting to False is a store_true flag.
+    """
+    meta = {"flags": names, "help": help, "choices": choices, "parse": parse, "render": render, "negate": negate}
+    return dataclasses.field(default=default, metadata={"cli": meta})
+
+
+def cli_fields(cls) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(cls) if "cli" in f.metadata]
+
+
+def add_arguments(parser: argparse.ArgumentParser | Any, cls, defaults: dict | None = None) -> None:
+    """Add one option per flagged field of `cls` (defaults may be overridden per tool)."""
+    defaults = defaults or {}
+    for f in cli_fields(cls):
+        meta = f.metadata["cli"]
+        default = defaults.get(f.name, f.default)
+        kwargs: dict[str, Any] = {"dest": f.name, "help": meta["help"], "default": default}
+        if isinstance(f.default, bool) and meta["parse"] is None:
+            if meta["negate"]:
+                parser.add_argument(meta["negate"], dest=f.name, action="store_false", help=meta["help"],
+                                    default=default)
+                continue
+            parser.add_argument(*meta["flags"], action="store_true", **kwargs)
+            continue
+        if meta["choices"] is not None:
+            kwargs["choices"] = meta["choices"]
+        kwargs["type"] = meta["parse"] or _scalar_type(f)
+        if default is not None:
+            kwargs["help"] += f" (default: {meta['render'](default) if meta['render'] else default})"
+        parser.add_argument(*meta["flags"], **kwargs)
+
+
+def from_namespace(cls, args: argparse.Namespace, **overrides):
+    """An instance of `cls` from parsed flags (fields without flags keep their defaults)."""
+    values = {f.name: getattr(args, f.name) for f in cli_fields(cls) if hasattr(args, f.name)}
+    return cls(**{**values, **overrides})
+
+
+def to_argv(obj, skip: tuple[str, ...] = (), only_changed: bool = True) -> list[str]:
+    """The command line that reproduces `obj`'s flagged fields (those differing from the default)."""
+    argv: list[str] = []
+    for f in cli_fields(type(obj)):
+        value = getattr(obj, f.name)
+        if f.name in skip or (only_changed and value == f.default):
+            continue
+        meta = f.metadata["cli"]
+        if isinstance(f.default, bool) and meta["parse"] is None:
+            if meta["negate"] and not value:
+                argv.append(meta["negate"])
+            elif not meta["negate"] and value:
+                argv.append(meta["flags"][0])
+            continue
+        if value is None:
+            continue
+        argv += [meta["flags"][0], meta["render"](value) if meta["render"] else str(value)]
+    return argv
+
+
+def _scalar_type(f: dataclasses.Field) -> Callable[[str], Any]:
+    hint = str(f.type)
+    if hint.startswith("int"):
+        return int
+    if hint.startswith("float"):
+        return float
+    return str
