@@ -115,11 +115,9 @@ def engine_logits(engine, prompt: list[int]) -> torch.Tensor:
     try:
         batch = ScheduledBatch((seq,), (len(prompt),), is_prefill=True)
         runner = core.runner
-        inputs = runner.prepare_inputs(batch)
+        inputs, _ = runner.prepare_inputs(batch)
         with torch.inference_mode():
-            return runner.forwards["mixed"](inputs.input_ids, inputs.positions, runner.kv_cache,
-                                            inputs.slot_mapping, inputs.block_tables, inputs.seq_lens,
-                                            inputs.query_start_loc, inputs.logits_indices).float()
+            return runner.forwards.mixed(inputs).float()
     finally:
         core.block_manager.free(seq)
 

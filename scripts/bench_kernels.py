@@ -8,7 +8,7 @@
    Llama-3.1-8B shapes in bf16 (and an fp8 KV cache), relative error in float64;
 3. timings: each candidate config (triton.testing.do_bench, median, L2 flushed between runs) on
    decode batches 1..256 x context 512..8192, prefill 1x1024 and 8x1024, and the fused
-   elementwise ops; achieved bandwidth against the copy ceiling; torch eager as a baseline;
+   QK-norm + rope + cache write; achieved bandwidth against the copy ceiling; torch eager as a baseline;
 4. winners per (kernel, model, shape): what the build would store in tuning.json.
 One failing case is recorded under "errors" and the run goes on; a time budget skips what is left.
 """
@@ -22,22 +22,25 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
+from pathlib import Path
+
 import torch
 
 SMOKE = "--smoke" in sys.argv
 if SMOKE:
     os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))   # the kernel checks the tests use
 
 import triton  # noqa: E402
 import triton.testing  # noqa: E402
+from triton_kernel_checks import patch_triton_interpreter, rel_error, rope_cache_reference  # noqa: E402
 
-from atom_aot.models.layers import rope_cos_sin_cache  # noqa: E402
 from atom_aot.ops.attention import reference_attention  # noqa: E402
-from atom_aot.ops.triton import activation, paged_attention, rms_norm, rope_cache  # noqa: E402
+from atom_aot.ops.norm import rms_norm  # noqa: E402
+from atom_aot.ops.rope import apply_rope, rope_cos_sin_cache  # noqa: E402
+from atom_aot.ops.triton import paged_attention, rope_cache  # noqa: E402
+from atom_aot.ops.triton.batch_inputs import make_paged_batch  # noqa: E402
 from atom_aot.ops.triton.timing import measure_ms  # noqa: E402
-from atom_aot.ops.triton.testing import (  # noqa: E402
-    make_paged_batch, patch_triton_interpreter, rel_error, rms_norm_reference, rope_cache_reference,
-    silu_and_mul_reference)
 
 EPS = 1e-6
 
@@ -50,19 +53,19 @@ class Plan:
     decode_contexts: tuple
     prefill: tuple                  # (num_seqs, tokens each)
     fp8_decode: tuple               # (batch, context) pairs timed with an fp8 cache (first model)
-    tokens: tuple                   # token counts for the elementwise ops
+    tokens: tuple                   # token counts for the fused rope/cache op
     check_attention: tuple          # (context_lens, query_lens, pad) of the mixed check batch
     copy_bytes: int
 
 
 FULL = Plan(
-    models={"qwen3-0.6b": dict(heads=16, kv_heads=8, head_dim=128, hidden=1024, inter=3072, qk_norm=True),
-            "llama-3.1-8b": dict(heads=32, kv_heads=8, head_dim=128, hidden=4096, inter=14336, qk_norm=False)},
+    models={"qwen3-0.6b": dict(heads=16, kv_heads=8, head_dim=128, qk_norm=True),
+            "llama-3.1-8b": dict(heads=32, kv_heads=8, head_dim=128, qk_norm=False)},
     decode_batches=(1, 8, 64, 256), decode_contexts=(512, 2048, 8192), prefill=((1, 1024), (8, 1024)),
     fp8_decode=((8, 2048), (64, 2048), (256, 2048)), tokens=(8, 256, 4096),
     check_attention=([511, 2047, 8191, 100, 300, 0], [1, 1, 1, 1, 513, 1024], 3), copy_bytes=1 << 30)
 TINY = Plan(
-    models={"tiny-qk-norm": dict(heads=4, kv_heads=2, head_dim=64, hidden=128, inter=96, qk_norm=True)},
+    models={"tiny-qk-norm": dict(heads=4, kv_heads=2, head_dim=64, qk_norm=True)},
     decode_batches=(1, 3), decode_contexts=(40,), prefill=((2, 24),), fp8_decode=((2, 40),), tokens=(3,),
     check_attention=([20, 0, 5], [1, 17, 3], 2), copy_bytes=1 << 20)
 
@@ -179,7 +182,7 @@ def time_attention(bench: Bench, name: str, m: dict, phase: str, num_seqs: int, 
     del batch, q
 
 
-# ---- fused elementwise ops ----
+# ---- fused QK-norm + rope + cache write ----
 
 def rope_inputs(bench, m, tokens, cache_dtype=torch.bfloat16, seed=0):
     g = torch.Generator().manual_seed(seed)
@@ -197,7 +200,7 @@ def rope_inputs(bench, m, tokens, cache_dtype=torch.bfloat16, seed=0):
     return (q, k, v, batch.positions, cos_sin, *weights, EPS, batch.kv_cache, 0, batch.slot_mapping)
 
 
-def check_elementwise(bench: Bench, name: str, m: dict) -> None:
+def check_rope_cache(bench: Bench, name: str, m: dict) -> None:
     for cache_dtype in (torch.bfloat16, torch.float8_e4m3fn):
         args = rope_inputs(bench, m, 300 if bench.device == "cuda" else 9, cache_dtype, seed=2)
         inputs, kv_cache, slots = args[:7], args[8], args[10]
@@ -211,26 +214,9 @@ def check_elementwise(bench: Bench, name: str, m: dict) -> None:
                 bench.check("qk_norm_rope_cache_write", name, config.as_dict(), err, 2e-2,
                             cache=str(cache_dtype).split(".")[-1])
             bench.guarded(f"check rope {name} {config}", one)
-    x, res = (torch.randn(300, m["hidden"], device=bench.device, dtype=torch.bfloat16) for _ in range(2))
-    w = (1 + 0.3 * torch.randn(m["hidden"], device=bench.device)).to(torch.bfloat16)
-    ref_out, ref_res = rms_norm_reference(x, res, w, EPS)
-    for config in rms_norm.CANDIDATE_CONFIGS:
-        def one_norm(config=config):
-            out, new_res = rms_norm.fused_add_rms_norm(x, res, w, EPS, *config.as_args())
-            plain = rms_norm.rms_norm(x, w, EPS, *config.as_args())
-            err = max(rel_error(out, ref_out), rel_error(new_res, ref_res),
-                      rel_error(plain, rms_norm_reference(x, None, w, EPS)))
-            bench.check("fused_add_rms_norm", name, config.as_dict(), err, 2e-2)
-        bench.guarded(f"check rms_norm {name} {config}", one_norm)
-    gate_up = torch.randn(300, 2 * m["inter"], device=bench.device, dtype=torch.bfloat16) * 3
-    for config in activation.CANDIDATE_CONFIGS:
-        def one_silu(config=config):
-            err = rel_error(activation.silu_and_mul(gate_up, *config.as_args()), silu_and_mul_reference(gate_up))
-            bench.check("silu_and_mul", name, config.as_dict(), err, 2e-2)
-        bench.guarded(f"check silu {name} {config}", one_silu)
 
 
-def time_elementwise(bench: Bench, name: str, m: dict, tokens: int) -> None:
+def time_rope_cache(bench: Bench, name: str, m: dict, tokens: int) -> None:
     shape = f"T={tokens}"
     args = rope_inputs(bench, m, tokens)
     h, hkv, d = m["heads"], m["kv_heads"], m["head_dim"]
@@ -244,55 +230,13 @@ def time_elementwise(bench: Bench, name: str, m: dict, tokens: int) -> None:
         "qk_norm_rope_cache_write", name, shape, "torch", bench.time_ms(lambda: torch_rope_cache(*args)),
         rope_bytes))
 
-    x, res = (torch.randn(tokens, m["hidden"], device=bench.device, dtype=torch.bfloat16) for _ in range(2))
-    w = torch.randn(m["hidden"], device=bench.device, dtype=torch.bfloat16)
-    norm_bytes = 4 * x.numel() * 2
-    for config in rms_norm.CANDIDATE_CONFIGS:
-        def one_norm(config=config):
-            ms = bench.time_ms(lambda: rms_norm.fused_add_rms_norm(x, res, w, EPS, *config.as_args()))
-            bench.timing("fused_add_rms_norm", name, shape, config.as_dict(), ms, norm_bytes)
-        bench.guarded(f"time rms_norm {name} {shape} {config}", one_norm)
-    bench.guarded(f"time rms_norm torch {name} {shape}", lambda: bench.timing(
-        "fused_add_rms_norm", name, shape, "torch", bench.time_ms(lambda: torch_rms_norm(x, res, w)),
-        norm_bytes))
-
-    gate_up = torch.randn(tokens, 2 * m["inter"], device=bench.device, dtype=torch.bfloat16)
-    silu_bytes = 3 * tokens * m["inter"] * 2
-    for config in activation.CANDIDATE_CONFIGS:
-        def one_silu(config=config):
-            ms = bench.time_ms(lambda: activation.silu_and_mul(gate_up, *config.as_args()))
-            bench.timing("silu_and_mul", name, shape, config.as_dict(), ms, silu_bytes)
-        bench.guarded(f"time silu {name} {shape} {config}", one_silu)
-    bench.guarded(f"time silu torch {name} {shape}", lambda: bench.timing(
-        "silu_and_mul", name, shape, "torch", bench.time_ms(lambda: torch_silu_and_mul(gate_up)), silu_bytes))
-
-
-def torch_rms_norm(x, residual, weight):
-    """The RMSNorm layer's math as plain ops (capturable): the unfused baseline."""
-    h = x + residual
-    f = h.float()
-    return weight * (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + EPS)).to(h.dtype), h
-
-
-def torch_silu_and_mul(gate_up):
-    gate, up = gate_up.chunk(2, dim=-1)
-    return torch.nn.functional.silu(gate) * up
-
 
 def torch_rope_cache(q, k, v, positions, cos_sin, q_w, k_w, eps, kv_cache, layer, slots):
-    """QK-norm + rope + cache scatter as plain ops; slots must all be valid (no -1), so no host sync."""
-    def norm(x, w):
-        f = x.float()
-        return w * (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-    def rotate(x, cos, sin):
-        x1, x2 = x.float().chunk(2, dim=-1)
-        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
-
+    """The reference backend's QK-norm + rope, then the cache scatter as plain ops; slots must all be
+    valid (no -1), so no host sync."""
     if q_w is not None:
-        q, k = norm(q, q_w), norm(k, k_w)
-    cos, sin = cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
-    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        q, k = rms_norm(q, q_w, eps), rms_norm(k, k_w, eps)
+    q, k = apply_rope(positions, q, k, cos_sin)
     flat = kv_cache[layer].flatten(1, 2)   # [2, slots, Hkv, D]
     flat[0].index_copy_(0, slots, k.to(kv_cache.dtype))
     flat[1].index_copy_(0, slots, v.to(kv_cache.dtype))
@@ -361,7 +305,7 @@ def main() -> None:
     bench.guarded("ceilings", lambda: report["ceilings"].update(measure_ceilings(bench, plan)))
     for name, m in plan.models.items():
         bench.guarded(f"check attention {name}", check_attention, bench, plan, name, m)
-        bench.guarded(f"check elementwise {name}", check_elementwise, bench, name, m)
+        bench.guarded(f"check rope cache {name}", check_rope_cache, bench, name, m)
     for name, m in plan.models.items():
         for batch in plan.decode_batches:
             for context in plan.decode_contexts:
@@ -372,7 +316,7 @@ def main() -> None:
                           num_seqs, tokens, tokens)
     for name, m in plan.models.items():
         for tokens in plan.tokens:
-            bench.guarded(f"elementwise {name} {tokens}", time_elementwise, bench, name, m, tokens)
+            bench.guarded(f"rope cache {name} {tokens}", time_rope_cache, bench, name, m, tokens)
     name, m = next(iter(plan.models.items()))
     for batch, context in plan.fp8_decode:
         bench.guarded(f"decode fp8 {name} {batch} {context}", time_attention, bench, name, m, "decode", batch,

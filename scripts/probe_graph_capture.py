@@ -16,6 +16,8 @@ import time
 
 import torch
 
+from atom_aot.artifact.phase import Phase
+from atom_aot.models.step_inputs import StepInputs
 from atom_aot.runtime.cuda_graphs import DecodeGraphs
 from atom_aot.runtime.kv_cache import allocate_kv_cache
 from atom_aot.runtime.loader import load_artifact
@@ -26,34 +28,35 @@ VARIANTS = {"current": (True, False), "warm_largest_only": (False, False), "raw_
 
 def capture(graphs: DecodeGraphs, warm_each: bool, raw: bool) -> dict:
     """Capture every size as DecodeGraphs would, timing each step (ms) per size."""
-    rows, stream = [], torch.cuda.Stream()
+    rows, stream, pool = [], torch.cuda.Stream(), None
     start = time.perf_counter()
     with torch.inference_mode():
         for i, size in enumerate(reversed(graphs.sizes)):
             t0 = time.perf_counter()
             if warm_each or i == 0:
-                graphs._call(size)
+                graphs.forward_at(size)
                 torch.cuda.synchronize()
             t1 = time.perf_counter()
             graph = torch.cuda.CUDAGraph()
             if raw:
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):
-                    graph.capture_begin(graphs.pool) if graphs.pool is not None else graph.capture_begin()
+                    graph.capture_begin(pool) if pool is not None else graph.capture_begin()
                     t2 = time.perf_counter()
-                    graphs.outputs[size] = graphs._call(size)
+                    output = graphs.forward_at(size)
                     t3 = time.perf_counter()
                     graph.capture_end()
                 torch.cuda.current_stream().wait_stream(stream)
             else:
-                context = torch.cuda.graph(graph, pool=graphs.pool)
+                context = torch.cuda.graph(graph, pool=pool)
                 context.__enter__()
                 t2 = time.perf_counter()
-                graphs.outputs[size] = graphs._call(size)
+                output = graphs.forward_at(size)
                 t3 = time.perf_counter()
                 context.__exit__(None, None, None)
             t4 = time.perf_counter()
-            graphs.pool, graphs.graphs[size] = graph.pool(), graph
+            pool = graph.pool()
+            graphs.replays[size] = lambda graph=graph, output=output: (graph.replay(), output)[1]
             rows.append({"size": size, "warmup": t1 - t0, "enter": t2 - t1, "body": t3 - t2, "end": t4 - t3})
         torch.cuda.synchronize()
     return {"total_s": time.perf_counter() - start, "per_size": rows}
@@ -69,11 +72,13 @@ def max_diff_vs_package(graphs: DecodeGraphs, decode, kv: torch.Tensor, vocab: i
         positions = (seq_lens - 1).long()
         slots = blocks.gather(1, (positions // block_size).view(-1, 1).int()).view(-1).long() * block_size \
             + positions % block_size
-        args = (torch.randint(0, vocab, (n,), device="cuda", generator=gen), positions, kv, slots, blocks, seq_lens,
-                torch.arange(n + 1, device="cuda", dtype=torch.int32), torch.arange(n, device="cuda"))
+        inputs = StepInputs(input_ids=torch.randint(0, vocab, (n,), device="cuda", generator=gen),
+                            positions=positions, kv_cache=kv, slot_mapping=slots, block_tables=blocks,
+                            seq_lens=seq_lens, query_start_loc=torch.arange(n + 1, device="cuda", dtype=torch.int32),
+                            logits_indices=torch.arange(n, device="cuda"))
         with torch.inference_mode():
-            direct = decode(*args).float()
-            replayed = graphs(*args).float()
+            direct = decode(inputs).float()
+            replayed = graphs(inputs).float()
         worst = max(worst, (direct - replayed).abs().max().item())
     return worst
 
@@ -86,7 +91,7 @@ def main(argv=None) -> int:
               "sizes": loaded.graphs["capture_sizes"], "variants": {}}
     cfg, block_size = loaded.model_config, loaded.block_size
     kv = allocate_kv_cache(cfg, 1024, block_size, loaded.kv_dtype, loaded.device).normal_()
-    decode = loaded.forwards["decode"]
+    decode = loaded.forwards[Phase.DECODE]
     for name, (warm_each, raw) in VARIANTS.items():
         graphs = DecodeGraphs(decode, kv, tuple(result["sizes"]), -(-loaded.max_model_len // block_size))
         row = capture(graphs, warm_each, raw)

@@ -55,7 +55,7 @@ def test_greedy_matches_hf_with_cuda_graphs(gpu_model):
     model_dir, artifact = gpu_model
     prompts = random_prompts(12, 380, seed=11, lengths=(3, 200))
     engine = LLMEngine(str(artifact), num_kv_blocks=KV_BLOCKS)
-    assert engine.loaded.execution == "aotinductor" and "decode" in engine.core.runner.forwards
+    assert engine.loaded.execution == "aotinductor" and engine.core.runner.forwards.decode is not None
     outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
     assert [o["token_ids"] for o in outs] == hf_greedy_cuda(model_dir, prompts, 32)
 

@@ -7,13 +7,13 @@ Every case draws fresh random inputs and a random block layout; outputs are chec
 import pytest
 import torch
 
+from triton_kernel_checks import rel_error
 from triton_support import DEVICE, ON_GPU, poisoned_outputs  # noqa: F401 (an autouse fixture)
 
 from atom_aot.ops.attention import reference_attention
+from atom_aot.ops.triton.batch_inputs import make_paged_batch
 from atom_aot.ops.triton.paged_attention import (
     CANDIDATE_CONFIGS, AttentionConfig, launch_paged_attention, paged_attention)
-from atom_aot.ops.triton.testing import (
-    make_paged_batch, rel_error)
 
 
 TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}

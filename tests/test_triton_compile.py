@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def compile_kernels(*flags: str) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-m", "atom_aot.ops.triton.aot_check", *flags], env=env,
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "triton_aot_check.py"), *flags], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.splitlines()[-1])
@@ -37,8 +37,7 @@ def assert_compiled_without_spills(results):
 def test_default_configs_compile_for_sm90_and_gfx942(flags):
     results = compile_kernels("--model", "llama-3.1-8b", "--targets", "sm90,gfx942", *flags)
     assert {r["kernel"] for r in results} == {"paged_attention_kernel", "merge_splits_kernel",
-                                             "qk_norm_rope_cache_write_kernel", "rms_norm_kernel",
-                                             "silu_and_mul_kernel"}
+                                             "qk_norm_rope_cache_write_kernel"}
     assert_compiled_without_spills(results)
 
 

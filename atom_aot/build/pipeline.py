@@ -27,8 +27,9 @@ from atom_aot.build.source import ModelSource, resolve_model
 from atom_aot.build.tune import tune_kernels
 from atom_aot.build.weights import build_meta_model, convert_state_dict
 from atom_aot.errors import ArtifactError, BuildError
+from atom_aot.artifact.phase import Phase
+from atom_aot.artifact.tuning import Tuning
 from atom_aot.models import ModelConfig, model_class
-from atom_aot.ops.kernels import KernelChoices, load_kernel_modules
 from atom_aot.version import ARTIFACT_FORMAT_VERSION, __version__
 
 log = logging.getLogger("atom_aot")
@@ -96,7 +97,7 @@ def _existing(target: Path, cache_dir: Path, key: str, explicit_out: bool) -> Pa
 
 
 def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, config: BuildConfig,
-               progress: StageProgress) -> list[str]:
+               progress: StageProgress) -> list[Phase]:
     """Writes every member but the manifest; returns the phases compiled."""
     max_len = config.max_model_len or model_config.max_position_embeddings
     model_cls = model_class(model_config.architecture)
@@ -109,7 +110,7 @@ def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, co
         save_file(state, str(staging / "weights" / "rank0.safetensors"))
     with progress.stage("tune"):
         tuning = tune_kernels(config, model_config, max_len)
-        (staging / "tuning.json").write_text(json.dumps(tuning, indent=1))
+        (staging / "tuning.json").write_text(tuning.to_json())
     phases = []
     if config.compile == "aoti":
         device = device_for_arch(config.arch)
@@ -126,14 +127,12 @@ def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, co
     return phases
 
 
-def _compile(staging, model, tuning: dict, config: BuildConfig, max_len: int, progress: StageProgress) -> list[str]:
+def _compile(staging, model, tuning: Tuning, config: BuildConfig, max_len: int, progress: StageProgress) -> list[Phase]:
     """One AOTInductor package per phase: `mixed` everywhere, plus `decode` where graphs replay it."""
-    phases = ["mixed"] if config.arch == "cpu" else ["mixed", "decode"]
+    phases = [Phase.MIXED] if config.arch == "cpu" else [Phase.MIXED, Phase.DECODE]
     device = device_for_arch(config.arch)
     for phase in phases:
-        kernels = KernelChoices.from_tuning(tuning, phase)
-        load_kernel_modules(kernels)
-        model.use_kernels(kernels)
+        model.use_kernels(tuning.for_phase(phase))
         with progress.stage(f"export ({phase})"):
             exported = export_model(model, config.kv_torch_dtype, config.block_size, max_len, device, phase)
         with progress.stage(f"compile ({phase})"):
@@ -142,7 +141,7 @@ def _compile(staging, model, tuning: dict, config: BuildConfig, max_len: int, pr
 
 
 def _manifest(source: ModelSource, model_config: ModelConfig, config: BuildConfig, key: str, inputs: dict,
-              seconds: dict, phases: list[str]) -> dict:
+              seconds: dict, phases: list[Phase]) -> dict:
     return {
         "format_version": ARTIFACT_FORMAT_VERSION,
         "build_key": key,
@@ -154,7 +153,7 @@ def _manifest(source: ModelSource, model_config: ModelConfig, config: BuildConfi
         "build_compiler": inputs["cxx"],
         "build": {**config.key_fields(),
                   "max_model_len": config.max_model_len or model_config.max_position_embeddings},
-        "compiled": {"kind": "aotinductor", "packages": {p: f"compiled/{p}.pt2" for p in phases}} if phases
+        "compiled": {"kind": "aotinductor", "packages": {p.value: f"compiled/{p}.pt2" for p in phases}} if phases
                     else {"kind": "none"},
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "build_host": socket.gethostname(),

@@ -1,10 +1,11 @@
 """Kernel choices for the target, measured at build time and stored in tuning.json.
 
-The runtime reads these and never autotunes. On the CPU there is one implementation of each op
-(torch reference ops; Inductor's C++ code for the rest), so the table records that choice. On a
-GPU arch each Triton kernel's candidate configs are timed on the model's own shapes (decode at
-several capture sizes, prefill at two token counts) and the fastest is kept per phase: `decode`
-for the decode package the CUDA graphs replay, `mixed` for everything else.
+The runtime reads these and never autotunes. Each phase's row names, per op, a backend of the
+registry (atom_aot/ops/backends) and its launch params. On the CPU there is one implementation of
+each op (the `reference` attention backend; Inductor's C++ code for the rest), so nothing is
+measured. On a GPU arch each Triton kernel's candidate configs are timed on the model's own shapes
+(decode at several capture sizes, prefill at two token counts) and the fastest is kept per phase:
+`decode` for the decode package the CUDA graphs replay, `mixed` for everything else.
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import math
 
 import torch
 
+from atom_aot.artifact.phase import Phase
+from atom_aot.artifact.tuning import BackendChoice, PhaseTuning, Tuning
 from atom_aot.build.config import BuildConfig
 from atom_aot.models import ModelConfig
 
@@ -19,17 +22,17 @@ DECODE_BATCHES = (1, 8, 32, 128)
 PREFILL_BATCHES = ((1, 1024), (4, 512))      # (sequences, tokens each)
 
 
-def tune_kernels(config: BuildConfig, model_config: ModelConfig, max_model_len: int) -> dict:
+def tune_kernels(config: BuildConfig, model_config: ModelConfig, max_model_len: int) -> Tuning:
     if config.arch == "cpu":
-        return {"arch": "cpu", "measured": False,
-                "phases": {"mixed": {"attention": "reference"}},
-                "kernels": {"attention": "torch reference (atom::paged_attention)",
-                            "gemm": "aten (Inductor extern call)", "norms/activations": "Inductor C++ (fused)",
-                            "sampling": "torch"}}
+        return Tuning(arch="cpu", measured=False,
+                      phases={Phase.MIXED: PhaseTuning({"attention": BackendChoice("reference")})},
+                      kernels={"attention": "torch reference (atom::paged_attention)",
+                               "gemm": "aten (Inductor extern call)", "norms/activations": "Inductor C++ (fused)",
+                               "sampling": "torch"})
     return _tune_triton(config, model_config, max_model_len)
 
 
-def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int) -> dict:
+def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int) -> Tuning:
     import atom_aot.ops.triton  # noqa: F401  (registers the ops)
     from atom_aot.ops.triton.paged_attention import CANDIDATE_CONFIGS as ATTENTION
     from atom_aot.ops.triton.rope_cache import CANDIDATE_CONFIGS as ROPE
@@ -42,22 +45,24 @@ def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int) -> d
                                                                       [0] * seqs, [tokens] * seqs)
     for tokens in (8, 1024):
         measurements["rope_cache"][tokens] = _time_rope(cfg, config, ROPE, tokens)
-    decode, prefill = _best(measurements["decode"]), _best(measurements["prefill"])
     rope = _best(measurements["rope_cache"])
-    return {
-        "arch": config.arch, "measured": True, "context_tokens": context,
-        "phases": {"decode": {"attention": "triton", "attention_config": list(decode),
-                              "rope_cache_config": list(rope)},
-                   "mixed": {"attention": "triton", "attention_config": list(prefill),
-                             "rope_cache_config": list(rope)}},
-        "kernels": {"attention": "triton atom_triton::paged_attention (decode / mixed configs above)",
-                    "qk_norm+rope+kv write": "triton atom_triton::qk_norm_rope_cache_write",
-                    "gemm": "aten -> cuBLAS (Inductor extern call)",
-                    "norms/activations": "Inductor-generated Triton (fused, compiled into the package)",
-                    "sampling": "torch on the GPU"},
-        "measurements_ms": {kind: {str(shape): {",".join(map(str, c)): ms for c, ms in row.items()}
-                                   for shape, row in rows.items()} for kind, rows in measurements.items()},
-    }
+
+    def attention_row(attention_config: tuple[int, ...]) -> PhaseTuning:
+        params = {"paged_attention": attention_config, "qk_norm_rope_cache_write": rope}
+        return PhaseTuning({"attention": BackendChoice("triton", params)})
+
+    return Tuning(
+        arch=config.arch, measured=True,
+        phases={Phase.DECODE: attention_row(_best(measurements["decode"])),
+                Phase.MIXED: attention_row(_best(measurements["prefill"]))},
+        kernels={"attention": "triton atom_triton::paged_attention (decode / mixed configs above)",
+                 "qk_norm+rope+kv write": "triton atom_triton::qk_norm_rope_cache_write",
+                 "gemm": "aten -> cuBLAS (Inductor extern call)",
+                 "norms/activations": "Inductor-generated Triton (fused, compiled into the package)",
+                 "sampling": "torch on the GPU"},
+        measurements_ms={"context_tokens": context, **{
+            kind: {str(shape): {",".join(map(str, c)): ms for c, ms in row.items()} for shape, row in rows.items()}
+            for kind, rows in measurements.items()}})
 
 
 def _best(rows: dict) -> tuple[int, ...]:
@@ -69,7 +74,7 @@ def _best(rows: dict) -> tuple[int, ...]:
 
 
 def _batch(cfg: ModelConfig, config: BuildConfig, context: list[int], new: list[int]):
-    from atom_aot.ops.triton.testing import make_paged_batch
+    from atom_aot.ops.triton.batch_inputs import make_paged_batch
     return make_paged_batch(context, new, cfg.num_key_value_heads, cfg.head_dim, block_size=config.block_size,
                             num_layers=1, dtype=config.kv_torch_dtype, device="cuda")
 
@@ -88,7 +93,7 @@ def _time_attention(cfg, config: BuildConfig, candidates, context: list[int], ne
 
 
 def _time_rope(cfg, config: BuildConfig, candidates, tokens: int) -> dict:
-    from atom_aot.models.layers import rope_cos_sin_cache
+    from atom_aot.ops.rope import rope_cos_sin_cache
     from atom_aot.ops.triton.timing import measure_ms
     b = _batch(cfg, config, [0] * tokens, [1] * tokens)
     dt, dev = config.torch_dtype, "cuda"

@@ -13,7 +13,7 @@ import torch
 
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.decoder import DecoderForCausalLM
-from atom_aot.models.layers import rope_cos_sin_cache
+from atom_aot.ops.rope import rope_cos_sin_cache
 
 log = logging.getLogger("atom_aot")
 

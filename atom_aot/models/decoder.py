@@ -1,8 +1,8 @@
 """The dense decoder-only transformer that Llama and Qwen3 share.
 
 A family's file says how it differs (QK-norm, bias, weight names); this file holds the common
-structure. The forward signature is the one the build exports: flat tensors only, with the
-token dimension T, the batch B and the block-table width dynamic.
+structure. The forward takes one `StepInputs` (atom_aot/artifact/signature.py), the signature
+the build exports. Attention runs through the backend the tuning row names (atom_aot/ops/backends).
 """
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.layers import RMSNorm, RotaryEmbedding, make_linear
-from atom_aot.ops.kernels import AttentionInputs, KernelChoices, attention_block
+from atom_aot.models.step_inputs import StepInputs
+from atom_aot.ops.backends import make_backend
+from atom_aot.ops.backends.base import AttentionArgs, AttentionBackend, AttentionInputs, QKNorm
 
 
 class DecoderAttention(nn.Module):
@@ -27,17 +30,17 @@ class DecoderAttention(nn.Module):
         self.o_proj = make_linear(self.q_size, cfg.hidden_size, False, dtype, quant)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if qk_norm else None
-        self.kernels = KernelChoices()      # set per arch and phase by DecoderForCausalLM.use_kernels
+        # the reference backend until DecoderForCausalLM.use_kernels sets the phase's choice
+        self.attention_backend: AttentionBackend = make_backend("attention", BackendChoice("reference"))
 
     def forward(self, positions, x, rotary: RotaryEmbedding, attn: AttentionInputs):
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.unflatten(-1, (self.num_heads, self.head_dim))      # [T, H, D]
         k = k.unflatten(-1, (self.num_kv_heads, self.head_dim))   # [T, Hkv, D]
         v = v.unflatten(-1, (self.num_kv_heads, self.head_dim))
-        norms = (self.q_norm.weight, self.k_norm.weight) if self.q_norm is not None else (None, None)
-        eps = self.q_norm.eps if self.q_norm is not None else 0.0
-        o = attention_block(self.kernels, self.layer, positions, q, k, v, rotary.cos_sin_cache, *norms, eps,
-                            self.scale, attn)
+        qk_norm = None if self.q_norm is None else QKNorm(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+        o = self.attention_backend(AttentionArgs(self.layer, q, k, v, positions, rotary.cos_sin_cache, qk_norm,
+                                                 self.scale, attn))   # [T, H, D]
         return self.o_proj(o.flatten(-2))
 
 
@@ -95,9 +98,6 @@ class DecoderForCausalLM(nn.Module):
         "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
         "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
     }
-    # runtime modules split across tensor-parallel ranks: "column" splits outputs, "row" inputs
-    TP_SPLITS = {"qkv_proj": "column", "gate_up_proj": "column", "o_proj": "row", "down_proj": "row",
-                 "embed_tokens": "vocab", "lm_head": "vocab"}
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None):
         super().__init__()
@@ -106,16 +106,17 @@ class DecoderForCausalLM(nn.Module):
         # lm_head stays unquantized: it decides the argmax.
         self.lm_head = None if cfg.tie_word_embeddings else make_linear(cfg.hidden_size, cfg.vocab_size, False, dtype, "none")
 
-    def use_kernels(self, kernels: KernelChoices) -> "DecoderForCausalLM":
-        """Pick the kernels every attention layer calls (the build exports once per phase's row)."""
+    def use_kernels(self, row: PhaseTuning) -> "DecoderForCausalLM":
+        """Run every op through the backend `row` (one phase of tuning.json) names; the build exports
+        once per phase's row."""
+        attention = make_backend("attention", row.op("attention"))
         for layer in self.model.layers:
-            layer.self_attn.kernels = kernels
+            layer.self_attn.attention_backend = attention
         return self
 
-    def forward(self, input_ids, positions, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc,
-                logits_indices):
+    def forward(self, inputs: StepInputs) -> torch.Tensor:
         """Runs T tokens of B sequences; returns float32 logits [N, vocab] for the rows in logits_indices."""
-        attn = AttentionInputs(kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc)
-        hidden = self.model(input_ids, positions, attn)[logits_indices]   # [N, hidden]
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.attention_inputs())
+        hidden = hidden[inputs.logits_indices]   # [N, hidden]
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(hidden, weight).float()

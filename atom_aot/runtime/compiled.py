@@ -5,11 +5,14 @@ imports Inductor: nothing at run time can compile.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 
 import atom_aot.ops  # noqa: F401  (the package calls atom:: custom ops by name)
+from atom_aot.errors import ArtifactError
+from atom_aot.models.step_inputs import SERIALIZED_NAME, StepInputs
 
 
 class CompiledModel:
@@ -23,6 +26,10 @@ class CompiledModel:
         # locking it buys is not needed.
         self._loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", True, 1, device_index)
         self._constants: dict[str, torch.Tensor] | None = None
+        found = _input_type(self._loader.get_call_spec()[0])
+        if found != SERIALIZED_NAME:
+            raise ArtifactError(f"{package} takes {found!r} as its input, this runtime passes {SERIALIZED_NAME!r}. "
+                                f"Rebuild the artifact with this atom-aot's atom-build.")
 
     def bind(self, constants: dict[str, torch.Tensor]) -> "CompiledModel":
         """Hands the package the artifact's weights (borrowed, not copied)."""
@@ -37,5 +44,15 @@ class CompiledModel:
         self._loader.load_constants(self._constants, False, True, True)
         return self
 
-    def __call__(self, *args: torch.Tensor) -> torch.Tensor:
-        return self._loader.run(list(args))[0]
+    def __call__(self, inputs: StepInputs) -> torch.Tensor:
+        return self._loader.run(list(inputs))[0]    # flattened in field order, as exported
+
+
+def _input_type(in_spec: str) -> str | None:
+    """The serialized type name of the exported forward's one input: in_spec is the JSON pytree spec
+    [version, ((inputs,), {})]."""
+    try:
+        args = json.loads(in_spec)[1]["children_spec"][0]["children_spec"]
+        return args[0]["context"] if len(args) == 1 else None
+    except (ValueError, LookupError, TypeError):
+        return None

@@ -2,67 +2,132 @@
 
 A decode batch of n sequences runs as the graph of the smallest capture size s >= n: the inputs
 are copied into static buffers and the s - n padding sequences are made harmless (their KV slot
-is -1, so nothing is written; they attend over one token of block 0, and their logits are
-dropped). Graphs share one memory pool and are captured largest first, as the build measured.
+is -1, so nothing is written; they attend over one token, and their logits are dropped). Graphs
+share one memory pool and are captured largest first, as the build measured.
+
+The staging into static buffers (`StaticDecodeInputs`) and the capture are apart, so the first
+runs on the CPU too (tests record the forward as a plain call instead of a graph).
 """
 from __future__ import annotations
 
 import bisect
-import logging
+import functools
+from typing import Callable
 
 import torch
 
-log = logging.getLogger("atom_aot")
+from atom_aot.artifact.signature import INPUT_NAMES, STEP_INPUTS
+from atom_aot.models.step_inputs import StepInputs, input_dtype
+
+Replay = Callable[[], torch.Tensor]
+
+# What the s - n padding rows hold. Inputs not listed keep their last values (token ids, positions
+# and block tables of an earlier batch: valid indices whose results are dropped).
+PADDING = {"slot_mapping": -1,   # nothing is written to the cache
+           "seq_lens": 1}        # attend over one token of the row's first block
+# The same for every decode batch (one token per sequence, each sampled), so never copied.
+FIXED = ("kv_cache", "query_start_loc", "logits_indices")
+# Rows of an input's first dimension at capture size s, by the dimension's name; other inputs
+# (the KV cache) are passed whole.
+ROWS_AT_SIZE = {"num_tokens": 0, "num_seqs": 0, "num_logits": 0, "num_seqs_plus_1": 1}   # s + this
+
+
+class StaticDecodeInputs:
+    """The static buffers the graphs read, sized for the largest capture size."""
+
+    def __init__(self, kv_cache: torch.Tensor, capture_sizes: tuple[int, ...], max_blocks_per_seq: int):
+        self.sizes = sorted(capture_sizes)
+        biggest, device = self.sizes[-1], kv_cache.device
+
+        def buffer(name: str, *shape: int, fill: int = 0) -> torch.Tensor:
+            return torch.full(shape, fill, dtype=input_dtype(name, kv_cache.dtype), device=device)
+
+        self.buffers = StepInputs(
+            input_ids=buffer("input_ids", biggest), positions=buffer("positions", biggest), kv_cache=kv_cache,
+            slot_mapping=buffer("slot_mapping", biggest, fill=PADDING["slot_mapping"]),
+            block_tables=buffer("block_tables", biggest, max_blocks_per_seq),
+            seq_lens=buffer("seq_lens", biggest, fill=PADDING["seq_lens"]),
+            query_start_loc=torch.arange(biggest + 1, dtype=input_dtype("query_start_loc", kv_cache.dtype),
+                                         device=device),
+            logits_indices=torch.arange(biggest, dtype=input_dtype("logits_indices", kv_cache.dtype), device=device))
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.sizes[-1]
+
+    def size_for(self, num_seqs: int) -> int:
+        """The smallest capture size that holds `num_seqs` sequences."""
+        return self.sizes[bisect.bisect_left(self.sizes, num_seqs)]
+
+    def view(self, size: int) -> StepInputs:
+        """The inputs of the graph of `size`: leading slices of the buffers."""
+        return StepInputs(*(buf[:size + ROWS_AT_SIZE[spec.dims[0]]] if spec.dims[0] in ROWS_AT_SIZE else buf
+                            for spec, buf in zip(STEP_INPUTS, self.buffers)))
+
+    def load(self, inputs: StepInputs) -> int:
+        """Copies a decode batch of n sequences into the buffers, pads rows n .. size; returns the size."""
+        if inputs.kv_cache is not self.buffers.kv_cache:
+            raise ValueError("the decode graphs were captured on another KV cache than this batch's")
+        n = inputs.input_ids.shape[0]
+        size = self.size_for(n)
+        for name in INPUT_NAMES:
+            if name in FIXED:
+                continue
+            source, static = getattr(inputs, name), getattr(self.buffers, name)
+            static[tuple(slice(0, extent) for extent in source.shape)].copy_(source)
+            if name in PADDING:
+                static[n:size].fill_(PADDING[name])
+        return size
+
+
+class CudaGraphRecorder:
+    """Captures calls as CUDA graphs that share one memory pool."""
+
+    def __init__(self):
+        self.pool = None
+
+    def __call__(self, call: Replay) -> Replay:
+        call()                       # warm-up: workspaces and handles outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            output = call()
+        self.pool = graph.pool()
+        torch.cuda.synchronize()
+
+        def replay() -> torch.Tensor:
+            graph.replay()
+            return output
+        return replay
 
 
 class DecodeGraphs:
-    def __init__(self, forward, kv_cache: torch.Tensor, capture_sizes: tuple[int, ...], max_blocks_per_seq: int):
+    def __init__(self, forward: Callable[[StepInputs], torch.Tensor], kv_cache: torch.Tensor,
+                 capture_sizes: tuple[int, ...], max_blocks_per_seq: int):
         self.forward = forward
-        self.kv_cache = kv_cache
-        self.sizes = sorted(capture_sizes)
-        device, biggest = kv_cache.device, self.sizes[-1]
-        i32 = dict(dtype=torch.int32, device=device)
-        self.input_ids = torch.zeros(biggest, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(biggest, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((biggest,), -1, dtype=torch.int64, device=device)
-        self.block_tables = torch.zeros(biggest, max_blocks_per_seq, **i32)
-        self.seq_lens = torch.ones(biggest, **i32)
-        self.query_start_loc = torch.arange(biggest + 1, **i32)   # one token per sequence: always 0..n
-        self.logits_indices = torch.arange(biggest, dtype=torch.int64, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
-        self.pool = None
+        self.static = StaticDecodeInputs(kv_cache, capture_sizes, max_blocks_per_seq)
+        self.replays: dict[int, Replay] = {}
 
-    def _call(self, size: int) -> torch.Tensor:
-        return self.forward(self.input_ids[:size], self.positions[:size], self.kv_cache, self.slot_mapping[:size],
-                            self.block_tables[:size], self.seq_lens[:size], self.query_start_loc[:size + 1],
-                            self.logits_indices[:size])
+    @property
+    def sizes(self) -> list[int]:
+        return self.static.sizes
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.static.max_batch_size
+
+    def forward_at(self, size: int) -> torch.Tensor:
+        """The forward on the static inputs of `size`: what a graph records."""
+        return self.forward(self.static.view(size))
 
     @torch.inference_mode()
-    def capture(self) -> None:
+    def capture(self, record: Callable[[Replay], Replay] | None = None) -> None:
+        """Records every size, largest first; `record` turns a call into its replay (default: a CUDA graph)."""
+        record = record or CudaGraphRecorder()
         for size in reversed(self.sizes):
-            self._call(size)                     # warm-up: workspaces and handles outside the capture
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                self.outputs[size] = self._call(size)
-            self.pool = graph.pool()
-            self.graphs[size] = graph
-        torch.cuda.synchronize()
+            self.replays[size] = record(functools.partial(self.forward_at, size))
 
-    def fits(self, num_seqs: int) -> bool:
-        return num_seqs <= self.sizes[-1]
-
-    def __call__(self, input_ids, positions, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc,
-                 logits_indices) -> torch.Tensor:
-        n = input_ids.shape[0]
-        size = self.sizes[bisect.bisect_left(self.sizes, n)]
-        self.input_ids[:n].copy_(input_ids)
-        self.positions[:n].copy_(positions)
-        self.slot_mapping[:n].copy_(slot_mapping)
-        self.slot_mapping[n:size].fill_(-1)
-        self.block_tables[:n, :block_tables.shape[1]].copy_(block_tables)
-        self.seq_lens[:n].copy_(seq_lens)
-        self.seq_lens[n:size].fill_(1)
-        self.graphs[size].replay()
-        return self.outputs[size][:n]
+    def __call__(self, inputs: StepInputs) -> torch.Tensor:
+        n = inputs.input_ids.shape[0]
+        size = self.static.load(inputs)
+        return self.replays[size]()[:n]

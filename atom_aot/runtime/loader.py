@@ -13,8 +13,9 @@ from pathlib import Path
 import torch
 
 from atom_aot.arch import detect_arch, device_for_arch, toolchain
+from atom_aot.artifact.phase import Phase
+from atom_aot.artifact.tuning import Tuning
 from atom_aot.models import ModelConfig, model_class
-from atom_aot.ops.kernels import KernelChoices, load_kernel_modules
 from atom_aot.errors import ArtifactError
 from atom_aot.runtime.artifact import Artifact, rebuild_command
 from atom_aot.runtime.safetensors_view import tensors_from_buffer, tensors_on_device
@@ -30,7 +31,7 @@ class LoadedArtifact:
     artifact: Artifact
     model_config: ModelConfig
     weights: dict[str, torch.Tensor]    # the runtime's parameters, on the device
-    forwards: dict[str, object]         # phase ("mixed", "decode") -> callable with the exported signature
+    forwards: dict[Phase, object]       # phase -> callable taking StepInputs
     execution: str                      # which path runs: "aotinductor" or "eager"
     device: torch.device
     dtype: torch.dtype
@@ -40,7 +41,7 @@ class LoadedArtifact:
     graphs: dict                        # graphs.json: capture sizes and pool bytes measured at build
     generation_config: dict
     tokenizer_dir: Path
-    tuning: dict
+    tuning: Tuning
     timings: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -73,7 +74,7 @@ def load_artifact(path: str | Path, enforce_eager: bool = False) -> LoadedArtifa
     build = manifest["build"]
     device = device_for_arch(manifest["target"]["arch"])
     model_config = ModelConfig.from_hf_dict(artifact.read_json("config/config.json"))
-    tuning = artifact.read_json("tuning.json")
+    tuning = Tuning.from_dict(artifact.read_json("tuning.json"))
     compiled = manifest["compiled"]["kind"] == "aotinductor" and not enforce_eager
     buffer = artifact.member_buffer(WEIGHTS)
     if compiled:
@@ -83,7 +84,7 @@ def load_artifact(path: str | Path, enforce_eager: bool = False) -> LoadedArtifa
         weights = _weights(buffer, device)
         timings["weights"] = time.perf_counter() - start
         start = time.perf_counter()
-        forwards = {"mixed": _eager_model(model_config, build, weights, tuning)}
+        forwards = {Phase.MIXED: _eager_model(model_config, build, weights, tuning)}
         timings["eager model"] = time.perf_counter() - start
     execution = "aotinductor" if compiled else "eager"
     log.info("model path: %s (%s)", execution,
@@ -108,7 +109,7 @@ def _weights(buffer: memoryview, device: torch.device) -> dict[str, torch.Tensor
 
 
 def _load_compiled(artifact: Artifact, buffer: memoryview, device: torch.device,
-                   timings: dict) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
+                   timings: dict) -> tuple[dict[str, torch.Tensor], dict[Phase, object]]:
     """Weights and compiled packages, loaded side by side: the weight upload runs in a thread (the
     copy releases the GIL) while this one opens the packages; the weights are bound to them after."""
     from concurrent.futures import ThreadPoolExecutor
@@ -124,7 +125,7 @@ def _load_compiled(artifact: Artifact, buffer: memoryview, device: torch.device,
     with ThreadPoolExecutor(1, thread_name_prefix="atom-weights") as pool:
         pending = pool.submit(upload)
         opened = time.perf_counter()
-        forwards = {phase: CompiledModel(artifact.member_path(path), device)
+        forwards = {Phase(phase): CompiledModel(artifact.member_path(path), device)
                     for phase, path in artifact.manifest["compiled"]["packages"].items()}
         timings["compiled load"] = time.perf_counter() - opened
         weights, timings["weights (overlapped)"] = pending.result()
@@ -137,14 +138,12 @@ def _load_compiled(artifact: Artifact, buffer: memoryview, device: torch.device,
 
 
 def _eager_model(model_config: ModelConfig, build: dict, weights: dict[str, torch.Tensor],
-                 tuning: dict) -> torch.nn.Module:
+                 tuning: Tuning) -> torch.nn.Module:
     """The model module itself, with the arch's kernels (the `mixed` row serves every batch)."""
     cls = model_class(model_config.architecture)
     with torch.device("meta"):
         model = cls(model_config, getattr(torch, build["dtype"]), build["quant"], build["max_model_len"])
     model.load_state_dict(weights, assign=True)
-    kernels = KernelChoices.from_tuning(tuning, "mixed")
-    load_kernel_modules(kernels)
-    return model.use_kernels(kernels).eval()
+    return model.use_kernels(tuning.for_phase(Phase.MIXED)).eval()
 
 

@@ -2,32 +2,23 @@
 (compiled or eager, the same signature), samples, and scores logprobs where asked."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from atom_aot.models.step_inputs import SPECS, StepInputs
+from atom_aot.runtime.forwards import Forwards
 from atom_aot.runtime.outputs import TokenLogprobs
 from atom_aot.runtime.sampler import Sampler, compute_logprobs
 from atom_aot.runtime.scheduler import ScheduledBatch
 
-# forward(input_ids, positions, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, logits_indices)
-ModelForward = Callable[..., torch.Tensor]
 
-
-@dataclass
-class StepInputs:
-    """The flat tensors of one step, as the exported model takes them."""
-    input_ids: torch.Tensor        # [T] int64
-    positions: torch.Tensor        # [T] int64
-    slot_mapping: torch.Tensor     # [T] int64
-    block_tables: torch.Tensor     # [B, max_blocks] int32
-    seq_lens: torch.Tensor         # [B] int32
-    query_start_loc: torch.Tensor  # [B + 1] int32
-    logits_indices: torch.Tensor   # [N] int64: rows of T whose logits are needed
-    sample_rows: list[int]         # for each sampling sequence (batch order), its row in the logits
-    prompt_rows: dict[int, range] = field(default_factory=dict)  # seq index -> logits rows scoring its prompt
+@dataclass(frozen=True)
+class LogitsRows:
+    """Host-side bookkeeping of one step: what each row of the returned logits is for."""
+    sample_rows: list[int]          # for each sampling sequence (batch order), its row in the logits
+    prompt_rows: dict[int, range]   # batch index -> logits rows scoring its next prompt tokens (prompt logprobs)
 
 
 @dataclass
@@ -38,9 +29,9 @@ class StepOutput:
 
 
 class ModelRunner:
-    def __init__(self, forwards: dict[str, ModelForward], kv_cache: torch.Tensor, block_size: int,
-                 device: torch.device, sampler: Sampler):
-        self.forwards = forwards      # "mixed" runs any batch; "decode" (if present) one token per sequence
+    def __init__(self, forwards: Forwards, kv_cache: torch.Tensor, block_size: int, device: torch.device,
+                 sampler: Sampler):
+        self.forwards = forwards
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.device = device
@@ -49,21 +40,14 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepOutput:
         # a named range per step, so profiler traces (server or offline) split prefill from decode
-        phase = "prefill" if batch.is_prefill else "decode"
-        with torch.profiler.record_function(f"{phase}[bs={len(batch.seqs)},tokens={batch.num_tokens}]"):
-            inputs = self.prepare_inputs(batch)
-            logits = self.forward_for(batch)(inputs.input_ids, inputs.positions, self.kv_cache,
-                                             inputs.slot_mapping, inputs.block_tables, inputs.seq_lens,
-                                             inputs.query_start_loc, inputs.logits_indices)
-            return self.postprocess(batch, inputs, logits)
+        kind = "prefill" if batch.is_prefill else "decode"
+        with torch.profiler.record_function(f"{kind}[bs={len(batch.seqs)},tokens={batch.num_tokens}]"):
+            inputs, rows = self.prepare_inputs(batch)
+            logits = self.forwards.for_batch(batch)(inputs)
+            return self.postprocess(batch, rows, logits)
 
-    def forward_for(self, batch: ScheduledBatch) -> ModelForward:
-        decode = self.forwards.get("decode")
-        if batch.is_prefill or decode is None or not getattr(decode, "fits", lambda n: True)(len(batch.seqs)):
-            return self.forwards["mixed"]
-        return decode
-
-    def prepare_inputs(self, batch: ScheduledBatch) -> StepInputs:
+    def prepare_inputs(self, batch: ScheduledBatch) -> tuple[StepInputs, LogitsRows]:
+        """The step's flat tensors (on the device) and which logits rows sample or score the prompt."""
         input_ids, positions, slots, logits_rows, sample_rows, prompt_rows = [], [], [], [], [], {}
         first_row = 0   # row of this sequence's first new token in the flat batch
         for i, (seq, count) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
@@ -87,38 +71,36 @@ class ModelRunner:
             tables[i, :len(seq.block_table)] = seq.block_table
         counts = np.asarray(batch.num_new_tokens)
         seq_lens = np.asarray([s.num_computed_tokens for s in batch.seqs]) + counts
-        to = self._to_device
-        return StepInputs(
-            input_ids=to(np.concatenate(input_ids)), positions=to(np.concatenate(positions)),
-            slot_mapping=to(np.concatenate(slots)), block_tables=to(tables),
-            seq_lens=to(seq_lens.astype(np.int32)),
-            query_start_loc=to(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)),
-            logits_indices=to(np.asarray(logits_rows, dtype=np.int64)),
-            sample_rows=sample_rows, prompt_rows=prompt_rows)
+        host = dict(input_ids=np.concatenate(input_ids), positions=np.concatenate(positions),
+                    slot_mapping=np.concatenate(slots), block_tables=tables, seq_lens=seq_lens,
+                    query_start_loc=np.concatenate([[0], np.cumsum(counts)]), logits_indices=np.asarray(logits_rows))
+        inputs = StepInputs(kv_cache=self.kv_cache, **{name: self._to_device(name, a) for name, a in host.items()})
+        return inputs, LogitsRows(sample_rows, prompt_rows)
 
-    def _to_device(self, array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device, non_blocking=True)
+    def _to_device(self, name: str, array: np.ndarray) -> torch.Tensor:
+        host = torch.from_numpy(np.ascontiguousarray(array, dtype=np.dtype(SPECS[name].dtype)))
+        return host.to(self.device, non_blocking=True)
 
-    def postprocess(self, batch: ScheduledBatch, inputs: StepInputs, logits: torch.Tensor) -> StepOutput:
+    def postprocess(self, batch: ScheduledBatch, rows: LogitsRows, logits: torch.Tensor) -> StepOutput:
         sampling_seqs = [seq for i, seq in enumerate(batch.seqs) if batch.samples(i)]
         sampled = []
         if sampling_seqs:
-            rows = torch.as_tensor(inputs.sample_rows, device=logits.device)
-            tokens = self.sampler(logits[rows], sampling_seqs)
+            sample = torch.as_tensor(rows.sample_rows, device=logits.device)
+            tokens = self.sampler(logits[sample], sampling_seqs)
             sampled = tokens.tolist()
-            logprobs = self._sampled_logprobs(logits[rows], tokens, sampling_seqs)
+            logprobs = self._sampled_logprobs(logits[sample], tokens, sampling_seqs)
         out = StepOutput(sampled=[None] * len(batch.seqs), logprobs=[None] * len(batch.seqs),
                          prompt_logprobs=[None] * len(batch.seqs))
         sampling_indices = [i for i in range(len(batch.seqs)) if batch.samples(i)]
         for j, i in enumerate(sampling_indices):
             out.sampled[i] = sampled[j]
             out.logprobs[i] = logprobs[j]
-        for i, rows in inputs.prompt_rows.items():
+        for i, scoring in rows.prompt_rows.items():
             seq = batch.seqs[i]
             start = seq.num_computed_tokens
-            targets = torch.as_tensor(seq.token_ids[start + 1:start + 1 + len(rows)], device=logits.device)
-            out.prompt_logprobs[i] = compute_logprobs(logits[rows.start:rows.stop], targets,
-                                                      [seq.params.prompt_logprobs] * len(rows))
+            targets = torch.as_tensor(seq.token_ids[start + 1:start + 1 + len(scoring)], device=logits.device)
+            out.prompt_logprobs[i] = compute_logprobs(logits[scoring.start:scoring.stop], targets,
+                                                      [seq.params.prompt_logprobs] * len(scoring))
         return out
 
     @staticmethod

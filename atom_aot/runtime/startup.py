@@ -6,11 +6,13 @@ import time
 
 import torch
 
+from atom_aot.artifact.phase import Phase
 from atom_aot.errors import StartupError
 from atom_aot.runtime.block_manager import BlockManager
 from atom_aot.runtime.bytecode import warn_if_torch_uncached
 from atom_aot.runtime.config import DEFAULT_CPU_KV_BYTES, RuntimeConfig
 from atom_aot.runtime.engine_core import EngineCore
+from atom_aot.runtime.forwards import Forwards
 from atom_aot.runtime.kv_cache import allocate_kv_cache, bytes_per_block
 from atom_aot.runtime.loader import LoadedArtifact, load_artifact
 from atom_aot.runtime.model_runner import ModelRunner
@@ -52,23 +54,25 @@ def activation_reserve(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
 
 
 def uses_graphs(loaded: LoadedArtifact, config: RuntimeConfig) -> bool:
-    return (loaded.device.type == "cuda" and "decode" in loaded.forwards and not config.enforce_eager
+    return (loaded.device.type == "cuda" and Phase.DECODE in loaded.forwards and not config.enforce_eager
             and bool(loaded.graphs.get("capture_sizes")))
 
 
-def decode_forward(loaded: LoadedArtifact, config: RuntimeConfig, kv_cache, max_model_len: int):
-    """The decode package replayed as CUDA graphs (captured here), or as it is."""
+def make_forwards(loaded: LoadedArtifact, config: RuntimeConfig, kv_cache, max_model_len: int) -> Forwards:
+    """The mixed forward, and the decode package replayed as CUDA graphs (captured here) or as it is."""
+    mixed, decode = loaded.forwards[Phase.MIXED], loaded.forwards.get(Phase.DECODE)
     if not uses_graphs(loaded, config):
-        return loaded.forwards.get("decode")
+        log.info("decode steps: %s", "the decode package" if decode is not None else "the same path as prefill")
+        return Forwards(mixed, decode)
     from atom_aot.runtime.cuda_graphs import DecodeGraphs
     start = time.perf_counter()
-    graphs = DecodeGraphs(loaded.forwards["decode"], kv_cache, tuple(loaded.graphs["capture_sizes"]),
+    graphs = DecodeGraphs(decode, kv_cache, tuple(loaded.graphs["capture_sizes"]),
                           -(-max_model_len // loaded.block_size))
     graphs.capture()
     loaded.timings["graph capture"] = time.perf_counter() - start
-    log.info("CUDA graphs: captured %d decode sizes up to %d in %.2fs", len(graphs.sizes), graphs.sizes[-1],
-             loaded.timings["graph capture"])
-    return graphs
+    log.info("decode steps: CUDA graphs of the decode package, %d sizes up to %d captured in %.2fs",
+             len(graphs.sizes), graphs.max_batch_size, loaded.timings["graph capture"])
+    return Forwards(mixed, graphs, decode_max_seqs=graphs.max_batch_size)
 
 
 def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig) -> EngineCore:
@@ -87,12 +91,7 @@ def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig) -> EngineCo
         SchedulerConfig(max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
                         max_model_len=max_model_len, scheduler_delay_factor=config.scheduler_delay_factor),
         BlockManager(num_blocks, loaded.block_size, config.enable_prefix_caching))
-    forwards = {"mixed": loaded.forwards["mixed"]}
-    decode = decode_forward(loaded, config, kv_cache, max_model_len)
-    if decode is not None:
-        forwards["decode"] = decode
-    log.info("decode steps: %s", "CUDA graphs of the decode package" if uses_graphs(loaded, config)
-             else "the decode package" if decode is not None else "the same path as prefill")
+    forwards = make_forwards(loaded, config, kv_cache, max_model_len)
     runner = ModelRunner(forwards, kv_cache, loaded.block_size, loaded.device, Sampler(loaded.device, config.seed))
     return EngineCore(scheduler, runner, eos_token_ids(loaded), loaded.block_size)
 

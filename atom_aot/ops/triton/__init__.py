@@ -3,15 +3,9 @@
 Each op is a `torch.library.triton_op` whose body launches its kernels through `wrap_triton`, so
 `torch.export` + AOTInductor compile the kernels into the artifact and the runtime never JITs.
 Every launch parameter is an int argument of the op (the exported graph carries the tuned
-values); each module lists CANDIDATE_CONFIGS for the build to measure. See docs/kernels.md.
+values); each module lists CANDIDATE_CONFIGS for the build to measure. The `triton` attention
+backend (atom_aot/ops/backends/triton.py) calls them. See docs/kernels.md.
 
 Importing this package needs `triton`; the CPU path never imports it.
 """
-from atom_aot.ops.triton import activation, paged_attention, rms_norm, rope_cache
-
-CANDIDATE_CONFIGS = {
-    "paged_attention": paged_attention.CANDIDATE_CONFIGS,          # {"prefill": (...), "decode": (...)}
-    "qk_norm_rope_cache_write": rope_cache.CANDIDATE_CONFIGS,
-    "rms_norm": rms_norm.CANDIDATE_CONFIGS,
-    "silu_and_mul": activation.CANDIDATE_CONFIGS,
-}
+from atom_aot.ops.triton import paged_attention, rope_cache  # noqa: F401  (registers atom_triton::*)

@@ -1,4 +1,5 @@
-"""Compile the atom_triton kernels for a GPU target on a machine without one.
+"""Compile the atom_triton kernels for a GPU target on a machine without one (run by
+tests/test_triton_compile.py as `python tests/triton_aot_check.py ...`, so compiled, not interpreted).
 
 The interpreter checks what a kernel computes, not whether Triton can compile it (early returns,
 loops with loaded bounds, dot shapes) nor what it costs in registers. Here a launcher runs on
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-from itertools import zip_longest
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +20,8 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+
+from atom_aot.ops.triton import paged_attention, rope_cache
 
 TARGETS = {
     "sm90": GPUTarget("cuda", 90, 32),
@@ -111,11 +113,9 @@ def _amd_usage(amdgcn: str) -> dict:
             "sgpr_spills": field_value("sgpr_spill_count")}
 
 
-def model_launches(num_heads: int, num_kv_heads: int, head_dim: int, hidden: int, intermediate: int,
-                   dtype: torch.dtype = torch.bfloat16, cache_dtype: torch.dtype | None = None,
-                   attention_configs=(), rope_config=None, norm_config=None, silu_config=None) -> list[Launch]:
-    """The launches one decoder layer makes with the given configs (meta tensors, nothing runs)."""
-    from atom_aot.ops.triton import activation, paged_attention, rms_norm, rope_cache
+def model_launches(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype = torch.bfloat16,
+                   cache_dtype: torch.dtype | None = None, attention_configs=(), rope_config=None) -> list[Launch]:
+    """The launches one decoder layer's attention makes with the given configs (meta tensors, nothing runs)."""
     meta = dict(device="meta")
     tokens, seqs = 64, 8
     q = torch.empty(tokens, num_heads, head_dim, dtype=dtype, **meta)
@@ -133,35 +133,23 @@ def model_launches(num_heads: int, num_kv_heads: int, head_dim: int, hidden: int
                                     q, k, k, torch.empty(tokens, **int64), torch.empty(8192, head_dim, **meta),
                                     norm_w, norm_w, 1e-6, cache, 1, torch.empty(tokens, **int64),
                                     *rope_config.as_args())
-    if norm_config is not None:
-        x = torch.empty(tokens, hidden, dtype=dtype, **meta)
-        launches += record_launches(rms_norm, rms_norm.launch_rms_norm, x, x, torch.empty(hidden, dtype=dtype, **meta),
-                                    1e-6, *norm_config.as_args())
-    if silu_config is not None:
-        launches += record_launches(activation, activation.launch_silu_and_mul,
-                                    torch.empty(tokens, 2 * intermediate, dtype=dtype, **meta), *silu_config.as_args())
     return launches
 
 
-MODELS = {"qwen3-0.6b": dict(num_heads=16, num_kv_heads=8, head_dim=128, hidden=1024, intermediate=3072),
-          "llama-3.1-8b": dict(num_heads=32, num_kv_heads=8, head_dim=128, hidden=4096, intermediate=14336)}
+MODELS = {"qwen3-0.6b": dict(num_heads=16, num_kv_heads=8, head_dim=128),
+          "llama-3.1-8b": dict(num_heads=32, num_kv_heads=8, head_dim=128)}
 
 
 def check(model: str, targets: list[str], cache_dtype: torch.dtype | None, all_candidates: bool) -> list[dict]:
     """Compiles a decoder layer's launches (default or all candidate configs) for each target."""
-    from atom_aot.ops.triton import activation, paged_attention, rms_norm, rope_cache
     if all_candidates:
-        configs = dict(attention_configs=[c for phase in paged_attention.CANDIDATE_CONFIGS.values() for c in phase],
-                       rope_configs=rope_cache.CANDIDATE_CONFIGS, norm_configs=rms_norm.CANDIDATE_CONFIGS,
-                       silu_configs=activation.CANDIDATE_CONFIGS)
+        attention_configs = [c for phase in paged_attention.CANDIDATE_CONFIGS.values() for c in phase]
+        rope_configs = rope_cache.CANDIDATE_CONFIGS
     else:
-        configs = dict(attention_configs=list(paged_attention.DEFAULT_CONFIGS.values()),
-                       rope_configs=[rope_cache.DEFAULT_CONFIG], norm_configs=[rms_norm.DEFAULT_CONFIG],
-                       silu_configs=[activation.DEFAULT_CONFIG])
-    launches = model_launches(**MODELS[model], cache_dtype=cache_dtype, attention_configs=configs["attention_configs"])
-    for rope, norm, silu in zip_longest(configs["rope_configs"], configs["norm_configs"], configs["silu_configs"]):
-        launches += model_launches(**MODELS[model], cache_dtype=cache_dtype, rope_config=rope, norm_config=norm,
-                                   silu_config=silu)
+        attention_configs, rope_configs = list(paged_attention.DEFAULT_CONFIGS.values()), [rope_cache.DEFAULT_CONFIG]
+    launches = model_launches(**MODELS[model], cache_dtype=cache_dtype, attention_configs=attention_configs)
+    for rope in rope_configs:
+        launches += model_launches(**MODELS[model], cache_dtype=cache_dtype, rope_config=rope)
     results = []
     for launch in launches:
         for target in targets:

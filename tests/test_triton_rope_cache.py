@@ -1,19 +1,17 @@
-"""The fused elementwise ops against the torch layers the models use (atom_aot/models/layers.py).
-
-qk_norm_rope_cache_write, rms_norm / fused_add_rms_norm and silu_and_mul, on fresh random inputs,
-with every buffer the ops allocate NaN-poisoned, under TRITON_INTERPRET=1 without a GPU. The
-cache write is checked byte for byte outside the slots it owns.
+"""atom_triton::qk_norm_rope_cache_write against the reference attention backend's torch steps
+(QK-norm, rope, cache write), on fresh random inputs, with every buffer the op allocates
+NaN-poisoned, under TRITON_INTERPRET=1 without a GPU. The cache write is checked byte for byte
+outside the slots it owns.
 """
 import pytest
 import torch
 
+from triton_kernel_checks import rel_error, rope_cache_reference
 from triton_support import DEVICE, ON_GPU, poisoned_outputs  # noqa: F401 (an autouse fixture)
 
-from atom_aot.models.layers import rope_cos_sin_cache
-from atom_aot.ops.triton import activation, rms_norm, rope_cache
-from atom_aot.ops.triton.testing import (
-    make_paged_batch, rel_error,
-    rms_norm_reference, rope_cache_reference, silu_and_mul_reference)
+from atom_aot.ops.rope import rope_cos_sin_cache
+from atom_aot.ops.triton import rope_cache
+from atom_aot.ops.triton.batch_inputs import make_paged_batch
 
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -74,49 +72,9 @@ class TestQKNormRopeCacheWrite:
         self.run(8, 2, 64, True, block_h=config.block_h, num_warps=config.num_warps, seed=5)
 
 
-class TestRMSNorm:
-    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-    @pytest.mark.parametrize("hidden", [64, 1000])
-    @pytest.mark.parametrize("num_warps", [1, 4])
-    def test_plain_and_fused(self, dtype, hidden, num_warps):
-        g = torch.Generator().manual_seed(hidden + num_warps)
-        x = (torch.randn(7, hidden, generator=g) * 3).to(dtype)
-        residual = torch.randn(7, hidden, generator=g).to(dtype)
-        weight = (1 + 0.3 * torch.randn(hidden, generator=g)).to(dtype)
-        out = rms_norm.rms_norm(x.to(DEVICE), weight.to(DEVICE), EPS, num_warps).cpu()
-        assert rel_error(out, rms_norm_reference(x, None, weight, EPS)) < TOL[dtype]
-        out, new_residual = rms_norm.fused_add_rms_norm(x.to(DEVICE), residual.to(DEVICE), weight.to(DEVICE), EPS,
-                                                        num_warps)
-        ref_out, ref_residual = rms_norm_reference(x, residual, weight, EPS)
-        assert torch.equal(new_residual.cpu(), ref_residual)
-        assert rel_error(out.cpu(), ref_out) < TOL[dtype]
-
-    def test_strided_rows(self):
-        g = torch.Generator().manual_seed(1)
-        x = torch.randn(5, 96, generator=g)[:, :64]          # row stride 96
-        weight = torch.randn(64, generator=g)
-        out = rms_norm.rms_norm(x.to(DEVICE), weight.to(DEVICE), EPS, 2).cpu()
-        assert rel_error(out, rms_norm_reference(x.contiguous(), None, weight, EPS)) < 1e-5
-
-
-class TestSiluAndMul:
-    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-    @pytest.mark.parametrize("config", activation.CANDIDATE_CONFIGS[:2])
-    def test_against_torch(self, dtype, config):
-        g = torch.Generator().manual_seed(config.block)
-        gate_up = (torch.randn(5, 2 * 700, generator=g) * 3).to(dtype)    # I = 700: a partial last block
-        out = activation.silu_and_mul(gate_up.to(DEVICE), *config.as_args()).cpu()
-        assert out.shape == (5, 700)
-        assert rel_error(out, silu_and_mul_reference(gate_up)) < TOL[dtype]
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
 def test_bf16_model_shapes_gpu():
     t = TestQKNormRopeCacheWrite()
     t.run(16, 8, 128, True, dtype=torch.bfloat16, block_h=4)
     t.run(32, 8, 128, False, dtype=torch.bfloat16, block_h=8)
-    x = torch.randn(300, 4096, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
-    out, _ = rms_norm.fused_add_rms_norm(x, x, w, EPS, 8)
-    assert rel_error(out, rms_norm_reference(x, x, w, EPS)[0]) < 2e-2

@@ -1,0 +1,73 @@
+"""What every attention backend takes and gives: one typed bundle per layer call, out [T, H, D].
+
+A backend is built once per phase from the tuning row's `BackendChoice` (its name picks the
+registry entry, its params are the launch parameters the build measured) and then called by every
+attention layer of the model with that layer's `AttentionArgs`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import NamedTuple, Protocol
+
+import torch
+
+from atom_aot.artifact.tuning import BackendChoice
+from atom_aot.errors import ArtifactError
+
+
+class AttentionInputs(NamedTuple):
+    """What every attention layer reads for one step (layout: atom_aot/ops/attention.py)."""
+    kv_cache: torch.Tensor         # [L, 2, num_blocks, block_size, Hkv, D], written in place
+    slot_mapping: torch.Tensor     # [T] int64, -1: padding (not written)
+    block_tables: torch.Tensor     # [B, max_blocks] int32
+    seq_lens: torch.Tensor         # [B] int32
+    query_start_loc: torch.Tensor  # [B + 1] int32
+
+
+@dataclass(frozen=True)
+class QKNorm:
+    """Per-head RMSNorm of q and k before rope (Qwen3)."""
+    q_weight: torch.Tensor         # [D]
+    k_weight: torch.Tensor         # [D]
+    eps: float
+
+
+@dataclass(frozen=True)
+class AttentionArgs:
+    """One attention layer's call: project-side tensors in, the step's paged-cache inputs alongside."""
+    layer: int                     # index into kv_cache's first dimension
+    q: torch.Tensor                # [T, H, D] (views of the fused qkv output are fine)
+    k: torch.Tensor                # [T, Hkv, D]
+    v: torch.Tensor                # [T, Hkv, D]
+    positions: torch.Tensor        # [T] int64
+    cos_sin_cache: torch.Tensor    # [P, D] float32: cos | sin
+    qk_norm: QKNorm | None
+    scale: float
+    inputs: AttentionInputs
+
+
+class AttentionBackend(Protocol):
+    """QK-norm (if any), rope, KV-cache write and paged attention of one layer: returns out [T, H, D]."""
+
+    def __call__(self, args: AttentionArgs) -> torch.Tensor: ...
+
+
+def check_params(choice: BackendChoice, expected: dict[str, type]) -> dict[str, object]:
+    """The launch configs of `choice`, one per kernel the backend runs, each built from its ints.
+
+    `expected` maps kernel name -> config dataclass; a missing, extra or malformed entry means the
+    artifact was built by another atom-aot.
+    """
+    configs = {}
+    problems = [f"params[{kernel!r}] names no kernel of it" for kernel in sorted(set(choice.params) - set(expected))]
+    for kernel, config_type in expected.items():
+        names = [f.name for f in fields(config_type)]
+        values = choice.params.get(kernel)
+        if values is None or len(values) != len(names):
+            problems.append(f"params[{kernel!r}] must be [{', '.join(names)}], got {values}")
+        else:
+            configs[kernel] = config_type(*values)
+    if problems:
+        raise ArtifactError(f"tuning.json: the {choice.backend!r} backend cannot use these params: "
+                            f"{'; '.join(problems)}. Rebuild the artifact with this atom-aot's atom-build.")
+    return configs
