@@ -5,7 +5,7 @@ from atom_aot.version import __version__  # noqa: F401
 
 def __getattr__(name):   # lazy, so `import atom_aot` stays cheap for the CLIs
     if name == "LLMEngine":
-        from atom_aot.runtime.llm_engine import LLMEngine
+        from atom_aot.entrypoints.llm import LLMEngine
         return LLMEngine
     if name == "SamplingParams":
         from atom_aot.runtime.sampling_params import SamplingParams

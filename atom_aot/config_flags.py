@@ -28,10 +28,14 @@ def cli_fields(cls) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if "cli" in f.metadata]
 
 
-def add_arguments(parser: argparse.ArgumentParser | Any, cls, defaults: dict | None = None) -> None:
-    """Add one option per flagged field of `cls` (defaults may be overridden per tool)."""
+def add_arguments(parser: argparse.ArgumentParser | Any, cls, defaults: dict | None = None,
+                  exclude: tuple[str, ...] = ()) -> None:
+    """Add one option per flagged field of `cls` (defaults may be overridden per tool; a tool that
+    spells a field its own way excludes it and adds its own option)."""
     defaults = defaults or {}
     for f in cli_fields(cls):
+        if f.name in exclude:
+            continue
         meta = f.metadata["cli"]
         default = defaults.get(f.name, f.default)
         kwargs: dict[str, Any] = {"dest": f.name, "help": meta["help"], "default": default}
@@ -44,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser | Any, cls, defaults: dict | N
             continue
         if meta["choices"] is not None:
             kwargs["choices"] = meta["choices"]
-        kwargs["type"] = meta["parse"] or _scalar_type(f)
+        kwargs["type"] = _argument_type(meta["parse"]) if meta["parse"] else _scalar_type(f)
         if default is not None:
             kwargs["help"] += f" (default: {meta['render'](default) if meta['render'] else default})"
         parser.add_argument(*meta["flags"], **kwargs)
@@ -74,6 +78,16 @@ def to_argv(obj, skip: tuple[str, ...] = (), only_changed: bool = True) -> list[
             continue
         argv += [meta["flags"][0], meta["render"](value) if meta["render"] else str(value)]
     return argv
+
+
+def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """argparse shows a type's ValueError as "invalid <function name> value"; keep our message instead."""
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return convert
 
 
 def _scalar_type(f: dataclasses.Field) -> Callable[[str], Any]:

@@ -35,7 +35,7 @@ def server_process(tiny_llama_eager_artifact, tmp_path_factory, profiler_dir):
 @pytest.fixture(scope="module")
 def offline(tiny_llama_eager_artifact, server_process):
     """The reference engine, loaded here while the server starts in its own processes."""
-    from atom_aot.runtime.llm_engine import LLMEngine
+    from atom_aot import LLMEngine
     return LLMEngine(model=str(tiny_llama_eager_artifact), **RUNTIME)
 
 

@@ -42,7 +42,7 @@ def test_engine_startup_error_is_reported_by_the_front_end(tiny_llama_eager_arti
 
 
 def test_atom_run_serve_reaches_the_server_flags():
-    result = subprocess.run([sys.executable, "-m", "atom_aot.runtime.cli", "some.atom", "serve", "--help"],
+    result = subprocess.run([sys.executable, "-m", "atom_aot.entrypoints.run_cli", "some.atom", "serve", "--help"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "--torch-profiler-dir" in result.stdout and "--api-key" in result.stdout
 

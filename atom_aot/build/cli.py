@@ -6,7 +6,8 @@ import json
 import sys
 from pathlib import Path
 
-from atom_aot.arch import ARCHES
+from atom_aot.artifact.build_options import ARCHES, BuildOptions
+from atom_aot.config_flags import add_arguments, from_namespace
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -20,17 +21,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="Hugging Face model folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--arch", default="auto", choices=("auto",) + ARCHES,
                    help="target; auto = this machine (building for an arch that is not present is an error)")
-    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
-    p.add_argument("--ep", action="store_true", help="expert parallelism for MoE models")
-    p.add_argument("--quant", default="none", choices=("none", "fp8"), help="weight quantization")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "bf16", "fp8"))
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                   help="model dtype (auto: float32 on cpu, bfloat16 on GPUs)")
-    p.add_argument("--capture-sizes", default=None, help="CUDA-graph batch sizes, e.g. 1,2,4,8,16 (none: no graphs)")
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--compile", default="aoti", choices=("aoti", "none"),
-                   help="aoti: AOTInductor package (default); none: weights only, the runtime runs eagerly")
+    add_arguments(p, BuildOptions, exclude=("arch",))
     p.add_argument("--out", type=Path, default=None, help="output path (.atom file, or a folder)")
     p.add_argument("--cache-dir", type=Path, default=None, help="artifact cache (default: artifacts/)")
     p.add_argument("--print-key", action="store_true", help="print the build key and exit without building")
@@ -40,21 +31,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def build_config(args: argparse.Namespace):
+    """The BuildConfig the flags ask for, with --arch auto resolved to this machine (checked here, before
+    the model is read)."""
     from atom_aot.arch import detect_arch
     from atom_aot.build.config import BuildConfig
-    sizes = None
-    if args.capture_sizes == "none":
-        sizes = ()
-    elif args.capture_sizes:
-        try:
-            sizes = tuple(int(s) for s in args.capture_sizes.split(","))
-        except ValueError:
-            raise ValueError(f"--capture-sizes must be comma-separated integers, got {args.capture_sizes!r}")
-    return BuildConfig(
-        arch=detect_arch() if args.arch == "auto" else args.arch, dtype=args.dtype,
-        tensor_parallel_size=args.tensor_parallel_size, enable_expert_parallel=args.ep, quant=args.quant,
-        kv_cache_dtype=args.kv_cache_dtype, capture_sizes=sizes, max_model_len=args.max_model_len,
-        block_size=args.block_size, compile=args.compile)
+    return from_namespace(BuildConfig, args, arch=detect_arch() if args.arch == "auto" else args.arch)
 
 
 def main(argv=None) -> int:

@@ -13,22 +13,22 @@ from pathlib import Path
 
 from atom_aot.build.cache import find_cached
 from atom_aot.build.config import BuildConfig
+from atom_aot.config_flags import to_argv
 from atom_aot.errors import BuildError
 
 
 def cli_args(model: str | None, config: BuildConfig, cache_dir: Path) -> list[str]:
-    args = ["--arch", config.arch, "--dtype", config.dtype, "-tp", str(config.tensor_parallel_size),
-            "--quant", config.quant, "--kv-cache-dtype", config.kv_cache_dtype, "--block-size", str(config.block_size),
-            "--compile", config.compile, "--cache-dir", str(cache_dir)]
-    if model is not None:
-        args += ["--model", str(model)]
-    if config.enable_expert_parallel:
-        args.append("--ep")
-    if config.capture_sizes is not None:
-        args += ["--capture-sizes", ",".join(map(str, config.capture_sizes)) or "none"]
-    if config.max_model_len is not None:
-        args += ["--max-model-len", str(config.max_model_len)]
-    return args
+    """atom-build's arguments for this build (the arch always explicit: the tool's default is auto)."""
+    model_args = ["--model", str(model)] if model is not None else []
+    return model_args + ["--arch", config.arch, *to_argv(config, skip=("arch",)), "--cache-dir", str(cache_dir)]
+
+
+def build_cached(model: str | None, config: BuildConfig, cache_dir: Path) -> dict:
+    """`build_isolated` for the build key of `model` under `config` (refused at once for an absent arch)."""
+    from atom_aot.build.pipeline import check_arch_present, plan
+    check_arch_present(config.arch)
+    _, _, key, _ = plan(model, config)
+    return build_isolated(model, config, cache_dir, key)
 
 
 def build_isolated(model: str | None, config: BuildConfig, cache_dir: Path, key: str) -> dict:

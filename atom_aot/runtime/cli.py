@@ -1,88 +1,93 @@
-"""`atom-run ART {generate,serve,inspect,verify}`: use an artifact, never compile."""
+"""The runtime's commands of `atom-run ART {generate,inspect,verify}`: use an artifact, never compile.
+
+`atom-run` itself (atom_aot/entrypoints/run_cli.py) adds `serve`; `python -m atom_aot.runtime.cli`
+runs these three alone.
+"""
 from __future__ import annotations
 
 import argparse
 import sys
 import time
 
-COMMANDS = ("generate", "serve", "inspect", "verify")
+from atom_aot.config_flags import add_arguments, from_namespace
+from atom_aot.runtime.config import RuntimeConfig
 
 
-def parse_args(argv):
+def parse_args(argv: list[str], commands: tuple[str, ...]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="atom-run", description="Serve or inspect an atom-aot artifact "
                                 "(built by atom-build). Nothing is compiled at run time.")
     p.add_argument("artifact", help="a .atom file or an artifact folder")
-    p.add_argument("command", choices=COMMANDS)
+    p.add_argument("command", choices=commands)
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the command's own arguments")
     return p.parse_args(argv)
 
 
-def parse_generate_args(argv):
+def parse_generate_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="atom-run ART generate")
     p.add_argument("prompt", nargs="+", help="one or more prompts")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=-1)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--ignore-eos", action="store_true")
-    p.add_argument("--enforce-eager", action="store_true", help="run the model module eagerly (debugging)")
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+    sampling = p.add_argument_group("sampling")
+    sampling.add_argument("--max-tokens", type=int, default=64)
+    sampling.add_argument("--temperature", type=float, default=0.0)
+    sampling.add_argument("--top-p", type=float, default=1.0)
+    sampling.add_argument("--top-k", type=int, default=-1)
+    sampling.add_argument("--seed", dest="prompt_seed", type=int, default=None, help="the prompts' sampling seed")
+    sampling.add_argument("--ignore-eos", action="store_true")
+    # --seed above is the prompts' own: the engine's default seed only serves requests without one
+    add_arguments(p.add_argument_group("engine"), RuntimeConfig, exclude=("seed",))
     return p.parse_args(argv)
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv, tuple(COMMANDS))
+    return run_command(args.artifact, args.command, args.rest)
+
+
+def run_command(artifact: str, command: str, argv: list[str]) -> int:
     from atom_aot.cli_util import run_cli
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.command == "serve":
-        from atom_aot.server.__main__ import main as serve_main
-        return serve_main([args.artifact] + args.rest)
-    handler = {"generate": generate, "inspect": inspect, "verify": verify}[args.command]
-    return run_cli(lambda: handler(args.artifact, args.rest))
+    return run_cli(lambda: COMMANDS[command](artifact, argv))
 
 
 def generate(artifact: str, argv: list[str]) -> int:
-    from atom_aot.runtime.compile_counter import TRITON, compile_counts
-    from atom_aot.runtime.llm_engine import LLMEngine
+    from atom_aot.runtime.llm_engine import ArtifactEngine
     from atom_aot.runtime.sampling_params import SamplingParams
     args = parse_generate_args(argv)
+    config = from_namespace(RuntimeConfig, args)       # a bad engine flag fails here, before any load
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            max_tokens=args.max_tokens, seed=args.prompt_seed, ignore_eos=args.ignore_eos)
     t0 = time.perf_counter()
-    TRITON.install()
-    engine = LLMEngine(artifact, **_runtime_kwargs(args))
+    engine = ArtifactEngine(artifact, config)
     timings = dict(engine.loaded.timings)
     timings["engine ready"] = time.perf_counter() - t0
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_tokens=args.max_tokens, seed=args.seed, ignore_eos=args.ignore_eos)
     prompts = [engine.apply_chat_template([{"role": "user", "content": p}]) if args.chat else p for p in args.prompt]
-    first_token = {}
     start = time.perf_counter()
-    ids = engine.add_request(prompts, params,
-                             stream_callback=lambda u: first_token.setdefault("t", time.perf_counter()))
+    first_token, results = _run_to_completion(engine, prompts, params)
+    elapsed = time.perf_counter() - start
+    timings["first token"] = first_token - start
+    for out, prompt in zip(results, args.prompt):
+        print(f"--- {prompt!r}\n{out.text}\n[{out.num_tokens_output} tokens, finish: {out.finish_reason}]")
+    _report(engine, timings, first_token - t0, sum(r.num_tokens_output for r in results), elapsed)
+    return 0
+
+
+def _run_to_completion(engine, prompts: list[str], params) -> tuple[float, list]:
+    """(time of the first token, the finished outputs in prompt order)."""
+    first_token = {}
+    ids = engine.add_request(prompts, params, stream_callback=lambda u: first_token.setdefault("t", time.perf_counter()))
     results = {}
     while not engine.is_finished():
         for update in engine.step():
             if update.finished:
                 results[update.request_id] = update
-    elapsed = time.perf_counter() - start
-    timings["first token"] = first_token.get("t", start) - start
-    for request_id, prompt in zip(ids, args.prompt):
-        out = results[request_id]
-        print(f"--- {prompt!r}\n{out.text}\n[{out.num_tokens_output} tokens, finish: {out.finish_reason}]")
-    tokens = sum(r.num_tokens_output for r in results.values())
+    return first_token.get("t", time.perf_counter()), [results[i] for i in ids]
+
+
+def _report(engine, timings: dict[str, float], start_to_first_token: float, tokens: int, elapsed: float) -> None:
+    from atom_aot.runtime.compile_counter import compile_counts
     print("\nstartup: " + ", ".join(f"{k} {v:.2f}s" for k, v in timings.items())
-          + f" | start to first token {first_token.get('t', start) - t0:.2f}s", file=sys.stderr)
+          + f" | start to first token {start_to_first_token:.2f}s", file=sys.stderr)
     print(f"path: {engine.loaded.execution} | {tokens} tokens in {elapsed:.2f}s ({tokens / elapsed:.1f} tok/s)"
           f" | runtime compilations: {compile_counts()}", file=sys.stderr)
-    return 0
-
-
-def _runtime_kwargs(args) -> dict:
-    kwargs = {"enforce_eager": args.enforce_eager, "max_num_seqs": args.max_num_seqs}
-    if args.kv_cache_memory_bytes:
-        kwargs["kv_cache_memory_bytes"] = args.kv_cache_memory_bytes
-    return kwargs
 
 
 def inspect(artifact: str, argv: list[str]) -> int:
@@ -99,6 +104,9 @@ def verify(artifact: str, argv: list[str]) -> int:
     print(f"OK: {len(art.members())} members match their sha256 in the manifest "
           f"(build key {art.manifest['build_key'][:12]})")
     return 0
+
+
+COMMANDS = {"generate": generate, "inspect": inspect, "verify": verify}
 
 
 if __name__ == "__main__":

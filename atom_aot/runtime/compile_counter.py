@@ -3,34 +3,78 @@ compilations and Triton JIT compilations.
 
 The runtime must keep all three at zero. A compiler that was never imported compiled nothing,
 so the counts are read only from modules already loaded; reading them never imports one.
+Every runtime load installs the Triton counter (`load_and_start`), so whoever loads an artifact
+(LLMEngine, the engine process, atom-run) counts Triton compilations without asking.
 """
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
+import logging
 import sys
+
+log = logging.getLogger("atom_aot")
 
 
 class TritonCompileCounter:
     """Counts Triton JIT compilations (cache hits included: either means a kernel was not
-    shipped compiled), through Triton's own post-compile hook."""
+    shipped compiled), through Triton's own post-compile hook.
+
+    Installing never imports triton (seconds, and the CPU runtime may not need it): if triton is
+    not loaded yet, the hook goes in the moment it is."""
 
     def __init__(self):
         self.count = 0
-        self._installed = False
+        self.installed = False
+        self._waiting = False
 
     def install(self) -> None:
-        if self._installed or "triton" not in sys.modules:
+        if self.installed:
             return
-        knobs = getattr(sys.modules["triton"], "knobs", None)
+        if "triton" in sys.modules:
+            self._hook(sys.modules["triton"])
+        elif not self._waiting:
+            self._waiting = True
+            sys.meta_path.insert(0, _OnImport("triton", self._hook))
+
+    def _hook(self, triton) -> None:
+        knobs = getattr(triton, "knobs", None)
         if knobs is None:
+            log.warning("triton %s has no post-compile hook (triton.knobs, from 3.4 on): Triton JIT "
+                        "compilations are not counted", getattr(triton, "__version__", "?"))
             return
         previous = knobs.runtime.jit_post_compile_hook
 
-        def hook(*args, **kwargs):
+        def counting_hook(*args, **kwargs):
             self.count += 1
             return previous(*args, **kwargs) if previous else None
 
-        knobs.runtime.jit_post_compile_hook = hook
-        self._installed = True
+        knobs.runtime.jit_post_compile_hook = counting_hook
+        self.installed = True
+
+
+class _OnImport(importlib.abc.MetaPathFinder):
+    """Calls `then(module)` right after the module `name` is first imported, then steps aside."""
+
+    def __init__(self, name: str, then):
+        self.name = name
+        self.then = then
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_call(module):
+            exec_module(module)
+            self.then(module)
+
+        spec.loader.exec_module = exec_then_call
+        return spec
 
 
 TRITON = TritonCompileCounter()

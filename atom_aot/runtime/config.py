@@ -1,30 +1,71 @@
-"""What serving may still choose once an artifact is built (the build fixed the rest)."""
+"""What serving may still choose once an artifact is built (the build fixed the rest).
+
+Each field is also a command-line flag of `atom-run ART serve|generate` (atom_aot/config_flags.py),
+and `__post_init__` checks every value, so a bad one fails before any weight is loaded.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+
+from atom_aot.config_flags import flag
 
 DEFAULT_CPU_KV_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
 class RuntimeConfig:
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    max_model_len: int | None = None          # at most the artifact's; None: the artifact's
-    enable_prefix_caching: bool = True
-    scheduler_delay_factor: float = 0.0
-    kv_cache_memory_bytes: int | None = None  # KV pool budget on the CPU (default 1 GiB)
-    gpu_memory_utilization: float = 0.9       # share of GPU memory the engine may take
-    num_kv_blocks: int | None = None          # exact pool size (overrides both budgets)
-    enforce_eager: bool = False               # run the model module eagerly: no compiled code, no graphs
-    seed: int = 0                             # for requests without a seed of their own
+    max_num_seqs: int = flag(256, "--max-num-seqs", help="sequences in one batch")
+    max_num_batched_tokens: int = flag(8192, "--max-num-batched-tokens",
+                                       help="tokens computed in one step; longer prompts are chunked")
+    max_model_len: int | None = flag(None, "--max-model-len", help="longest sequence served; at most the "
+                                     "artifact's (default: the artifact's)")
+    enable_prefix_caching: bool = flag(True, "--enable-prefix-caching", negate="--no-prefix-caching",
+                                       help="turn off reuse of cached prompt blocks (prefix caching)")
+    scheduler_delay_factor: float = flag(0.0, "--scheduler-delay-factor",
+                                         help="wait this many last-prefill latencies to gather prompts")
+    kv_cache_memory_bytes: int | None = flag(None, "--kv-cache-memory-bytes",
+                                             help="KV pool budget on the CPU (default: 1 GiB)")
+    gpu_memory_utilization: float = flag(0.9, "--gpu-memory-utilization",
+                                         help="share of GPU memory the engine may take")
+    num_kv_blocks: int | None = flag(None, "--num-kv-blocks", help="exact KV pool size (overrides both budgets)")
+    enforce_eager: bool = flag(False, "--enforce-eager",
+                               help="run the model module eagerly: no compiled code, no graphs (debugging)")
+    seed: int = flag(0, "--seed", help="sampling seed of requests that bring none of their own")
 
     def __post_init__(self):
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
-            raise ValueError(f"num_kv_blocks must be >= 2, got {self.num_kv_blocks}")
+        _check_int(self, "max_num_seqs", minimum=1)
+        _check_int(self, "max_num_batched_tokens", minimum=1)
+        _check_int(self, "max_model_len", minimum=1, optional=True)
+        _check_int(self, "kv_cache_memory_bytes", minimum=1, optional=True)
+        _check_int(self, "num_kv_blocks", minimum=2, optional=True)
+        _check_int(self, "seed", minimum=0)
+        for name in ("enable_prefix_caching", "enforce_eager"):
+            _require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
+        _require(_is_number(self.scheduler_delay_factor) and self.scheduler_delay_factor >= 0,
+                 "scheduler_delay_factor", f"must be a number >= 0, got {self.scheduler_delay_factor!r}")
+        _require(_is_number(self.gpu_memory_utilization) and 0 < self.gpu_memory_utilization <= 1,
+                 "gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization!r}")
 
     @classmethod
     def field_names(cls) -> set[str]:
         return {f.name for f in fields(cls)}
+
+
+def _check_int(config: RuntimeConfig, name: str, minimum: int, optional: bool = False) -> None:
+    value = getattr(config, name)
+    if value is None and optional:
+        return
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+    _require(ok, name, f"must be an integer >= {minimum}, got {value!r}")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _require(ok: bool, name: str, problem: str) -> None:
+    """The message names the option both ways a user may have set it: LLMEngine(name=...) and --flag."""
+    if not ok:
+        option = next(f for f in fields(RuntimeConfig) if f.name == name)
+        flag_name = option.metadata["cli"]["negate"] or option.metadata["cli"]["flags"][0]
+        raise ValueError(f"{name} ({flag_name}) {problem}")

@@ -11,7 +11,7 @@ import time
 from atom_aot.runtime.block_manager import BlockManager
 from atom_aot.runtime.model_runner import ModelRunner
 from atom_aot.errors import ContextLengthError, RequestError
-from atom_aot.runtime.outputs import CoreOutput, TokenLogprobs
+from atom_aot.runtime.outputs import CoreOutput, CoreStats, TokenLogprobs
 from atom_aot.runtime.sampling_params import SamplingParams
 from atom_aot.runtime.scheduler import Scheduler
 from atom_aot.runtime.sequence import Sequence
@@ -64,15 +64,14 @@ class EngineCore:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def stats(self) -> dict:
-        """Counters for /metrics and tests (plain numbers, safe to send between processes)."""
+    def stats(self) -> CoreStats:
         bm = self.block_manager
-        return {"num_running": len(self.scheduler.running), "num_waiting": len(self.scheduler.waiting),
-                "kv_blocks_total": bm.num_blocks, "kv_blocks_free": bm.num_free_blocks,
-                "prefix_cache_queries": bm.prefix_queries, "prefix_cache_hits": bm.prefix_hits,
-                "num_preemptions": self.scheduler.num_preemptions,
-                "prompt_tokens_total": self.num_prompt_tokens_total,
-                "generation_tokens_total": self.num_generation_tokens_total}
+        return CoreStats(
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            kv_blocks_total=bm.num_blocks, kv_blocks_free=bm.num_free_blocks, prefix_cache_queries=bm.prefix_queries,
+            prefix_cache_hits=bm.prefix_hits, num_preemptions=self.scheduler.num_preemptions,
+            prompt_tokens_total=self.num_prompt_tokens_total,
+            generation_tokens_total=self.num_generation_tokens_total)
 
     def step(self) -> list[CoreOutput]:
         batch = self.scheduler.schedule()

@@ -1,66 +1,31 @@
-"""The offline Python API: `LLMEngine(model=...)`, `generate`, `add_request`, `step`, `is_finished`.
+"""The offline engine on one artifact: `generate`, `add_request`, `step`, `is_finished`.
 
-`model` may be an artifact (`.atom` file or folder) or a model (HF folder, GGUF file, or None for
-the embedded default); a model is built into the artifact cache first, so both run one path.
+Artifact-only: the public `atom_aot.LLMEngine` (atom_aot/entrypoints/llm.py) also takes a model
+folder or GGUF, builds it into the artifact cache first, then runs this.
 """
 from __future__ import annotations
 
 import itertools
-import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from atom_aot.arch import detect_arch
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.output_processor import OutputProcessor, RequestOutput, StreamCallback
 from atom_aot.runtime.sampling_params import SamplingParams
 from atom_aot.runtime.startup import load_and_start
 from atom_aot.runtime.tokenizer import apply_chat_template, encode_prompt, load_artifact_tokenizer
 
-log = logging.getLogger("atom_aot")
 
-BUILD_OPTIONS = {"dtype", "quant", "kv_cache_dtype", "capture_sizes", "block_size", "compile", "cache_dir",
-                 "tensor_parallel_size"}
-
-
-def is_artifact(path: str | Path | None) -> bool:
-    if path is None:
-        return False
-    p = Path(path)
-    return p.suffix == ".atom" or (p.is_dir() and (p / "manifest.json").exists())
-
-
-def resolve_artifact(model: str | None, options: dict, max_model_len: int | None) -> Path:
-    """An artifact path for `model`: itself, or the cached build of it for this machine."""
-    if is_artifact(model):
-        return Path(model)
-    from atom_aot.build.cache import default_cache_dir
-    from atom_aot.build.config import BuildConfig
-    from atom_aot.build.isolated import build_isolated
-    from atom_aot.build.pipeline import check_arch_present, plan
-    cache_dir = Path(options.pop("cache_dir", None) or default_cache_dir())
-    config = BuildConfig(arch=detect_arch(), max_model_len=max_model_len, **options)
-    check_arch_present(config.arch)
-    _, _, key, _ = plan(model, config)
-    result = build_isolated(model, config, cache_dir, key)
-    log.info("artifact %s (%s)", result["path"], "cached" if result["cached"] else "built")
-    return result["path"]
-
-
-class LLMEngine:
-    def __init__(self, model: str | None = None, **config):
-        unknown = set(config) - BUILD_OPTIONS - RuntimeConfig.field_names()
-        if unknown:
-            raise TypeError(f"unknown LLMEngine options: {', '.join(sorted(unknown))}")
-        build_options = {k: v for k, v in config.items() if k in BUILD_OPTIONS}
-        self.config = RuntimeConfig(**{k: v for k, v in config.items() if k in RuntimeConfig.field_names()})
-        self.artifact_path = resolve_artifact(model, build_options, self.config.max_model_len)
+class ArtifactEngine:
+    def __init__(self, artifact_path: str | Path, config: RuntimeConfig):
+        self.config = config
+        self.artifact_path = Path(artifact_path)
         # The tokenizer (parsing tokenizer.json, ~0.5 s for large vocabularies) loads beside the model.
         with ThreadPoolExecutor(1) as pool:
             tokenizer = pool.submit(load_artifact_tokenizer, self.artifact_path)
             self.loaded, self.core = load_and_start(self.artifact_path, self.config)
             self.tokenizer, self.loaded.timings["tokenizer (overlapped)"] = tokenizer.result()
-        self.output_processor = OutputProcessor(self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer, self._abort_stopped)
         self._request_ids = itertools.count()
 
     def apply_chat_template(self, messages: list[dict]) -> str:
@@ -90,10 +55,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """One engine step; returns the updates of the requests that advanced."""
-        updates, stopped = self.output_processor.process(self.core.step())
-        for request_id in stopped:
-            self.core.abort(request_id, reason="stop")
-        return updates
+        return self.output_processor.process(self.core.step())
 
     def is_finished(self) -> bool:
         return not self.core.has_unfinished()
@@ -109,3 +71,7 @@ class LLMEngine:
                 if update.finished:
                     finished[update.request_id] = update
         return [finished[i].as_dict() for i in ids]
+
+    def _abort_stopped(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            self.core.abort(request_id, reason="stop")

@@ -1,11 +1,14 @@
 """From token ids to what a caller sees: incremental text, stop strings, timings.
 
-Runs beside the tokenizer: in `LLMEngine` offline, in the HTTP front end when serving. A stop
-string ends a request here (the caller then aborts it in the engine core); while a request is
-running, the last few characters are held back so a stop string is never half-streamed.
+Runs beside the tokenizer: in the offline engine, and in the HTTP front end when serving; both
+go through `OutputProcessor.process`, the one place where stop strings end requests. A stop
+string finishes the request here and, if the engine core is still running it, aborts it there
+(through the `abort_in_core` the engine hands in). While a request is running, the last few
+characters are held back so a stop string is never half-streamed.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -42,6 +45,7 @@ class RequestOutput:
 
 
 StreamCallback = Callable[[RequestOutput], None]
+AbortInCore = Callable[[list[str]], None]    # request ids a stop string finished while the core runs them
 
 
 class _RequestState:
@@ -56,8 +60,9 @@ class _RequestState:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, abort_in_core: AbortInCore):
         self.tokenizer = tokenizer
+        self.abort_in_core = abort_in_core
         self.requests: dict[str, _RequestState] = {}
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
@@ -70,8 +75,10 @@ class OutputProcessor:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
-    def process(self, outputs: list[CoreOutput]) -> tuple[list[RequestOutput], list[str]]:
-        """Returns the updates, and the ids a stop string finished (to abort in the engine core)."""
+    def process(self, outputs: list[CoreOutput]) -> list[RequestOutput]:
+        """The updates of the requests these outputs advanced. A stop string in the text ends the
+        request with finish_reason "stop" even when the core finished it on the same token (at
+        max_tokens, say); one the core still runs is aborted there."""
         updates, stopped = [], []
         for out in outputs:
             state = self.requests.get(out.request_id)
@@ -80,16 +87,19 @@ class OutputProcessor:
             finish_reason = out.finish_reason
             state.token_ids.extend(out.new_token_ids)
             state.text += state.detokenizer.add(out.new_token_ids)
-            if finish_reason is None and self._match_stop_string(state):
+            if self._match_stop_string(state):
+                if finish_reason is None:
+                    stopped.append(out.request_id)
                 finish_reason = "stop"
-                stopped.append(out.request_id)
             update = self._update(state, out, finish_reason)
             if update.finished:
                 del self.requests[out.request_id]
             if state.callback is not None:
                 state.callback(update)
             updates.append(update)
-        return updates, stopped
+        if stopped:
+            self.abort_in_core(stopped)
+        return updates
 
     def _match_stop_string(self, state: _RequestState) -> bool:
         search_from = max(0, state.emitted - state.holdback)
@@ -110,7 +120,6 @@ class OutputProcessor:
         if out.first_token_time is not None:
             update.ttft = out.first_token_time - out.arrival_time
         if finished:
-            import time
             end = out.finish_time or time.perf_counter()
             update.latency = end - out.arrival_time
             n = len(state.token_ids)

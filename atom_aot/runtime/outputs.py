@@ -1,4 +1,4 @@
-"""What the engine core hands out per step. Torch-free: these cross to the server's front end."""
+"""What the engine core hands out: per step, and its counters. Torch-free: these cross to the server's front end."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -26,3 +26,17 @@ class CoreOutput:
     arrival_time: float = 0.0
     first_token_time: float | None = None
     finish_time: float | None = None
+
+
+@dataclass(frozen=True)
+class CoreStats:
+    """Counters for /metrics and tests (plain numbers, safe to send between processes)."""
+    num_running: int
+    num_waiting: int
+    kv_blocks_total: int
+    kv_blocks_free: int
+    prefix_cache_queries: int          # full prompt blocks looked up in the prefix cache
+    prefix_cache_hits: int
+    num_preemptions: int
+    prompt_tokens_total: int
+    generation_tokens_total: int

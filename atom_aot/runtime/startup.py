@@ -10,6 +10,7 @@ from atom_aot.artifact.phase import Phase
 from atom_aot.errors import StartupError
 from atom_aot.runtime.block_manager import BlockManager
 from atom_aot.runtime.bytecode import warn_if_torch_uncached
+from atom_aot.runtime.compile_counter import TRITON
 from atom_aot.runtime.config import DEFAULT_CPU_KV_BYTES, RuntimeConfig
 from atom_aot.runtime.engine_core import EngineCore
 from atom_aot.runtime.forwards import Forwards
@@ -97,6 +98,7 @@ def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig) -> EngineCo
 
 
 def load_and_start(artifact_path, config: RuntimeConfig) -> tuple[LoadedArtifact, EngineCore]:
+    TRITON.install()       # every load counts Triton JIT compilations (the runtime must do none)
     warn_if_torch_uncached()
     loaded = load_artifact(artifact_path, enforce_eager=config.enforce_eager)
     start = time.perf_counter()

@@ -23,19 +23,19 @@ def main(argv=None) -> int:
 
 async def serve(args) -> int:
     from atom_aot.runtime.artifact import Artifact
+    from atom_aot.server.args import runtime_config
+    config = runtime_config(args)               # a bad engine flag fails first, with its reason
     artifact = Artifact.open(args.artifact)     # before the heavy imports: a wrong path fails at once
     import uvicorn
 
     from atom_aot.runtime.tokenizer import load_tokenizer
     from atom_aot.server.app import build_app
-    from atom_aot.server.args import runtime_config
     from atom_aot.server.async_engine import AsyncEngine
     from atom_aot.server.engine_client import EngineClient
     from atom_aot.server.metrics import ServerMetrics
     from atom_aot.server.state import ServerState
 
     logging.getLogger("atom_aot").setLevel(args.log_level.upper())
-    config = runtime_config(args)
     listener = _listen(args.host, args.port)    # a taken port fails now, not after loading the model
     client = EngineClient(args.artifact, config, args.torch_profiler_dir, args.log_level)
     try:

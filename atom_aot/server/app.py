@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -10,6 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from atom_aot.server.engine_client import CallRejected, EngineCallError, EngineDeadError
 from atom_aot.server.errors import APIError, bad_request, engine_unavailable, install_error_handlers
 from atom_aot.server.guards import DEFAULT_MAX_BODY_BYTES, BodySizeLimit, api_key_check
+from atom_aot.server.messages import EngineRequest, GetStats, Ping, StartProfile, StopProfile
 from atom_aot.server.metrics import CONTENT_TYPE
 from atom_aot.server.protocol import ChatCompletionRequest, CompletionRequest
 from atom_aot.server.serving_chat import create_chat_completion
@@ -17,6 +19,7 @@ from atom_aot.server.serving_completions import create_completion
 from atom_aot.server.state import ServerState
 
 STATS_TIMEOUT_S = 10.0
+R = TypeVar("R")
 
 
 def build_app(state: ServerState, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
@@ -48,7 +51,7 @@ def _open_routes() -> APIRouter:
     async def health(request: Request):
         state = _state(request)
         try:
-            await state.engine.client.call("ping", timeout=state.health_timeout_s)
+            await state.engine.client.call(Ping(), timeout=state.health_timeout_s)
         except (EngineDeadError, EngineCallError, asyncio.TimeoutError):
             raise engine_unavailable("the engine does not answer") from None
         return {"status": "ok"}
@@ -57,7 +60,7 @@ def _open_routes() -> APIRouter:
     async def metrics(request: Request):
         state = _state(request)
         try:
-            stats = await state.engine.client.call("stats", timeout=STATS_TIMEOUT_S)
+            stats = await state.engine.client.call(GetStats(), timeout=STATS_TIMEOUT_S)
         except (EngineDeadError, EngineCallError, asyncio.TimeoutError):
             stats = None
         return Response(state.metrics.render(stats), media_type=CONTENT_TYPE)
@@ -85,18 +88,20 @@ def _guarded_routes() -> APIRouter:
 
     @router.post("/start_profile")
     async def start_profile(request: Request):
-        return await _profile_call(_state(request), "start_profile")
+        started = await _profile_call(_state(request), StartProfile())
+        return JSONResponse({"status": "started", "dir": started.dir})
 
     @router.post("/stop_profile")
     async def stop_profile(request: Request):
-        return await _profile_call(_state(request), "stop_profile")
+        stopped = await _profile_call(_state(request), StopProfile())
+        return JSONResponse({"status": "stopped", "trace": stopped.trace})
 
     return router
 
 
-async def _profile_call(state: ServerState, method: str) -> JSONResponse:
+async def _profile_call(state: ServerState, request: EngineRequest[R]) -> R:
     try:
-        return JSONResponse(await state.engine.client.call(method))
+        return await state.engine.client.call(request)
     except CallRejected as e:
         raise bad_request(str(e), code="profiler_state") from None
     except EngineDeadError:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from atom_aot.config_flags import add_arguments, from_namespace
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.server.guards import DEFAULT_MAX_BODY_BYTES
 
@@ -24,17 +25,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                       "traces go to DIR/rank_<r>/")
     http.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     http.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for the engine")
-    engine = p.add_argument_group("engine")
-    engine.add_argument("--max-num-seqs", type=int, default=RuntimeConfig.max_num_seqs)
-    engine.add_argument("--max-num-batched-tokens", type=int, default=RuntimeConfig.max_num_batched_tokens)
-    engine.add_argument("--max-model-len", type=int, default=None, help="at most the artifact's")
-    engine.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="KV pool budget on the CPU")
-    engine.add_argument("--gpu-memory-utilization", type=float, default=RuntimeConfig.gpu_memory_utilization)
-    engine.add_argument("--num-kv-blocks", type=int, default=None, help="exact KV pool size (overrides budgets)")
-    engine.add_argument("--no-prefix-caching", action="store_true")
-    engine.add_argument("--scheduler-delay-factor", type=float, default=RuntimeConfig.scheduler_delay_factor)
-    engine.add_argument("--enforce-eager", action="store_true", help="run the model module eagerly (debugging)")
-    engine.add_argument("--seed", type=int, default=RuntimeConfig.seed, help="for requests without a seed")
+    add_arguments(p.add_argument_group("engine"), RuntimeConfig)
     args = p.parse_args(argv)
     if args.max_request_body_bytes < 1024:
         p.error("--max-request-body-bytes must be >= 1024")
@@ -43,9 +34,4 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
     """The engine's RuntimeConfig from the flags (raises ValueError with the reason)."""
-    return RuntimeConfig(
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching,
-        scheduler_delay_factor=args.scheduler_delay_factor, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-        gpu_memory_utilization=args.gpu_memory_utilization, num_kv_blocks=args.num_kv_blocks,
-        enforce_eager=args.enforce_eager, seed=args.seed)
+    return from_namespace(RuntimeConfig, args)

@@ -13,7 +13,7 @@ from atom_aot.runtime.outputs import CoreOutput
 from atom_aot.runtime.output_processor import OutputProcessor, RequestOutput
 from atom_aot.runtime.sampling_params import SamplingParams
 from atom_aot.server.engine_client import EngineClient, EngineDeadError
-from atom_aot.server.messages import Abort, NewRequest
+from atom_aot.server.messages import Abort, AddRequests, NewRequest
 
 
 class RequestObserver(Protocol):
@@ -53,7 +53,7 @@ class RequestGroup:
 class AsyncEngine:
     def __init__(self, client: EngineClient, tokenizer, observer: RequestObserver | None = None):
         self.client = client
-        self.processor = OutputProcessor(tokenizer)
+        self.processor = OutputProcessor(tokenizer, abort_in_core=self._abort_stopped)
         self.observer = observer
         self._groups: dict[str, RequestGroup] = {}
         client.listen(self._route, self._fail_all)
@@ -72,7 +72,7 @@ class AsyncEngine:
             self._groups[request_id] = group
         news = [NewRequest(i, prompt, p, arrival_time) for i, prompt, p in zip(request_ids, prompts, params)]
         try:
-            await self.client.call("add", news)
+            await self.client.call(AddRequests(news))
         except BaseException:      # rejected, or cancelled while the engine may still add them
             self._forget(request_ids)
             self.client.send(Abort(list(request_ids)))
@@ -91,11 +91,11 @@ class AsyncEngine:
             self.processor.abort(request_id)
             self._groups.pop(request_id, None)
 
+    def _abort_stopped(self, request_ids: list[str]) -> None:
+        self.client.send(Abort(request_ids, reason="stop"))
+
     def _route(self, outputs: list[CoreOutput]) -> None:
-        updates, stopped = self.processor.process(outputs)
-        if stopped:
-            self.client.send(Abort(stopped, reason="stop"))
-        for update in updates:
+        for update in self.processor.process(outputs):
             group = self._groups.get(update.request_id)
             if group is None:
                 continue

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -24,10 +24,11 @@ from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.outputs import CoreOutput
 from atom_aot.errors import StartupError
 from atom_aot.server.engine_process import run_engine_process
-from atom_aot.server.messages import (Call, EngineInfo, Outputs, Ready, Reply, Shutdown, StartupFailed, decode,
-                                      encode)
+from atom_aot.server.messages import (Call, EngineInfo, EngineRequest, Outputs, Ready, Reply, Shutdown, StartupFailed,
+                                      decode, encode)
 
 log = logging.getLogger("atom_aot.server")
+R = TypeVar("R")
 
 SHUTDOWN_GRACE_S = 5.0
 
@@ -37,7 +38,7 @@ class EngineDeadError(Exception):
 
 
 class CallRejected(Exception):
-    """The engine refused a call because of what was asked (a request too long, say)."""
+    """The engine refused a request because of what was asked (a prompt too long, say)."""
 
     def __init__(self, message: str, code: str | None = None):
         super().__init__(message)
@@ -45,7 +46,7 @@ class CallRejected(Exception):
 
 
 class EngineCallError(Exception):
-    """The engine failed to answer a call (a bug, not the caller's fault)."""
+    """The engine failed to answer a request (a bug, not the caller's fault)."""
 
 
 class EngineClient:
@@ -142,35 +143,39 @@ class EngineClient:
         except zmq.ZMQError:
             return False
 
-    async def call(self, method: str, args=None, timeout: float | None = None):
-        """Ask the engine something and wait for its answer."""
+    async def call(self, request: EngineRequest[R], timeout: float | None = None) -> R:
+        """Ask the engine something and wait for its reply (the request type's reply type)."""
         if self.dead:
             raise EngineDeadError("the engine process is not running")
         call_id = next(self._call_ids)
         future = asyncio.get_running_loop().create_future()
         self._calls[call_id] = future
         try:
-            if not self.send(Call(call_id, method, args)):
+            if not self.send(Call(call_id, request)):
                 raise EngineDeadError("the engine process does not take messages")
             reply: Reply = await asyncio.wait_for(future, timeout)
         finally:
             self._calls.pop(call_id, None)
-        if reply.error is not None:
-            raise CallRejected(reply.error, reply.code) if reply.rejected else EngineCallError(reply.error)
+        failure = reply.failure
+        if failure is not None:
+            raise CallRejected(failure.message, failure.code) if failure.rejected else EngineCallError(failure.message)
         return reply.result
 
     async def _read(self) -> None:
         while True:
-            message = decode(await self._pull.recv())
-            try:
-                if isinstance(message, Outputs):
-                    self._on_outputs(message.outputs)
-                elif isinstance(message, Reply):
-                    future = self._calls.get(message.call_id)
-                    if future is not None and not future.done():
-                        future.set_result(message)
-            except Exception:   # a bug in routing must not stop every other request's outputs
-                log.exception("failed to route an engine message")
+            self.receive(decode(await self._pull.recv()))
+
+    def receive(self, message: Outputs | Reply) -> None:
+        """Hand one message from the engine to whoever waits for it."""
+        try:
+            if isinstance(message, Outputs):
+                self._on_outputs(message.outputs)
+            elif isinstance(message, Reply):
+                future = self._calls.get(message.call_id)
+                if future is not None and not future.done():
+                    future.set_result(message)
+        except Exception:   # a bug in routing must not stop every other request's outputs
+            log.exception("failed to route an engine message")
 
     def _engine_exited(self) -> None:
         self._forget_process()

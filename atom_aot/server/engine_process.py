@@ -18,8 +18,9 @@ import zmq
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.errors import ContextLengthError, RequestError
 from atom_aot.runtime.engine_core import EngineCore
-from atom_aot.server.messages import (Abort, Call, EngineInfo, Outputs, Ready, Reply, Shutdown, StartupFailed,
-                                      decode, encode)
+from atom_aot.server.messages import (Abort, Added, AddRequests, Call, EngineInfo, EngineStats, Failure, GetStats,
+                                      Outputs, Ping, Pong, ProfileStarted, ProfileStopped, Ready, Reply, Shutdown,
+                                      StartProfile, StartupFailed, StopProfile, decode, encode)
 from atom_aot.server.profiler import ProfilerError, TorchProfiler
 
 log = logging.getLogger("atom_aot.engine")
@@ -61,9 +62,8 @@ def _install_signal_handlers() -> None:
 
 
 def _start(artifact_path: str, config: RuntimeConfig) -> tuple[EngineCore, EngineInfo]:
-    from atom_aot.runtime.compile_counter import TRITON, compile_counts
+    from atom_aot.runtime.compile_counter import compile_counts
     from atom_aot.runtime.startup import load_and_start
-    TRITON.install()
     loaded, core = load_and_start(artifact_path, config)
     counts = compile_counts()
     log.info("engine ready (%s, %d KV blocks); startup %s; runtime compilations: %s", loaded.execution,
@@ -96,9 +96,9 @@ class EngineLoop:
         self.profiler = profiler
         self.running = True
         self._parent_checked = time.monotonic()
-        self._methods = {"add": self._add, "stats": self._stats, "ping": lambda _: "pong",
-                         "start_profile": lambda _: self.profiler.start(),
-                         "stop_profile": lambda _: self.profiler.stop()}
+        self._handlers = {AddRequests: self._add, GetStats: self._stats, Ping: lambda _: Pong(),
+                          StartProfile: lambda _: ProfileStarted(self.profiler.start()),
+                          StopProfile: lambda _: ProfileStopped(self.profiler.stop())}
 
     def run(self) -> None:
         import torch
@@ -135,26 +135,27 @@ class EngineLoop:
             self.running = False
 
     def _answer(self, call: Call) -> Reply:
+        request = call.request
         try:
-            return Reply(call.call_id, result=self._methods[call.method](call.args))
+            return Reply(call.call_id, result=self._handlers[type(request)](request))
         except (RequestError, ProfilerError) as e:      # the caller's fault: told, not logged
             code = "context_length_exceeded" if isinstance(e, ContextLengthError) else None
-            return Reply(call.call_id, error=str(e), rejected=True, code=code)
-        except Exception as e:   # a bug in one call must not take the engine down
-            log.exception("engine call %s failed", call.method)
-            return Reply(call.call_id, error=f"{type(e).__name__}: {e}")
+            return Reply(call.call_id, failure=Failure(str(e), rejected=True, code=code))
+        except Exception as e:   # a bug in one request must not take the engine down
+            log.exception("engine request %s failed", type(request).__name__)
+            return Reply(call.call_id, failure=Failure(f"{type(e).__name__}: {e}"))
 
-    def _add(self, requests) -> int:
-        """All or none: every request is checked before any is queued (the n choices of one call)."""
-        for r in requests:
+    def _add(self, request: AddRequests) -> Added:
+        """All or none: every request is checked before any is queued."""
+        for r in request.requests:
             self.core.validate(len(r.prompt_token_ids), r.params)
-        for r in requests:
+        for r in request.requests:
             self.core.add_request(r.prompt_token_ids, r.params, r.request_id, r.arrival_time)
-        return len(requests)
+        return Added(len(request.requests))
 
-    def _stats(self, _) -> dict:
+    def _stats(self, _: GetStats) -> EngineStats:
         from atom_aot.runtime.compile_counter import compile_counts
-        return {**self.core.stats(), "compile_counts": compile_counts()}
+        return EngineStats(self.core.stats(), compile_counts())
 
     def _check_parent(self) -> None:
         now = time.monotonic()

@@ -1,17 +1,27 @@
 """What the HTTP front end and the engine process say to each other over ZMQ.
 
 Both processes are ours and trust each other, so messages are these dataclasses, pickled. The
-front end PUSHes `Call`/`Abort`/`Shutdown` to the engine; the engine PUSHes `Ready` or
-`StartupFailed` once, then `Reply` (one per `Call`) and `Outputs` (one per step that produced
-tokens). Token ids only: text never crosses this boundary.
+front end PUSHes `Call` (one `EngineRequest`), `Abort` or `Shutdown` to the engine; the engine
+PUSHes `Ready` or `StartupFailed` once, then `Reply` (one per `Call`) and `Outputs` (one per
+step that produced tokens). Token ids only: text never crosses this boundary.
+
+Each request type names its reply type (`EngineRequest[R]`), so `EngineClient.call(request)`
+returns an R, and the engine answers through a table from request type to handler.
 """
 from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
-from atom_aot.runtime.outputs import CoreOutput
+from atom_aot.runtime.outputs import CoreOutput, CoreStats
 from atom_aot.runtime.sampling_params import SamplingParams
+
+R = TypeVar("R")
+
+
+class EngineRequest(Generic[R]):
+    """A question for the engine, answered by one reply of type R."""
 
 
 @dataclass
@@ -22,14 +32,64 @@ class NewRequest:
     arrival_time: float          # time.perf_counter() of the front end: CLOCK_MONOTONIC, same host
 
 
+# -- requests and their replies ---------------------------------------------------------------
+@dataclass
+class Added:
+    count: int
+
+
+@dataclass
+class AddRequests(EngineRequest[Added]):
+    """All or none: the engine checks every request before it queues any (the n choices of one call)."""
+    requests: list[NewRequest]
+
+
+@dataclass
+class EngineStats:
+    core: CoreStats
+    compile_counts: dict[str, int]   # compilations in the engine process since it started (must stay 0)
+
+
+@dataclass
+class GetStats(EngineRequest[EngineStats]):
+    pass
+
+
+@dataclass
+class Pong:
+    pass
+
+
+@dataclass
+class Ping(EngineRequest[Pong]):
+    pass
+
+
+@dataclass
+class ProfileStarted:
+    dir: str                     # where the trace will be written
+
+
+@dataclass
+class StartProfile(EngineRequest[ProfileStarted]):
+    pass
+
+
+@dataclass
+class ProfileStopped:
+    trace: str                   # the trace file written
+
+
+@dataclass
+class StopProfile(EngineRequest[ProfileStopped]):
+    pass
+
+
 # -- front end -> engine ----------------------------------------------------------------------
 @dataclass
 class Call:
-    """A question the engine answers with one `Reply`: add (args: list[NewRequest]), stats, ping,
-    start_profile, stop_profile."""
     call_id: int
-    method: str
-    args: object = None
+    request: EngineRequest
 
 
 @dataclass
@@ -67,12 +127,18 @@ class StartupFailed:
 
 
 @dataclass
+class Failure:
+    message: str
+    rejected: bool = False       # the request's fault (-> 400), not the engine's (-> 500)
+    code: str | None = None      # OpenAI error code for a rejection, e.g. context_length_exceeded
+
+
+@dataclass
 class Reply:
+    """The answer to the `Call` with this id: its request's reply type, or a failure."""
     call_id: int
     result: object = None
-    error: str | None = None          # set when the call failed
-    rejected: bool = False            # the error is the request's fault (-> 400), not the engine's
-    code: str | None = None           # OpenAI error code for a rejection, e.g. context_length_exceeded
+    failure: Failure | None = None
 
 
 @dataclass

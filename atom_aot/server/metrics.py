@@ -6,10 +6,13 @@ it is, through a collector, so the numbers are never out of sync with the engine
 """
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from atom_aot.runtime.output_processor import RequestOutput
+from atom_aot.server.messages import EngineStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96)
@@ -38,7 +41,7 @@ class EngineStatsCollector:
     """Exposes the last engine stats snapshot (set just before each scrape)."""
 
     def __init__(self):
-        self.stats: dict | None = None
+        self.stats: EngineStats | None = None
 
     def collect(self):
         alive = GaugeMetricFamily("atom_engine_alive", "1 while the engine process answers")
@@ -46,7 +49,7 @@ class EngineStatsCollector:
         yield alive
         if self.stats is None:
             return
-        stats = with_derived(self.stats)
+        stats = with_derived(asdict(self.stats.core))
         for key, (name, doc) in ENGINE_GAUGES.items():
             yield GaugeMetricFamily(name, doc, value=stats[key])
         for key, (name, doc) in ENGINE_COUNTERS.items():
@@ -54,7 +57,7 @@ class EngineStatsCollector:
         compilations = GaugeMetricFamily("atom_runtime_compilations",
                                          "Compilations in the engine process since start (must stay 0)",
                                          labels=["kind"])
-        for kind, count in stats.get("compile_counts", {}).items():
+        for kind, count in self.stats.compile_counts.items():
             compilations.add_metric([kind], count)
         yield compilations
 
@@ -101,7 +104,7 @@ class ServerMetrics:
     def aborted(self, count: int) -> None:
         self.aborted_requests.inc(count)
 
-    def render(self, engine_stats: dict | None) -> bytes:
+    def render(self, engine_stats: EngineStats | None) -> bytes:
         """Prometheus text; `engine_stats` None means the engine did not answer."""
         self.engine.stats = engine_stats
         return generate_latest(self.registry)

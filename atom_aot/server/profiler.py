@@ -17,7 +17,8 @@ class TorchProfiler:
         self.out_dir = Path(out_dir) / f"rank_{rank}" if out_dir else None
         self._profile = None
 
-    def start(self) -> dict:
+    def start(self) -> str:
+        """Starts tracing; returns the folder the trace will go to."""
         if self.out_dir is None:
             raise ProfilerError("profiling is off: start the server with --torch-profiler-dir DIR")
         if self._profile is not None:
@@ -28,9 +29,10 @@ class TorchProfiler:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self._profile = torch.profiler.profile(activities=activities, record_shapes=True)
         self._profile.start()
-        return {"status": "started", "dir": str(self.out_dir)}
+        return str(self.out_dir)
 
-    def stop(self) -> dict:
+    def stop(self) -> str:
+        """Stops tracing; returns the trace file written."""
         if self._profile is None:
             raise ProfilerError("the profiler is not running: POST /start_profile first")
         profile, self._profile = self._profile, None
@@ -38,4 +40,4 @@ class TorchProfiler:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         trace = self.out_dir / f"trace-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**9:09d}.json"
         profile.export_chrome_trace(str(trace))
-        return {"status": "stopped", "trace": str(trace)}
+        return str(trace)

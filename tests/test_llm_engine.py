@@ -1,0 +1,79 @@
+"""The public `LLMEngine` (atom_aot/entrypoints/llm.py) on an eager tiny artifact: what it refuses
+before loading anything, stop strings end to end, and the compile counter it always installs."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from atom_aot import LLMEngine, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama_eager_artifact):
+    return LLMEngine(str(tiny_llama_eager_artifact), num_kv_blocks=64)
+
+
+@pytest.mark.parametrize("options", [dict(tensor_parallel_size=2), dict(kv_cache_dtype="fp8"), dict(quant="fp8"),
+                                     dict(dtype="float16"), dict(compile="none", block_size=32)])
+def test_build_options_with_an_artifact_are_refused_naming_atom_build(tiny_llama_eager_artifact, options):
+    with pytest.raises(ValueError, match="atom-build") as info:
+        LLMEngine(str(tiny_llama_eager_artifact), **options)
+    assert all(name in str(info.value) for name in options)
+
+
+def test_unknown_options_are_refused():
+    with pytest.raises(TypeError, match="max_num_seq"):
+        LLMEngine("any.atom", max_num_seq=4)
+
+
+def test_runtime_options_are_checked_before_anything_loads(tmp_path):
+    """The artifact does not even exist: the bad option is what is reported."""
+    with pytest.raises(ValueError, match=r"max_num_seqs \(--max-num-seqs\) must be an integer >= 1, got 0"):
+        LLMEngine(str(tmp_path / "missing.atom"), max_num_seqs=0)
+
+
+def test_a_stop_string_ends_the_request_and_frees_its_blocks(engine):
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    [free] = engine.generate([[3, 4, 5, 6]], greedy)
+    text = free["text"]
+    stop = text[len(text) // 2:][:3]
+    assert stop.strip(), text
+    [stopped] = engine.generate([[3, 4, 5, 6]], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True,
+                                                              stop_strings=[stop]))
+    assert (stopped["finish_reason"], stopped["text"]) == ("stop", text[:text.find(stop)])
+    assert stopped["num_tokens_output"] < 16
+    assert engine.is_finished()
+    assert engine.core.block_manager.num_free_blocks == engine.core.block_manager.num_blocks
+
+
+COUNTER_SCRIPT = """
+import json, sys
+if sys.argv[2] == "triton-first":
+    import triton
+from atom_aot import LLMEngine
+from atom_aot.runtime.compile_counter import compile_counts
+engine = LLMEngine(sys.argv[1])
+imported_by_engine = "triton" in sys.modules
+import triton
+before = compile_counts()["triton_jit"]
+# what Triton calls after each JIT compilation; None here means nothing installed the counter
+triton.knobs.runtime.jit_post_compile_hook(key="k", repr="kernel", fn=None, compile={}, is_manual_warmup=False,
+                                          already_compiled=False)
+print(json.dumps({"before": before, "after": compile_counts()["triton_jit"], "imported": imported_by_engine}))
+"""
+
+
+@pytest.mark.parametrize("order", ["triton-first", "triton-later"])
+def test_llm_engine_counts_triton_compilations_without_being_asked(tiny_llama_eager_artifact, order):
+    """A fresh process that only makes an LLMEngine: its compile counts include Triton JIT
+    compilations, whether triton was imported before the engine loaded or after."""
+    pytest.importorskip("triton")
+    result = subprocess.run([sys.executable, "-c", COUNTER_SCRIPT, str(tiny_llama_eager_artifact), order],
+                            capture_output=True, text=True, timeout=300, env=os.environ.copy())
+    assert result.returncode == 0, result.stderr
+    counts = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (counts["before"], counts["after"]) == (0, 1)

@@ -1,0 +1,126 @@
+"""OutputProcessor: token ids -> streamed text, stop strings, finish reasons, timings. The one
+output path of the offline engine and the server, fed here with CoreOutputs as the core makes
+them (one token per step) and a real byte-level BPE tokenizer."""
+from __future__ import annotations
+
+import pytest
+from factories import make_tokenizer
+
+from atom_aot.runtime.output_processor import OutputProcessor, RequestOutput
+from atom_aot.runtime.outputs import CoreOutput
+from atom_aot.runtime.sampling_params import SamplingParams
+
+TEXT = "The quick brown fox jumps over the lazy dog."
+PROMPT = [5, 6, 7]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from atom_aot.runtime.tokenizer import load_tokenizer
+    folder = tmp_path_factory.mktemp("tokenizer")
+    make_tokenizer(folder)
+    return load_tokenizer(folder)
+
+
+class Run:
+    """One request through a processor; records what the core was asked to abort."""
+
+    def __init__(self, tokenizer, stop: list[str], request_id: str = "r"):
+        self.aborted: list[list[str]] = []
+        self.processor = OutputProcessor(tokenizer, abort_in_core=self.aborted.append)
+        self.request_id = request_id
+        self.processor.add_request(request_id, PROMPT, SamplingParams(stop_strings=stop))
+
+    def feed(self, token_ids: list[int], last_reason: str | None = None,
+             times: tuple[float, float, float] = (10.0, 10.5, 12.5)) -> list[RequestOutput]:
+        """One CoreOutput per token, the last one finished with `last_reason`; stops feeding
+        once an update finishes (the core would have been told to abort)."""
+        arrival, first, finish = times
+        updates = []
+        for i, token in enumerate(token_ids):
+            last = i == len(token_ids) - 1
+            out = CoreOutput(self.request_id, [token], finish_reason=last_reason if last else None,
+                             num_prompt_tokens=len(PROMPT), arrival_time=arrival, first_token_time=first,
+                             finish_time=finish if last and last_reason else None)
+            updates += self.processor.process([out])
+            if updates and updates[-1].finished:
+                break
+        return updates
+
+
+def ids(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
+def test_a_stop_string_over_several_tokens_ends_the_request_and_aborts_it_in_the_core(tokenizer):
+    stop = "fox jumps"
+    assert len(ids(tokenizer, " " + stop)) > 2          # the stop string spans several tokens
+    run = Run(tokenizer, [stop])
+    updates = run.feed(ids(tokenizer, TEXT))
+    last = updates[-1]
+    assert last.finished and last.finish_reason == "stop"
+    assert last.text == "The quick brown "
+    assert run.aborted == [["r"]]
+    assert not run.processor.has_unfinished()
+
+
+def test_streamed_text_never_shows_part_of_a_stop_string(tokenizer):
+    run = Run(tokenizer, ["fox jumps", "lazy"])
+    updates = run.feed(ids(tokenizer, TEXT))
+    final = updates[-1].text
+    assert final == "The quick brown "
+    for update in updates:
+        assert final.startswith(update.text), update.text      # nothing later taken back
+    assert "".join(u.delta_text for u in updates) == final
+
+
+def test_the_earliest_of_several_stop_strings_wins(tokenizer):
+    run = Run(tokenizer, ["lazy", "brown"])
+    assert run.feed(ids(tokenizer, TEXT))[-1].text == "The quick "
+
+
+def test_a_stop_string_completed_by_the_last_allowed_token(tokenizer):
+    """The core finished the request (max_tokens) on the token that completes the stop string: the
+    text is trimmed and the reason is "stop"; the core has nothing left to abort."""
+    tokens = ids(tokenizer, "Hello world! How are")
+    run = Run(tokenizer, ["How are"])
+    last = run.feed(tokens, last_reason="length")[-1]
+    assert (last.finish_reason, last.text) == ("stop", "Hello world! ")
+    assert run.aborted == []
+
+
+def test_finish_reasons_of_the_core_pass_through_with_all_the_text(tokenizer):
+    for reason in ("length", "stop"):
+        run = Run(tokenizer, ["not in the text"])
+        updates = run.feed(ids(tokenizer, TEXT), last_reason=reason)
+        assert (updates[-1].finish_reason, updates[-1].text) == (reason, TEXT)
+        assert all(u.finish_reason is None for u in updates[:-1])
+        assert "".join(u.delta_text for u in updates) == TEXT     # the held-back tail comes out at the end
+        assert run.aborted == []
+
+
+def test_timings(tokenizer):
+    tokens = ids(tokenizer, "Hello world! How")
+    run = Run(tokenizer, [])
+    updates = run.feed(tokens, last_reason="length", times=(10.0, 10.5, 12.5))
+    assert all(u.ttft == pytest.approx(0.5) for u in updates)
+    assert all(u.tpot is None and u.latency is None for u in updates[:-1])
+    last = updates[-1]
+    assert last.latency == pytest.approx(2.5)
+    assert last.tpot == pytest.approx(2.0 / (len(tokens) - 1))
+    assert (last.num_tokens_input, last.num_tokens_output) == (len(PROMPT), len(tokens))
+
+
+def test_an_aborted_request_gets_no_more_updates(tokenizer):
+    run = Run(tokenizer, [])
+    run.processor.abort("r")
+    assert run.feed(ids(tokenizer, "Hello")) == []
+
+
+def test_the_stream_callback_sees_every_update(tokenizer):
+    seen = []
+    processor = OutputProcessor(tokenizer, abort_in_core=lambda request_ids: None)
+    processor.add_request("r", PROMPT, SamplingParams(), callback=seen.append)
+    tokens = ids(tokenizer, "Hello world")
+    updates = processor.process([CoreOutput("r", [t]) for t in tokens])
+    assert seen == updates and len(updates) == len(tokens)
