@@ -50,30 +50,47 @@ def test_a_stop_string_ends_the_request_and_frees_its_blocks(engine):
     assert engine.core.block_manager.num_free_blocks == engine.core.block_manager.num_blocks
 
 
-COUNTER_SCRIPT = """
-import json, sys
-if sys.argv[2] == "triton-first":
-    import triton
-from atom_aot import LLMEngine
-from atom_aot.runtime.compile_counter import compile_counts
-engine = LLMEngine(sys.argv[1])
-imported_by_engine = "triton" in sys.modules
-import triton
-before = compile_counts()["triton_jit"]
+HOOK_CALL = """
 # what Triton calls after each JIT compilation; None here means nothing installed the counter
 triton.knobs.runtime.jit_post_compile_hook(key="k", repr="kernel", fn=None, compile={}, is_manual_warmup=False,
                                           already_compiled=False)
-print(json.dumps({"before": before, "after": compile_counts()["triton_jit"], "imported": imported_by_engine}))
+"""
+ENGINE_SCRIPT = """
+import json, sys
+from atom_aot import LLMEngine
+from atom_aot.runtime.compile_counter import compile_counts
+engine = LLMEngine(sys.argv[1])
+import triton
+before = compile_counts()["triton_jit"]
+""" + HOOK_CALL + """
+print(json.dumps([before, compile_counts()["triton_jit"]]))
+"""
+LATE_IMPORT_SCRIPT = """
+import importlib.util, json, sys
+from atom_aot.runtime.compile_counter import TRITON, compile_counts
+TRITON.install()
+assert "triton" not in sys.modules
+importlib.util.find_spec("triton")   # how torch asks whether triton is there, without importing it
+import triton
+before = compile_counts()["triton_jit"]
+""" + HOOK_CALL + """
+print(json.dumps([before, compile_counts()["triton_jit"]]))
 """
 
 
-@pytest.mark.parametrize("order", ["triton-first", "triton-later"])
-def test_llm_engine_counts_triton_compilations_without_being_asked(tiny_llama_eager_artifact, order):
-    """A fresh process that only makes an LLMEngine: its compile counts include Triton JIT
-    compilations, whether triton was imported before the engine loaded or after."""
-    pytest.importorskip("triton")
-    result = subprocess.run([sys.executable, "-c", COUNTER_SCRIPT, str(tiny_llama_eager_artifact), order],
-                            capture_output=True, text=True, timeout=300, env=os.environ.copy())
+def _run(script: str, *args: str) -> list[int]:
+    result = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300,
+                            env=os.environ.copy())
     assert result.returncode == 0, result.stderr
-    counts = json.loads(result.stdout.strip().splitlines()[-1])
-    assert (counts["before"], counts["after"]) == (0, 1)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_llm_engine_counts_triton_compilations_without_being_asked(tiny_llama_eager_artifact):
+    """A fresh process that only makes an LLMEngine: its compile counts include Triton's."""
+    pytest.importorskip("triton")
+    assert _run(ENGINE_SCRIPT, str(tiny_llama_eager_artifact)) == [0, 1]
+
+
+def test_the_counter_waits_for_a_triton_imported_after_it_was_installed():
+    pytest.importorskip("triton")
+    assert _run(LATE_IMPORT_SCRIPT) == [0, 1]

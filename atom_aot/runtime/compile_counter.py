@@ -38,6 +38,8 @@ class TritonCompileCounter:
             sys.meta_path.insert(0, _OnImport("triton", self._hook))
 
     def _hook(self, triton) -> None:
+        if self.installed:
+            return
         knobs = getattr(triton, "knobs", None)
         if knobs is None:
             log.warning("triton %s has no post-compile hook (triton.knobs, from 3.4 on): Triton JIT "
@@ -54,23 +56,32 @@ class TritonCompileCounter:
 
 
 class _OnImport(importlib.abc.MetaPathFinder):
-    """Calls `then(module)` right after the module `name` is first imported, then steps aside."""
+    """Calls `then(module)` right after the module `name` is imported, then steps aside.
+
+    A lookup alone (`importlib.util.find_spec`, which torch uses to ask whether triton is there)
+    executes nothing, so the finder stays until the module really runs."""
 
     def __init__(self, name: str, then):
         self.name = name
         self.then = then
+        self._looking = False
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != self.name:
+        if fullname != self.name or self._looking:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
+        self._looking = True
+        try:
+            spec = importlib.util.find_spec(fullname)      # from the finders after this one
+        finally:
+            self._looking = False
         if spec is None or spec.loader is None:
             return spec
         exec_module = spec.loader.exec_module
 
         def exec_then_call(module):
             exec_module(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
             self.then(module)
 
         spec.loader.exec_module = exec_then_call

@@ -96,6 +96,7 @@ class EngineLoop:
         self.profiler = profiler
         self.running = True
         self._parent_checked = time.monotonic()
+        # request type -> handler returning that type's reply (tests/test_engine_messages.py: every type is here)
         self._handlers = {AddRequests: self._add, GetStats: self._stats, Ping: lambda _: Pong(),
                           StartProfile: lambda _: ProfileStarted(self.profiler.start()),
                           StopProfile: lambda _: ProfileStopped(self.profiler.stop())}
