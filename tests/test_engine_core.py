@@ -21,8 +21,12 @@ def run_to_end(core, max_steps=200) -> list:
 
 
 def pool_is_whole(core) -> bool:
-    stats = core.stats()
-    return stats["kv_blocks_free"] == stats["kv_blocks_total"]
+    return core.block_manager.num_free_blocks == core.block_manager.num_blocks
+
+
+def queue_lengths(core) -> tuple[int, int]:
+    """(running, waiting), as stats() reports them."""
+    return len(core.scheduler.running), len(core.scheduler.waiting)
 
 
 class TestAddRequest:
@@ -37,7 +41,7 @@ class TestAddRequest:
         with pytest.raises(ContextLengthError):                        # no max_tokens: one token must fit
             core.add_request(list(range(16)), SamplingParams(max_tokens=None))
         core.add_request(list(range(15)), SamplingParams(max_tokens=None))
-        assert core.stats()["num_waiting"] == 1 and core.stats()["prompt_tokens_total"] == 15
+        assert queue_lengths(core) == (0, 1) and core.num_prompt_tokens_total == 15
 
     def test_request_ids(self):
         core = make_core()
@@ -46,7 +50,7 @@ class TestAddRequest:
         assert first != second and core.add_request([5], params, request_id="mine") == "mine"
         with pytest.raises(RequestError, match="already in the engine"):
             core.add_request([7], params, request_id="mine")
-        assert core.stats()["num_waiting"] == 3 and core.stats()["prompt_tokens_total"] == 5
+        assert queue_lengths(core) == (0, 3) and core.num_prompt_tokens_total == 5
 
     def test_a_seeded_request_gets_its_own_generator(self):
         runner = FakeRunner()
@@ -107,35 +111,32 @@ class TestPromptLogprobs:
         core.add_request([10, 11, 12, 13], SamplingParams(max_tokens=2), request_id="old")
         core.add_request([20, 21, 22, 23], SamplingParams(max_tokens=3, prompt_logprobs=0), request_id="young")
         outputs = [o for o in run_to_end(core) if o.request_id == "young"]
-        assert core.stats()["num_preemptions"] == 1
+        assert core.scheduler.num_preemptions == 1
         assert core.runner.steps[-2].starts == (0,)                    # "young" recomputed from scratch
         assert [o.prompt_logprobs is not None for o in outputs] == [True, False, False]
         assert len(outputs[0].prompt_logprobs) == 3
         assert [o.new_token_ids[0] for o in outputs] == [FILLER] * 3
 
 
-class TestStats:
+class TestCounters:
     def test_counters(self):
         core = make_core(3, max_num_seqs=2, enable_prefix_caching=False)
         core.add_request([10, 11, 12, 13], SamplingParams(max_tokens=2))
         core.add_request([20, 21, 22, 23], SamplingParams(max_tokens=3))
         core.add_request([30, 31, 32], SamplingParams(max_tokens=1))
         core.step()
-        stats = core.stats()
-        assert (stats["num_running"], stats["num_waiting"], stats["kv_blocks_free"]) == (2, 1, 1)
+        assert queue_lengths(core) == (2, 1) and core.block_manager.num_free_blocks == 1
         run_to_end(core)
-        stats = core.stats()
-        assert stats["prompt_tokens_total"] == 11 and stats["generation_tokens_total"] == 6
-        assert stats["num_preemptions"] >= 1 and (stats["num_running"], stats["num_waiting"]) == (0, 0)
-        assert stats["kv_blocks_free"] == stats["kv_blocks_total"] == 3
+        assert core.num_prompt_tokens_total == 11 and core.num_generation_tokens_total == 6
+        assert core.scheduler.num_preemptions >= 1 and queue_lengths(core) == (0, 0)
+        assert core.block_manager.num_free_blocks == 3
 
     def test_prefix_cache_counters(self):
         core = make_core()
         for request_id in ("a", "b"):
             core.add_request(list(range(13)), SamplingParams(max_tokens=1), request_id=request_id)
             run_to_end(core)
-        stats = core.stats()
-        assert (stats["prefix_cache_queries"], stats["prefix_cache_hits"]) == (6, 3)
+        assert (core.block_manager.prefix_queries, core.block_manager.prefix_hits) == (6, 3)
 
 
 class TestAbort:
@@ -146,7 +147,7 @@ class TestAbort:
         core.step(), core.step()
         core.abort("gone")
         assert {o.request_id for o in run_to_end(core)} == {"kept"}
-        assert pool_is_whole(core) and core.stats()["num_running"] == 0
+        assert pool_is_whole(core) and queue_lengths(core) == (0, 0)
 
     def test_unknown_or_finished_ids_are_harmless(self):
         core = make_core()
