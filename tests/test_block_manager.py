@@ -2,15 +2,8 @@
 import pytest
 
 from atom_aot.runtime.block_manager import NO_HASH, BlockManager, chain_hash
-from atom_aot.runtime.sampling_params import SamplingParams
 from atom_aot.runtime.sequence import Sequence
-
-BLOCK = 4
-
-
-def make_seq(tokens, request_id="r"):
-    return Sequence(request_id=request_id, token_ids=list(tokens), num_prompt_tokens=len(tokens),
-                    params=SamplingParams(), block_size=BLOCK)
+from engine_factories import BLOCK_SIZE as BLOCK, make_seq
 
 
 def run_prefill(bm: BlockManager, seq: Sequence):
@@ -146,3 +139,97 @@ class TestPrefixCaching:
         assert b.block_table == [] and not bm.hash_to_block
         bm.free(a)
         assert bm.num_free_blocks == 8
+
+
+class TestRefCounts:
+    def test_a_block_shared_by_three_is_free_only_after_the_last(self, bm):
+        seqs = [make_seq([1, 2, 3, 4, 5, 6, 7, 8, 10 + i], str(i)) for i in range(3)]
+        for seq in seqs:
+            run_prefill(bm, seq)
+        shared = seqs[0].block_table[:2]
+        assert all(s.block_table[:2] == shared for s in seqs)
+        assert [bm.blocks[b].ref_count for b in shared] == [3, 3]
+        assert bm.num_free_blocks == 16 - 2 - 3          # two shared blocks, one tail each
+        bm.free(seqs[1])
+        bm.free(seqs[0])
+        assert [bm.blocks[b].ref_count for b in shared] == [1, 1] and not set(shared) & set(bm.free_block_ids)
+        bm.free(seqs[2])
+        assert set(shared) <= set(bm.free_block_ids)
+
+    def test_a_prefix_in_use_costs_no_free_block(self):
+        bm = BlockManager(num_blocks=3, block_size=BLOCK)
+        a = make_seq(range(9), "a")
+        run_prefill(bm, a)                               # all three blocks taken
+        b = make_seq(list(range(8)) + [50], "b")
+        cached = bm.find_cached_prefix(b)
+        assert len(cached) == 2 and bm.num_free_blocks == 0
+        assert bm.can_allocate_with_prefix(b, cached, 0)          # shares both, needs nothing new
+        assert not bm.can_allocate_with_prefix(b, cached, 1)      # its own last token needs a block
+
+
+class TestReuseOrder:
+    def test_unhashed_blocks_are_reused_before_cached_ones(self):
+        bm = BlockManager(num_blocks=3, block_size=BLOCK)
+        a = make_seq(range(6), "a")                      # one full (hashed) block, one partial
+        run_prefill(bm, a)
+        partial = a.block_table[1]
+        bm.free(a)
+        b = make_seq(range(100, 102), "b")
+        bm.allocate(b, 2)
+        assert b.block_table == [partial]                # it cached nothing: first, even before unused ones
+        c = make_seq(range(200, 202), "c")
+        bm.allocate(c, 2)
+        assert c.block_table == [2]
+        assert len(bm.find_cached_prefix(make_seq(range(6), "again"))) == 1   # the hashed block is kept
+        bm.free(b), bm.free(c)
+
+    def test_a_freed_sequence_gives_up_its_tail_before_its_head(self):
+        bm = BlockManager(num_blocks=3, block_size=BLOCK)
+        a = make_seq(range(12), "a")
+        run_prefill(bm, a)
+        head, middle, tail = a.block_table
+        bm.free(a)
+        b = make_seq(range(100, 104), "b")
+        bm.allocate(b, 4)
+        assert b.block_table == [tail]
+        again = make_seq(list(range(12)) + [1], "again")
+        assert bm.find_cached_prefix(again) == [head, middle]   # the shared head lives longest
+        bm.free(b)
+
+    def test_a_duplicate_block_does_not_steal_the_cached_one(self):
+        """Two sequences computing the same prefix at once: the first block cached stays the one found."""
+        bm = BlockManager(num_blocks=8, block_size=BLOCK)
+        a, b = make_seq(range(5), "a"), make_seq(range(5), "b")
+        for seq in (a, b):                               # both allocated before either is cached
+            bm.allocate(seq, 5)
+        for seq in (a, b):
+            seq.num_computed_tokens = 5
+            bm.cache_full_blocks(seq)
+        assert a.block_table[0] != b.block_table[0] and a.block_hashes == b.block_hashes
+        bm.free(b)
+        filler = make_seq(range(100, 108), "filler")
+        bm.allocate(filler, 8)                           # reuses b's blocks, evicting nothing of a's
+        assert bm.find_cached_prefix(make_seq(range(5), "c")) == [a.block_table[0]]
+        bm.free(a), bm.free(filler)
+
+
+class TestCanAllocate:
+    def test_nothing_new_needs_no_block(self):
+        bm = BlockManager(num_blocks=1, block_size=BLOCK)
+        seq = make_seq(range(4))
+        run_prefill(bm, seq)
+        assert bm.num_free_blocks == 0 and bm.can_allocate(seq, 0) and bm.blocks_needed(seq, 0) == 0
+        bm.free(seq)
+
+    def test_a_partial_last_block_takes_tokens_first(self):
+        bm = BlockManager(num_blocks=2, block_size=BLOCK)
+        seq = make_seq(range(5))
+        run_prefill(bm, seq)                             # 5 tokens: the second block has 3 slots left
+        assert bm.blocks_needed(seq, 3) == 0 and bm.blocks_needed(seq, 4) == 1
+        assert bm.can_allocate(seq, 3) and not bm.can_allocate(seq, 4)
+        bm.free(seq)
+
+    def test_exact_fit_at_a_block_boundary(self):
+        bm = BlockManager(num_blocks=2, block_size=BLOCK)
+        seq = make_seq(range(9))
+        assert bm.can_allocate(seq, 8) and not bm.can_allocate(seq, 9)

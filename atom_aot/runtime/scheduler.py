@@ -8,27 +8,74 @@ its tokens (prompt plus what it generated), so preemption never loses output.
 from __future__ import annotations
 
 import time
-from collections import deque
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, fields
+from typing import Callable, Iterator
 
+from atom_aot.errors import RequestError
 from atom_aot.runtime.block_manager import BlockManager
+from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.sequence import Sequence, SequenceStatus
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_seqs: int = 256            # sequences in one batch
-    max_num_batched_tokens: int = 8192  # tokens computed in one step; longer prompts are chunked
-    max_model_len: int = 4096          # prompt + output tokens of one sequence
-    scheduler_delay_factor: float = 0.0  # wait this many last-prefill latencies to gather prompts
+    """The scheduler's view of the runtime config: exactly the values it reads."""
+    max_num_seqs: int              # sequences in one batch
+    max_num_batched_tokens: int    # tokens computed in one step; longer prompts are chunked
+    max_model_len: int             # prompt + output tokens of one sequence (the artifact's limit applied)
+    scheduler_delay_factor: float  # wait this many last-prefill latencies to gather prompts
 
     def __post_init__(self):
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
-        if self.scheduler_delay_factor < 0:
-            raise ValueError(f"scheduler_delay_factor must be >= 0, got {self.scheduler_delay_factor}")
+        # valid exactly when the runtime config it views is: the checks live there, once
+        RuntimeConfig(**{f.name: getattr(self, f.name) for f in fields(self)})
+
+    @classmethod
+    def from_runtime(cls, config: RuntimeConfig, max_model_len: int) -> SchedulerConfig:
+        """`max_model_len`: the one the engine serves (the config's, capped by the artifact's)."""
+        return cls(max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+                   max_model_len=max_model_len, scheduler_delay_factor=config.scheduler_delay_factor)
+
+
+class SequenceQueue:
+    """Sequences in order, found and removed by request id in O(1).
+
+    A client that gives up on a request of 256,000 sequences aborts them all at once; a queue
+    scanned once per aborted id kept the engine busy for minutes."""
+
+    def __init__(self):
+        self._seqs: OrderedDict[str, Sequence] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    def __iter__(self) -> Iterator[Sequence]:
+        return iter(self._seqs.values())
+
+    def __reversed__(self) -> Iterator[Sequence]:
+        return reversed(self._seqs.values())
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._seqs
+
+    def first(self) -> Sequence:
+        return next(iter(self._seqs.values()))
+
+    def append(self, seq: Sequence) -> None:
+        self._seqs[seq.request_id] = seq
+
+    def appendleft(self, seq: Sequence) -> None:
+        self._seqs[seq.request_id] = seq
+        self._seqs.move_to_end(seq.request_id, last=False)
+
+    def popleft(self) -> Sequence:
+        return self._seqs.popitem(last=False)[1]
+
+    def remove(self, seq: Sequence) -> None:
+        del self._seqs[seq.request_id]
+
+    def pop(self, request_id: str) -> Sequence | None:
+        return self._seqs.pop(request_id, None)
 
 
 @dataclass(frozen=True)
@@ -49,11 +96,13 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager,
+                 clock: Callable[[], float] = time.perf_counter):
         self.config = config
         self.block_manager = block_manager
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.clock = clock               # the time source of latencies and of sequences' timings
+        self.waiting = SequenceQueue()   # first in, first out; preempted sequences go back to the front
+        self.running = SequenceQueue()   # oldest first: the youngest is preempted first
         self.num_preemptions = 0
         self._last_prefill_time = 0.0
         self._last_prefill_latency = 0.0
@@ -61,24 +110,26 @@ class Scheduler:
 
     # -- intake -----------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
+        if seq.request_id in self.waiting or seq.request_id in self.running:
+            raise RequestError(f"request id {seq.request_id!r} is already in the engine; give each request its own id")
         self.waiting.append(seq)
 
     def abort(self, request_id: str, reason: str = "abort") -> Sequence | None:
-        """Finish a request early (a client went away, or a stop string matched)."""
-        for queue in (self.waiting, self.running):
-            for seq in queue:
-                if seq.request_id == request_id:
-                    queue.remove(seq)
-                    self.finish(seq, reason)
-                    return seq
-        return None
+        """Finish a request early (a client went away, or a stop string matched); O(1).
+        None if it is not waiting or running (finished already, or never added)."""
+        seq = self.waiting.pop(request_id)
+        if seq is None:
+            seq = self.running.pop(request_id)
+        if seq is not None:
+            self.finish(seq, reason)
+        return seq
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
     # -- scheduling -------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
-        now = time.perf_counter()
+        now = self.clock()
         if self._prefill_pending_timing:
             self._last_prefill_latency = now - self._last_prefill_time
             self._prefill_pending_timing = False
@@ -96,8 +147,10 @@ class Scheduler:
         """vLLM's delay factor: hold new prompts back a little to batch them, never when idle."""
         if self.config.scheduler_delay_factor <= 0 or not self.running:
             return True
-        oldest = min(seq.arrival_time for seq in self.waiting)
-        return now - oldest > self.config.scheduler_delay_factor * self._last_prefill_latency
+        # first in, first out, and preemption returns the youngest running sequence first: the
+        # head has waited longest (read in O(1): the waiting queue may hold 100,000s)
+        waited = now - self.waiting.first().arrival_time
+        return waited > self.config.scheduler_delay_factor * self._last_prefill_latency
 
     def _schedule_prefill(self) -> ScheduledBatch | None:
         budget = self.config.max_num_batched_tokens
@@ -112,12 +165,16 @@ class Scheduler:
                 seqs.append(seq), counts.append(count)
                 budget -= count
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
+            seq = self.waiting.first()
             # a prompt scored token by token (prompt logprobs) cannot skip cached tokens
             cached = [] if seq.params.prompt_logprobs is not None else self.block_manager.find_cached_prefix(seq)
-            count = min(seq.num_tokens - len(cached) * self.block_manager.block_size, budget)
-            if not self.block_manager.can_allocate_with_prefix(seq, cached, count):
+            uncomputed = seq.num_tokens - len(cached) * self.block_manager.block_size
+            # Admit a prompt only if all of it fits now, not just its first chunk: one admitted on
+            # its first chunk could preempt itself at a later chunk and be readmitted, forever,
+            # while the older sequences holding the blocks wait on the prefill (prefill-first).
+            if not self.block_manager.can_allocate_with_prefix(seq, cached, uncomputed):
                 break                                   # waiting sequences hold no blocks
+            count = min(uncomputed, budget)
             self.block_manager.allocate_prefix(seq, cached)
             self.block_manager.allocate(seq, count)
             self.waiting.popleft()
@@ -144,7 +201,7 @@ class Scheduler:
         """Allocate slots for `count` tokens of a running sequence, preempting the youngest
         unscheduled sequences until they fit. False if `seq` itself had to be preempted."""
         while not self.block_manager.can_allocate(seq, count):
-            victim = next(s for s in reversed(self.running) if not any(s is t for t in scheduled))
+            victim = next(s for s in reversed(self.running) if s not in scheduled)
             self._preempt(victim)
             if victim is seq:
                 return False
@@ -174,7 +231,7 @@ class Scheduler:
                 continue
             seq.token_ids.append(token)
             if seq.first_token_time is None:
-                seq.first_token_time = time.perf_counter()
+                seq.first_token_time = self.clock()
             advanced.append(seq)
             reason = self._stop_reason(seq, token)
             if reason is not None:
@@ -196,4 +253,4 @@ class Scheduler:
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
-        seq.finish_time = time.perf_counter()
+        seq.finish_time = self.clock()

@@ -4,10 +4,12 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from atom_aot.runtime.sampling_params import SamplingParams
+
+if TYPE_CHECKING:   # the scheduler and block manager are plain Python, unit-tested without torch
+    import torch
 
 
 class SequenceStatus(enum.Enum):

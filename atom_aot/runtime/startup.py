@@ -89,8 +89,7 @@ def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig) -> EngineCo
     log.info("KV cache: %d blocks x %d tokens (%.1f MiB, %s)", num_blocks, loaded.block_size,
              kv_cache.numel() * kv_cache.element_size() / 2**20, str(loaded.kv_dtype).removeprefix("torch."))
     scheduler = Scheduler(
-        SchedulerConfig(max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
-                        max_model_len=max_model_len, scheduler_delay_factor=config.scheduler_delay_factor),
+        SchedulerConfig.from_runtime(config, max_model_len),
         BlockManager(num_blocks, loaded.block_size, config.enable_prefix_caching))
     forwards = make_forwards(loaded, config, kv_cache, max_model_len)
     runner = ModelRunner(forwards, kv_cache, loaded.block_size, loaded.device, Sampler(loaded.device, config.seed))

@@ -1,0 +1,123 @@
+"""Factories for the engine's core: sequences, schedulers and an engine core over a fake model runner.
+
+They take the same arguments as the real constructors (with small defaults: blocks of 4 tokens, a
+pool of 64 blocks), so a test states only what it is about. The fake runner computes nothing: it
+samples scripted tokens and scores prompts position by position, as `ModelRunner.run` reports them.
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from atom_aot.runtime.block_manager import BlockManager
+from atom_aot.runtime.engine_core import EngineCore
+from atom_aot.runtime.model_runner import StepOutput
+from atom_aot.runtime.outputs import TokenLogprobs
+from atom_aot.runtime.sampling_params import SamplingParams
+from atom_aot.runtime.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from atom_aot.runtime.sequence import Sequence
+
+BLOCK_SIZE = 4
+EOS = 2
+FILLER = 100   # the fake runner's token when nothing is scripted: never a stop token
+
+
+class FakeClock:
+    """A time source the test moves by hand."""
+
+    def __init__(self, now: float = 0.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def make_seq(tokens, request_id: str = "r", *, block_size: int = BLOCK_SIZE, arrival_time: float = 0.0,
+             eos_token_ids=frozenset({EOS}), **params) -> Sequence:
+    """A new request; `params` are SamplingParams fields."""
+    tokens = list(tokens)
+    return Sequence(request_id=request_id, token_ids=tokens, num_prompt_tokens=len(tokens),
+                    params=SamplingParams(**params), block_size=block_size,
+                    eos_token_ids=frozenset(eos_token_ids), arrival_time=arrival_time)
+
+
+def make_scheduler(num_blocks: int = 64, *, block_size: int = BLOCK_SIZE, max_num_seqs: int = 8,
+                   max_num_batched_tokens: int = 64, max_model_len: int = 64, scheduler_delay_factor: float = 0.0,
+                   enable_prefix_caching: bool = True, clock: Callable[[], float] | None = None) -> Scheduler:
+    config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                             max_model_len=max_model_len, scheduler_delay_factor=scheduler_delay_factor)
+    return Scheduler(config, BlockManager(num_blocks, block_size, enable_prefix_caching), clock=clock or FakeClock())
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one batch held when it ran (sequences change after the step; this does not)."""
+    request_ids: tuple[str, ...]
+    num_new_tokens: tuple[int, ...]
+    starts: tuple[int, ...]          # each sequence's num_computed_tokens before the step
+    is_prefill: bool
+
+
+class FakeSampler:
+    def __init__(self):
+        self.seeds: list[int] = []
+
+    def new_request_generator(self, seed: int) -> random.Random:
+        self.seeds.append(seed)
+        return random.Random(seed)
+
+
+class FakeRunner:
+    """Stands in for `ModelRunner`: `script[request_id]` lists the tokens that request samples, in
+    order (then FILLER); a sampled token's logprob is -1, a prompt position p scores -(p + 1)."""
+
+    def __init__(self, script: dict[str, list[int]] | None = None):
+        self.script = {request_id: list(tokens) for request_id, tokens in (script or {}).items()}
+        self.sampler = FakeSampler()
+        self.steps: list[StepRecord] = []
+
+    def run(self, batch: ScheduledBatch) -> StepOutput:
+        self.steps.append(StepRecord(tuple(s.request_id for s in batch.seqs), batch.num_new_tokens,
+                                     tuple(s.num_computed_tokens for s in batch.seqs), batch.is_prefill))
+        out = StepOutput(sampled=[], logprobs=[], prompt_logprobs=[])
+        for i, (seq, count) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
+            token = self._next_token(seq) if batch.samples(i) else None
+            out.sampled.append(token)
+            out.logprobs.append(None if token is None or seq.params.logprobs is None
+                                else TokenLogprobs(token, -1.0, 1, []))
+            out.prompt_logprobs.append(self._score_prompt(seq, seq.num_computed_tokens, count))
+        return out
+
+    def _next_token(self, seq: Sequence) -> int:
+        tokens = self.script.get(seq.request_id, [])
+        return tokens[seq.num_output_tokens] if seq.num_output_tokens < len(tokens) else FILLER
+
+    @staticmethod
+    def _score_prompt(seq: Sequence, start: int, count: int) -> list[TokenLogprobs] | None:
+        """Like the real runner: positions in [start, start + count) that predict a prompt token."""
+        if seq.params.prompt_logprobs is None:
+            return None
+        positions = range(start, min(start + count, seq.num_prompt_tokens - 1))
+        return [TokenLogprobs(seq.token_ids[p + 1], -(p + 1.0), 1, []) for p in positions]
+
+
+def run_step(scheduler: Scheduler, runner: FakeRunner) -> tuple[ScheduledBatch | None, list[Sequence]]:
+    """One engine step without the engine core: schedule, run, update. Returns (batch, advanced)."""
+    batch = scheduler.schedule()
+    if batch is None:
+        return None, []
+    return batch, scheduler.update(batch, runner.run(batch).sampled)
+
+
+def make_core(num_blocks: int = 64, *, runner: FakeRunner | None = None, eos_token_ids=frozenset({EOS}),
+              block_size: int = BLOCK_SIZE, clock: Callable[[], float] = time.perf_counter,
+              **scheduler_options) -> EngineCore:
+    """An engine core over `make_scheduler(num_blocks, **scheduler_options)` and a fake runner.
+    The clock is the real one by default: the engine core stamps arrivals with time.perf_counter."""
+    scheduler = make_scheduler(num_blocks, block_size=block_size, clock=clock, **scheduler_options)
+    return EngineCore(scheduler, runner or FakeRunner(), frozenset(eos_token_ids), block_size)
