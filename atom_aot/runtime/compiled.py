@@ -26,10 +26,11 @@ class CompiledModel:
         # locking it buys is not needed.
         self._loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", True, 1, device_index)
         self._constants: dict[str, torch.Tensor] | None = None
-        found = _input_type(self._loader.get_call_spec()[0])
+        found = input_type_name(self._loader.get_call_spec()[0])
         if found != SERIALIZED_NAME:
-            raise ArtifactError(f"{package} takes {found!r} as its input, this runtime passes {SERIALIZED_NAME!r}. "
-                                f"Rebuild the artifact with this atom-aot's atom-build.")
+            raise ArtifactError(f"{package} was exported for another forward signature ({found or 'positional'}) "
+                                f"than this runtime's ({SERIALIZED_NAME}). Rebuild the artifact with this "
+                                f"atom-aot's atom-build.")
 
     def bind(self, constants: dict[str, torch.Tensor]) -> "CompiledModel":
         """Hands the package the artifact's weights (borrowed, not copied)."""
@@ -48,7 +49,7 @@ class CompiledModel:
         return self._loader.run(list(inputs))[0]    # flattened in field order, as exported
 
 
-def _input_type(in_spec: str) -> str | None:
+def input_type_name(in_spec: str) -> str | None:
     """The serialized type name of the exported forward's one input: in_spec is the JSON pytree spec
     [version, ((inputs,), {})]."""
     try:

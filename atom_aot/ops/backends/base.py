@@ -52,14 +52,14 @@ class AttentionBackend(Protocol):
     def __call__(self, args: AttentionArgs) -> torch.Tensor: ...
 
 
-def check_params(choice: BackendChoice, expected: dict[str, type]) -> dict[str, object]:
+def launch_configs(choice: BackendChoice, expected: dict[str, type]) -> dict[str, object]:
     """The launch configs of `choice`, one per kernel the backend runs, each built from its ints.
 
     `expected` maps kernel name -> config dataclass; a missing, extra or malformed entry means the
     artifact was built by another atom-aot.
     """
-    configs = {}
-    problems = [f"params[{kernel!r}] names no kernel of it" for kernel in sorted(set(choice.params) - set(expected))]
+    configs, unknown = {}, sorted(set(choice.params) - set(expected))
+    problems = [f"params[{kernel!r}] is not a kernel of this backend" for kernel in unknown]
     for kernel, config_type in expected.items():
         names = [f.name for f in fields(config_type)]
         values = choice.params.get(kernel)

@@ -6,14 +6,14 @@ import torch
 
 from atom_aot.artifact.tuning import BackendChoice
 from atom_aot.ops.attention import paged_attention
-from atom_aot.ops.backends.base import AttentionArgs, check_params
+from atom_aot.ops.backends.base import AttentionArgs, launch_configs
 from atom_aot.ops.norm import rms_norm
 from atom_aot.ops.rope import apply_rope
 
 
 class ReferenceAttention:
     def __init__(self, choice: BackendChoice):
-        check_params(choice, {})     # nothing to tune
+        launch_configs(choice, {})     # nothing to tune
 
     def __call__(self, args: AttentionArgs) -> torch.Tensor:
         q, k = args.q, args.k

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from atom_aot.artifact.tuning import BackendChoice
-from atom_aot.ops.backends.base import AttentionArgs, check_params
+from atom_aot.ops.backends.base import AttentionArgs, launch_configs
 
 
 class TritonAttention:
@@ -17,7 +17,7 @@ class TritonAttention:
         import atom_aot.ops.triton  # noqa: F401  (registers atom_triton::*)
         from atom_aot.ops.triton.paged_attention import AttentionConfig
         from atom_aot.ops.triton.rope_cache import RopeCacheConfig
-        configs = check_params(choice, {"qk_norm_rope_cache_write": RopeCacheConfig,
+        configs = launch_configs(choice, {"qk_norm_rope_cache_write": RopeCacheConfig,
                                         "paged_attention": AttentionConfig})
         self.rope_cache_args = configs["qk_norm_rope_cache_write"].as_args()   # block_h, num_warps
         self.attention_args = configs["paged_attention"].as_args()   # block_m, block_n, splits, warps, stages

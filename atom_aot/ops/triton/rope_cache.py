@@ -3,9 +3,9 @@
 One pass over q, k and v instead of four (norm q/k, rotate q/k, scatter k/v): each program owns
 one token and BLOCK_H heads; programs 0 .. NQ-1 along axis 1 do q heads (normalize, rotate,
 write q_out), the rest do kv heads (normalize and rotate k, copy v, both into the token's cache
-slot unless the slot is -1). Rounding follows atom_aot/models/layers.py step by step (RMSNorm
-rounds to the model dtype before and after the weight, rope computes in float32), so bf16
-results match the torch layers bit for bit up to fp32 summation order.
+slot unless the slot is -1). Rounding follows the reference backend (atom_aot/ops/norm.py,
+atom_aot/ops/rope.py) step by step (RMSNorm rounds to the model dtype before and after the
+weight, rope computes in float32), so bf16 results match it bit for bit up to fp32 summation order.
 """
 from dataclasses import asdict, dataclass
 from typing import Optional
