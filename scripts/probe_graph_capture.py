@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     loaded = load_artifact(artifact)
     result = {"load_timings": loaded.timings, "load_s": time.perf_counter() - start,
-              "sizes": loaded.graphs["capture_sizes"], "variants": {}}
+              "sizes": list(loaded.graph_plan.capture_sizes), "variants": {}}
     cfg, block_size = loaded.model_config, loaded.block_size
     kv = allocate_kv_cache(cfg, 1024, block_size, loaded.kv_dtype, loaded.device).normal_()
     decode = loaded.forwards[Phase.DECODE]

@@ -30,8 +30,9 @@ for sort in ("cumulative", "tottime"):
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats(sort).print_stats(30)
     report["profile_" + sort] = out.getvalue()[-6000:]
-art = engine.loaded.artifact
-for phase, member in art.manifest["compiled"]["packages"].items():
+from atom_aot.artifact.reader import Artifact
+art = Artifact.open(sys.argv[1])
+for phase, member in art.manifest.compiled.packages.items():
     path = art.member_path(member)
     with zipfile.ZipFile(path) as z:
         infos = z.infolist()

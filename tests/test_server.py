@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_server_support import API_KEY, RUNTIME, ServerProcess, metric
 
-from atom_aot.runtime.artifact import Artifact
+from atom_aot.artifact.reader import Artifact
 from atom_aot.runtime.sampling_params import SamplingParams
 
 
@@ -46,7 +46,7 @@ def server(server_process, offline):
 
 @pytest.fixture(scope="module")
 def model_name(tiny_llama_eager_artifact) -> str:
-    return Artifact.open(tiny_llama_eager_artifact).manifest["model"]["name"]
+    return Artifact.open(tiny_llama_eager_artifact).manifest.model.name
 
 
 @pytest.fixture(scope="module")

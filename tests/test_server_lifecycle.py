@@ -57,9 +57,9 @@ def doomed_server(tiny_llama_eager_artifact, tmp_path):
 
 
 def test_engine_death_gives_503_and_the_server_stays_up(doomed_server, tiny_llama_eager_artifact):
-    from atom_aot.runtime.artifact import Artifact
+    from atom_aot.artifact.reader import Artifact
     server = doomed_server
-    model = Artifact.open(tiny_llama_eager_artifact).manifest["model"]["name"]
+    model = Artifact.open(tiny_llama_eager_artifact).manifest.model.name
     body = {"model": model, "prompt": "Hello", "max_tokens": 400, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as stream:
         lines = stream.iter_lines()

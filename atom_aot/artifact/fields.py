@@ -19,7 +19,7 @@ class Reader:
         self.data = data
         self.where = where
 
-    def _fail(self, key: str, why: str) -> ArtifactError:
+    def error(self, key: str, why: str) -> ArtifactError:
         return ArtifactError(f"{self.where}.{key} {why}. The artifact is malformed: rebuild it with atom-build.")
 
     def has(self, key: str) -> bool:
@@ -28,7 +28,7 @@ class Reader:
     def raw(self, key: str, default: Any = ...) -> Any:
         if key not in self.data:
             if default is ...:
-                raise self._fail(key, "is missing")
+                raise self.error(key, "is missing")
             return default
         return self.data[key]
 
@@ -37,24 +37,24 @@ class Reader:
         if value is None and optional:
             return None
         if isinstance(value, bool) and kind in (int, float):      # JSON true is not a number
-            raise self._fail(key, f"must be {kind.__name__}, got a boolean")
+            raise self.error(key, f"must be {kind.__name__}, got a boolean")
         if kind is float and isinstance(value, int):
             value = float(value)
         if not isinstance(value, kind):
             names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-            raise self._fail(key, f"must be {names}, got {type(value).__name__} {value!r:.60}")
+            raise self.error(key, f"must be {names}, got {type(value).__name__} {value!r:.60}")
         return value
 
     def str(self, key: str, default: Any = ..., optional: bool = False, choices: tuple[str, ...] | None = None) -> str:
         value = self.typed(key, str, default, optional)
         if choices is not None and value not in choices:
-            raise self._fail(key, f"must be one of {', '.join(choices)}, got {value!r:.60}")
+            raise self.error(key, f"must be one of {', '.join(choices)}, got {value!r:.60}")
         return value
 
     def int(self, key: str, default: Any = ..., optional: bool = False, minimum: int | None = None) -> int:
         value = self.typed(key, int, default, optional)
         if value is not None and minimum is not None and value < minimum:
-            raise self._fail(key, f"must be >= {minimum}, got {value}")
+            raise self.error(key, f"must be >= {minimum}, got {value}")
         return value
 
     def float(self, key: str, default: Any = ...) -> float:
@@ -66,13 +66,13 @@ class Reader:
     def hex(self, key: str, length: int) -> str:
         value = self.str(key)
         if len(value) != length or not HEX.fullmatch(value):
-            raise self._fail(key, f"must be {length} lowercase hex digits, got {value!r:.80}")
+            raise self.error(key, f"must be {length} lowercase hex digits, got {value!r:.80}")
         return value
 
     def ints(self, key: str, default: Any = ...) -> tuple[int, ...]:
         value = self.typed(key, list, default)
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            raise self._fail(key, f"must be a list of integers, got {value!r:.60}")
+            raise self.error(key, f"must be a list of integers, got {value!r:.60}")
         return tuple(value)
 
     def obj(self, key: str, default: Any = ...) -> "Reader":
@@ -86,3 +86,7 @@ class Reader:
     def str_map(self, key: str, default: Any = ...) -> dict[str, str]:
         section = self.obj(key, default)
         return {k: section.str(k) for k in section.data}
+
+    def float_map(self, key: str, default: Any = ...) -> dict[str, float]:
+        section = self.obj(key, default)
+        return {k: section.float(k) for k in section.data}

@@ -10,7 +10,7 @@ def tokenizer_source(name_or_path: str) -> str:
     """The folder (or hub name) holding the tokenizer of `name_or_path`."""
     path = Path(name_or_path)
     if path.suffix == ".atom" or (path.is_dir() and (path / "manifest.json").exists()):
-        from atom_aot.runtime.artifact import Artifact
+        from atom_aot.artifact.reader import Artifact
         return str(Artifact.open(path).member_dir("tokenizer"))
     if path.suffix == ".gguf":
         if not (path.parent / "tokenizer.json").exists():

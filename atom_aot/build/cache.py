@@ -5,7 +5,9 @@ import os
 import re
 from pathlib import Path
 
+from atom_aot.artifact.reader import Artifact
 from atom_aot.build.config import BuildConfig
+from atom_aot.errors import ArtifactError
 
 KEY_DIGITS = 12
 
@@ -21,12 +23,10 @@ def artifact_name(model_name: str, config: BuildConfig, key: str) -> str:
 
 def find_cached(cache_dir: Path, key: str) -> Path | None:
     """The cached artifact with this key, if one is there (checked against its manifest's full key)."""
-    from atom_aot.errors import ArtifactError
-    from atom_aot.runtime.artifact import Artifact
     for path in sorted(cache_dir.glob(f"*-{key[:KEY_DIGITS]}.atom")):
         try:
-            if Artifact.open(path).manifest.get("build_key") == key:
+            if Artifact.open(path).manifest.build_key == key:
                 return path
         except ArtifactError:
-            continue          # a broken file is rebuilt, not trusted
+            continue          # a broken or older-format file is rebuilt, not trusted
     return None

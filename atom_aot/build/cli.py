@@ -60,16 +60,16 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def summary(result) -> str:
-    from atom_aot.runtime.artifact import Artifact
+    from atom_aot.artifact.reader import Artifact
     manifest = Artifact.open(result.path).manifest
     lines = [f"artifact   {result.path}", f"build key  {result.key}",
              "status     " + ("cache hit: the artifact with this key was reused" if result.cached else "built")]
     if not result.cached:
         lines.append("stages     " + ", ".join(f"{k} {v:.1f}s" for k, v in result.seconds.items()))
     sizes = {}
-    for name, info in manifest["members"].items():
+    for name, member in manifest.members.items():
         group = name.split("/")[0] if "/" in name else "other"
-        sizes[group] = sizes.get(group, 0) + info["stored_size"]
+        sizes[group] = sizes.get(group, 0) + member.stored_size
     total = f" (file {result.path.stat().st_size / 2**20:.1f} MiB)" if result.path.is_file() else ""
     lines.append("sizes      " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in sorted(sizes.items())) + total)
     return "\n".join(lines)

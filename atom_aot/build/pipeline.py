@@ -1,9 +1,10 @@
-"""The build: resolve -> weights -> export -> compile -> tune -> capture-size probe -> pack.
+"""The build: resolve -> weights -> tune -> export and compile each phase -> capture-size probe -> pack.
 
 Returns a cached artifact at once when one with the same build key exists.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -16,12 +17,21 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from atom_aot.arch import device_for_arch, detect_arch, toolchain
+from atom_aot.artifact.build_options import BuildOptions
+from atom_aot.artifact.graph_plan import GRAPHS
+from atom_aot.artifact.layout import CONFIG, GENERATION_CONFIG, TOKENIZER, package_member
+from atom_aot.artifact.manifest import (CompiledPackages, Layout, Manifest, ModelIdentity, Numerics, Quantization,
+                                        Target)
+from atom_aot.artifact.phase import Phase
+from atom_aot.artifact.reader import Artifact
+from atom_aot.artifact.signature import SIGNATURE_VERSION
+from atom_aot.artifact.tuning import TUNING, Tuning
+from atom_aot.artifact.writer import write_artifact
 from atom_aot.build.cache import artifact_name, default_cache_dir, find_cached
 from atom_aot.build.config import BuildConfig
 from atom_aot.build.export import compile_package, export_model
 from atom_aot.build.graphs import probe_capture_sizes
 from atom_aot.build.key import build_key, key_inputs
-from atom_aot.build.pack import write_artifact
 from atom_aot.build.progress import StageProgress
 from atom_aot.build.source import ModelSource, resolve_model
 from atom_aot.build.tune import tune_kernels
@@ -73,11 +83,13 @@ def build(model: str | None, config: BuildConfig, cache_dir: Path | None = None,
     cached = _existing(target, cache_dir, key, explicit_out=out is not None)
     if cached is not None and not force:
         return BuildResult(cached, key, cached=True, seconds=progress.seconds)
+    max_len = config.max_model_len or model_config.max_position_embeddings
+    layout = _layout(config)
     staging = Path(tempfile.mkdtemp(prefix="atom-build-"))
     try:
-        phases = _stage_all(staging, source, model_config, config, progress)
+        phases = _stage_all(staging, source, model_config, config, layout, max_len, progress)
         with progress.stage("pack"):
-            manifest = _manifest(source, model_config, config, key, inputs, progress.seconds, phases)
+            manifest = _manifest(source, model_config, config, key, inputs, progress.seconds, phases, layout, max_len)
             write_artifact(staging, manifest, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -88,46 +100,45 @@ def _existing(target: Path, cache_dir: Path, key: str, explicit_out: bool) -> Pa
     if not explicit_out:
         return find_cached(cache_dir, key)
     if target.exists():
-        from atom_aot.runtime.artifact import Artifact
         try:
-            return target if Artifact.open(target).manifest.get("build_key") == key else None
+            return target if Artifact.open(target).manifest.build_key == key else None
         except ArtifactError:
             return None
     return None
 
 
-def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, config: BuildConfig,
-               progress: StageProgress) -> list[Phase]:
+def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, config: BuildConfig, layout: Layout,
+               max_len: int, progress: StageProgress) -> list[Phase]:
     """Writes every member but the manifest; returns the phases compiled."""
-    max_len = config.max_model_len or model_config.max_position_embeddings
     model_cls = model_class(model_config.architecture)
     model = build_meta_model(model_cls, model_config, config.torch_dtype, config.quant, max_len)
     num_tensors = len(model.state_dict())
     with progress.stage("weights", total=num_tensors) as bar:
         state = convert_state_dict(source.tensors(), model, model_config, config.quant)
         bar.update(num_tensors)
-        (staging / "weights").mkdir()
-        save_file(state, str(staging / "weights" / "rank0.safetensors"))
+        weights = staging / layout.weights_member(0)
+        weights.parent.mkdir()
+        save_file(state, str(weights))
     with progress.stage("tune"):
         tuning = tune_kernels(config, model_config, max_len)
-        (staging / "tuning.json").write_text(tuning.to_json())
+        (staging / TUNING).write_text(tuning.to_json())
     phases = []
     if config.compile == "aoti":
         device = device_for_arch(config.arch)
         model.load_state_dict({k: v.to(device) for k, v in state.items()}, assign=True)
         phases = _compile(staging, model.eval(), tuning, config, max_len, progress)
-    (staging / "tokenizer").mkdir()
-    source.save_tokenizer(staging / "tokenizer")
-    (staging / "config").mkdir()
-    (staging / "config" / "config.json").write_text(json.dumps(source.config, indent=1, sort_keys=True))
-    (staging / "config" / "generation_config.json").write_text(json.dumps(source.generation_config, indent=1))
+    (staging / TOKENIZER).mkdir()
+    source.save_tokenizer(staging / TOKENIZER)
+    (staging / CONFIG).parent.mkdir()
+    (staging / CONFIG).write_text(json.dumps(source.config, indent=1, sort_keys=True))
+    (staging / GENERATION_CONFIG).write_text(json.dumps(source.generation_config, indent=1))
     with progress.stage("capture-size probe"):
-        graphs = probe_capture_sizes(config, staging, max_len)
-        (staging / "graphs.json").write_text(json.dumps(graphs, indent=1))
+        (staging / GRAPHS).write_text(probe_capture_sizes(config, staging, max_len).to_json())
     return phases
 
 
-def _compile(staging, model, tuning: Tuning, config: BuildConfig, max_len: int, progress: StageProgress) -> list[Phase]:
+def _compile(staging: Path, model, tuning: Tuning, config: BuildConfig, max_len: int,
+             progress: StageProgress) -> list[Phase]:
     """One AOTInductor package per phase: `mixed` everywhere, plus `decode` where graphs replay it."""
     phases = [Phase.MIXED] if config.arch == "cpu" else [Phase.MIXED, Phase.DECODE]
     device = device_for_arch(config.arch)
@@ -136,26 +147,39 @@ def _compile(staging, model, tuning: Tuning, config: BuildConfig, max_len: int, 
         with progress.stage(f"export ({phase})"):
             exported = export_model(model, config.kv_torch_dtype, config.block_size, max_len, device, phase)
         with progress.stage(f"compile ({phase})"):
-            compile_package(exported, staging / "compiled" / f"{phase}.pt2")
+            compile_package(exported, staging / package_member(phase))
     return phases
 
 
+def _layout(config: BuildConfig) -> Layout:
+    tp = config.tensor_parallel_size
+    return Layout(tensor_parallel_size=tp, expert_parallel_size=tp if config.enable_expert_parallel else 1,
+                  data_parallel_size=1)
+
+
+def _options(config: BuildConfig) -> BuildOptions:
+    """The build options as given (the torch-free record of the config, what `rebuild_command` reproduces)."""
+    return BuildOptions(**{f.name: getattr(config, f.name) for f in dataclasses.fields(BuildOptions)})
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def _manifest(source: ModelSource, model_config: ModelConfig, config: BuildConfig, key: str, inputs: dict,
-              seconds: dict, phases: list[Phase]) -> dict:
-    return {
-        "format_version": ARTIFACT_FORMAT_VERSION,
-        "build_key": key,
-        "engine_version": __version__,
-        "model": {"name": source.name, "source": str(source.path), "architecture": model_config.architecture,
-                  "config_hash": build_key({"config": source.config}), "weights_hash": inputs["weights"],
-                  "tokenizer_hash": inputs["tokenizer"]},
-        "target": {"arch": config.arch, **toolchain()},
-        "build_compiler": inputs["cxx"],
-        "build": {**config.key_fields(),
-                  "max_model_len": config.max_model_len or model_config.max_position_embeddings},
-        "compiled": {"kind": "aotinductor", "packages": {p.value: f"compiled/{p}.pt2" for p in phases}} if phases
-                    else {"kind": "none"},
-        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "build_host": socket.gethostname(),
-        "build_seconds": dict(seconds),
-    }
+              seconds: dict, phases: list[Phase], layout: Layout, max_len: int) -> Manifest:
+    """Everything but the member table, which the writer fills in."""
+    kv_dtype = _dtype_name(config.kv_torch_dtype)
+    compiled = (CompiledPackages("aotinductor", {p: package_member(p) for p in phases}) if phases
+                else CompiledPackages("none"))
+    return Manifest(
+        format_version=ARTIFACT_FORMAT_VERSION, build_key=key, engine_version=__version__,
+        model=ModelIdentity(name=source.name, source=str(source.path), architecture=model_config.architecture,
+                            config_hash=build_key({"config": source.config}), weights_hash=inputs["weights"],
+                            tokenizer_hash=inputs["tokenizer"]),
+        target=Target(arch=config.arch, **toolchain()), build_compiler=inputs["cxx"], options=_options(config),
+        numerics=Numerics(_dtype_name(config.torch_dtype), kv_dtype, max_len, config.block_size),
+        layout=layout, quantization=Quantization.of(config.quant, kv_dtype), compiled=compiled,
+        signature_version=SIGNATURE_VERSION, members={},
+        built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), build_host=socket.gethostname(),
+        build_seconds=dict(seconds))

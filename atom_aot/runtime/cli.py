@@ -91,18 +91,28 @@ def _report(engine, timings: dict[str, float], start_to_first_token: float, toke
 
 
 def inspect(artifact: str, argv: list[str]) -> int:
-    from atom_aot.runtime.artifact import Artifact
+    from atom_aot.artifact.reader import Artifact
     from atom_aot.runtime.inspect import describe
     print(describe(Artifact.open(artifact)))
     return 0
 
 
 def verify(artifact: str, argv: list[str]) -> int:
-    from atom_aot.runtime.artifact import Artifact
+    """Integrity (every member's sha256), then whether this machine can load it (the loader's own
+    check). Exit 0 when intact, even if not loadable here: the second line says which."""
+    from atom_aot.artifact.reader import Artifact
+    from atom_aot.runtime.loader import load_problem, machine_target
     art = Artifact.open(artifact)
     art.verify(full=True)
-    print(f"OK: {len(art.members())} members match their sha256 in the manifest "
-          f"(build key {art.manifest['build_key'][:12]})")
+    manifest = art.manifest
+    print(f"integrity OK: the manifest matches its checksum and all {len(manifest.members)} members match their "
+          f"sha256 in it (build key {manifest.build_key[:12]}). This checks the artifact is intact, not who "
+          f"built it: there is no signature.")
+    problem = load_problem(manifest)
+    here = machine_target()
+    print(f"loadable here: no: {problem}" if problem else
+          f"loadable here: yes: its arch, toolchain and forward signature match this machine ({here.arch}, "
+          f"torch {here.torch}, cpu isa {here.cpu_isa})")
     return 0
 
 

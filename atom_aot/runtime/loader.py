@@ -1,7 +1,8 @@
 """Load an artifact for serving: check it, map its weights, and make the model callable.
 
-Order matters: the manifest and every member hash are checked before anything is
-deserialized, and the target (arch, toolchain, format) before any compiled code is touched.
+Order matters: opening the artifact checks the manifest (its checksum, every field, the fixed
+member layout); then the target (arch, toolchain, forward signature) and every member's hash are
+checked, all before anything is deserialized or any compiled code is touched.
 """
 from __future__ import annotations
 
@@ -9,57 +10,70 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from atom_aot.arch import detect_arch, device_for_arch, toolchain
+from atom_aot.artifact.graph_plan import GraphPlan
+from atom_aot.artifact.layout import CONFIG, GENERATION_CONFIG, TOKENIZER
+from atom_aot.artifact.manifest import Manifest, Target
 from atom_aot.artifact.phase import Phase
+from atom_aot.artifact.reader import Artifact
+from atom_aot.artifact.signature import SIGNATURE_VERSION
 from atom_aot.artifact.tuning import Tuning
-from atom_aot.models import ModelConfig, model_class
 from atom_aot.errors import ArtifactError
-from atom_aot.runtime.artifact import Artifact, rebuild_command
+from atom_aot.models import ModelConfig, model_class
 from atom_aot.runtime.safetensors_view import tensors_from_buffer, tensors_on_device
 
 log = logging.getLogger("atom_aot")
 
-WEIGHTS = "weights/rank0.safetensors"
-CHECKED_TOOLCHAIN = ("torch", "triton", "cuda", "hip", "cpu_isa")
-
 
 @dataclass
 class LoadedArtifact:
-    artifact: Artifact
+    path: Path
+    manifest: Manifest
+    tuning: Tuning
+    graph_plan: GraphPlan               # capture sizes and pool bytes measured at build
     model_config: ModelConfig
+    hf_config: dict                     # config/config.json as built (its eos_token_id backs generation_config's)
     weights: dict[str, torch.Tensor]    # the runtime's parameters, on the device
-    forwards: dict[Phase, object]       # phase -> callable taking StepInputs
+    forwards: dict[Phase, Callable]     # phase -> callable with the exported signature
     execution: str                      # which path runs: "aotinductor" or "eager"
     device: torch.device
     dtype: torch.dtype
     kv_dtype: torch.dtype
     block_size: int
     max_model_len: int
-    graphs: dict                        # graphs.json: capture sizes and pool bytes measured at build
     generation_config: dict
     tokenizer_dir: Path
-    tuning: Tuning
     timings: dict[str, float] = field(default_factory=dict)
 
-    @property
-    def manifest(self) -> dict:
-        return self.artifact.manifest
+
+def machine_target() -> Target:
+    return Target(arch=detect_arch(), **toolchain())
+
+
+def load_problem(manifest: Manifest) -> str | None:
+    """Why this machine cannot load an artifact (None: it can), with the atom-build command that fixes it."""
+    here = machine_target()
+    mismatch = manifest.target.mismatch(here)
+    if mismatch:
+        name, built, found = mismatch
+        return (f"it was built for {name} {built!r}, but this machine has {found!r}. Compiled code is tied to the "
+                f"arch and toolchain it was built with. Make a matching artifact here with: "
+                f"{manifest.rebuild_command(here.arch)}")
+    if manifest.signature_version != SIGNATURE_VERSION:
+        return (f"its model takes forward signature {manifest.signature_version}, but this runtime calls signature "
+                f"{SIGNATURE_VERSION}. Rebuild it with: {manifest.rebuild_command()}")
+    return None
 
 
 def check_target(artifact: Artifact) -> None:
-    """Refuse an artifact made for another arch or toolchain, saying how to make a matching one."""
-    manifest = artifact.manifest
-    target = manifest["target"]
-    here = {"arch": detect_arch(), **toolchain()}
-    for key in ("arch",) + CHECKED_TOOLCHAIN:
-        if target.get(key) != here.get(key):
-            raise ArtifactError(
-                f"{artifact.path} was built for {key} {target.get(key)!r}, but this machine has "
-                f"{here.get(key)!r}. Compiled code is tied to the arch and toolchain it was built with, so it "
-                f"is not loaded. Make a matching artifact here with: {rebuild_command(manifest, here['arch'])}")
+    """Refuse an artifact this machine cannot load, saying how to make one it can."""
+    problem = load_problem(artifact.manifest)
+    if problem:
+        raise ArtifactError(f"{artifact.path} is not loaded: {problem}")
 
 
 def load_artifact(path: str | Path, enforce_eager: bool = False) -> LoadedArtifact:
@@ -70,33 +84,36 @@ def load_artifact(path: str | Path, enforce_eager: bool = False) -> LoadedArtifa
     artifact.verify()
     timings["verify"] = time.perf_counter() - start
 
-    manifest = artifact.manifest
-    build = manifest["build"]
-    device = device_for_arch(manifest["target"]["arch"])
-    model_config = ModelConfig.from_hf_dict(artifact.read_json("config/config.json"))
-    tuning = Tuning.from_dict(artifact.read_json("tuning.json"))
-    compiled = manifest["compiled"]["kind"] == "aotinductor" and not enforce_eager
-    buffer = artifact.member_buffer(WEIGHTS)
+    manifest, numerics = artifact.manifest, artifact.manifest.numerics
+    device = device_for_arch(manifest.target.arch)
+    hf_config = artifact.read_json(CONFIG)
+    model_config = _model_config(artifact, hf_config)
+    tuning = artifact.read_tuning()
+    compiled = manifest.compiled.kind == "aotinductor" and not enforce_eager
+    buffer = artifact.member_buffer(manifest.layout.weights_member(0))
     if compiled:
         weights, forwards = _load_compiled(artifact, buffer, device, timings)
     else:
-        start = time.perf_counter()
-        weights = _weights(buffer, device)
-        timings["weights"] = time.perf_counter() - start
-        start = time.perf_counter()
-        forwards = {Phase.MIXED: _eager_model(model_config, build, weights, tuning)}
-        timings["eager model"] = time.perf_counter() - start
+        weights, forwards = _load_eager(manifest, model_config, tuning, buffer, device, timings)
     execution = "aotinductor" if compiled else "eager"
     log.info("model path: %s (%s)", execution,
              "compiled package from the artifact" if compiled else
              "--enforce-eager" if enforce_eager else "the artifact has no compiled code (built with --compile none)")
     return LoadedArtifact(
-        artifact=artifact, model_config=model_config, weights=weights, forwards=forwards, execution=execution, device=device,
-        dtype=getattr(torch, build["dtype"]), kv_dtype=getattr(torch, build["kv_cache_dtype"]),
-        block_size=build["block_size"], max_model_len=build["max_model_len"],
-        graphs=artifact.read_json("graphs.json"),
-        generation_config=artifact.read_json("config/generation_config.json"),
-        tokenizer_dir=artifact.member_dir("tokenizer"), tuning=tuning, timings=timings)
+        path=artifact.path, manifest=manifest, tuning=tuning, graph_plan=artifact.read_graph_plan(),
+        model_config=model_config, hf_config=hf_config, weights=weights, forwards=forwards, execution=execution,
+        device=device, dtype=getattr(torch, numerics.dtype), kv_dtype=getattr(torch, numerics.kv_cache_dtype),
+        block_size=numerics.block_size, max_model_len=numerics.max_model_len,
+        generation_config=artifact.read_json(GENERATION_CONFIG), tokenizer_dir=artifact.member_dir(TOKENIZER),
+        timings=timings)
+
+
+def _model_config(artifact: Artifact, hf_config: dict) -> ModelConfig:
+    try:
+        return ModelConfig.from_hf_dict(hf_config)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ArtifactError(f"{artifact.path}: {CONFIG} is not a usable model config ({type(e).__name__}: {e}). "
+                            f"Rebuild the artifact with atom-build.") from None
 
 
 def _weights(buffer: memoryview, device: torch.device) -> dict[str, torch.Tensor]:
@@ -109,7 +126,7 @@ def _weights(buffer: memoryview, device: torch.device) -> dict[str, torch.Tensor
 
 
 def _load_compiled(artifact: Artifact, buffer: memoryview, device: torch.device,
-                   timings: dict) -> tuple[dict[str, torch.Tensor], dict[Phase, object]]:
+                   timings: dict) -> tuple[dict[str, torch.Tensor], dict[Phase, Callable]]:
     """Weights and compiled packages, loaded side by side: the weight upload runs in a thread (the
     copy releases the GIL) while this one opens the packages; the weights are bound to them after."""
     from concurrent.futures import ThreadPoolExecutor
@@ -125,8 +142,8 @@ def _load_compiled(artifact: Artifact, buffer: memoryview, device: torch.device,
     with ThreadPoolExecutor(1, thread_name_prefix="atom-weights") as pool:
         pending = pool.submit(upload)
         opened = time.perf_counter()
-        forwards = {Phase(phase): CompiledModel(artifact.member_path(path), device)
-                    for phase, path in artifact.manifest["compiled"]["packages"].items()}
+        forwards = {phase: CompiledModel(artifact.member_path(member), device)
+                    for phase, member in artifact.manifest.compiled.packages.items()}
         timings["compiled load"] = time.perf_counter() - opened
         weights, timings["weights (overlapped)"] = pending.result()
     bind_start = time.perf_counter()
@@ -137,13 +154,19 @@ def _load_compiled(artifact: Artifact, buffer: memoryview, device: torch.device,
     return weights, forwards
 
 
-def _eager_model(model_config: ModelConfig, build: dict, weights: dict[str, torch.Tensor],
-                 tuning: Tuning) -> torch.nn.Module:
-    """The model module itself, with the arch's kernels (the `mixed` row serves every batch)."""
-    cls = model_class(model_config.architecture)
+def _load_eager(manifest: Manifest, model_config: ModelConfig, tuning: Tuning, buffer: memoryview,
+                device: torch.device, timings: dict) -> tuple[dict[str, torch.Tensor], dict[Phase, Callable]]:
+    """The model module itself, built on meta and given the mapped weights, with the arch's kernels
+    (the `mixed` row serves every batch)."""
+    start = time.perf_counter()
+    weights = _weights(buffer, device)
+    timings["weights"] = time.perf_counter() - start
+    start = time.perf_counter()
+    numerics = manifest.numerics
     with torch.device("meta"):
-        model = cls(model_config, getattr(torch, build["dtype"]), build["quant"], build["max_model_len"])
+        model = model_class(model_config.architecture)(model_config, getattr(torch, numerics.dtype),
+                                                       manifest.quantization.weights, numerics.max_model_len)
     model.load_state_dict(weights, assign=True)
-    return model.use_kernels(tuning.for_phase(Phase.MIXED)).eval()
-
-
+    model.use_kernels(tuning.for_phase(Phase.MIXED))
+    timings["eager model"] = time.perf_counter() - start
+    return weights, {Phase.MIXED: model.eval()}

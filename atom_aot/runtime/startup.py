@@ -26,7 +26,7 @@ log = logging.getLogger("atom_aot")
 def eos_token_ids(loaded: LoadedArtifact) -> frozenset[int]:
     eos = loaded.generation_config.get("eos_token_id")
     if eos is None:
-        eos = loaded.artifact.read_json("config/config.json").get("eos_token_id")
+        eos = loaded.hf_config.get("eos_token_id")
     if eos is None:
         return frozenset()
     return frozenset(eos if isinstance(eos, list) else [eos])
@@ -41,7 +41,7 @@ def kv_block_count(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
     else:
         free, total = torch.cuda.mem_get_info(loaded.device)
         used = total - free
-        graph_pool = loaded.graphs.get("pool_bytes", 0) if uses_graphs(loaded, config) else 0
+        graph_pool = loaded.graph_plan.pool_bytes if uses_graphs(loaded, config) else 0
         budget = int(total * config.gpu_memory_utilization) - used - activation_reserve(loaded, config) - graph_pool
     return max(0, budget // per_block)
 
@@ -56,7 +56,7 @@ def activation_reserve(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
 
 def uses_graphs(loaded: LoadedArtifact, config: RuntimeConfig) -> bool:
     return (loaded.device.type == "cuda" and Phase.DECODE in loaded.forwards and not config.enforce_eager
-            and bool(loaded.graphs.get("capture_sizes")))
+            and bool(loaded.graph_plan.capture_sizes))
 
 
 def make_forwards(loaded: LoadedArtifact, config: RuntimeConfig, kv_cache, max_model_len: int) -> Forwards:
@@ -67,7 +67,7 @@ def make_forwards(loaded: LoadedArtifact, config: RuntimeConfig, kv_cache, max_m
         return Forwards(mixed, decode)
     from atom_aot.runtime.cuda_graphs import DecodeGraphs
     start = time.perf_counter()
-    graphs = DecodeGraphs(decode, kv_cache, tuple(loaded.graphs["capture_sizes"]),
+    graphs = DecodeGraphs(decode, kv_cache, loaded.graph_plan.capture_sizes,
                           -(-max_model_len // loaded.block_size))
     graphs.capture()
     loaded.timings["graph capture"] = time.perf_counter() - start

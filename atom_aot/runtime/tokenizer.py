@@ -28,7 +28,7 @@ def load_tokenizer(tokenizer_dir: Path):
 
 def load_artifact_tokenizer(artifact_path: Path):
     """(tokenizer, seconds) from an artifact's verified tokenizer/ members."""
-    from atom_aot.runtime.artifact import Artifact
+    from atom_aot.artifact.reader import Artifact
     start = time.perf_counter()
     tokenizer = load_tokenizer(Artifact.open(artifact_path).member_dir("tokenizer"))
     return tokenizer, time.perf_counter() - start

@@ -22,7 +22,7 @@ def main(argv=None) -> int:
 
 
 async def serve(args) -> int:
-    from atom_aot.runtime.artifact import Artifact
+    from atom_aot.artifact.reader import Artifact
     from atom_aot.server.args import runtime_config
     config = runtime_config(args)               # a bad engine flag fails first, with its reason
     artifact = Artifact.open(args.artifact)     # before the heavy imports: a wrong path fails at once
@@ -43,7 +43,7 @@ async def serve(args) -> int:
         info = await client.start(timeout=args.startup_timeout)
         metrics = ServerMetrics()
         state = ServerState(engine=AsyncEngine(client, await tokenizer, metrics), tokenizer=await tokenizer,
-                            info=info, model_name=args.served_model_name or _model_name(artifact),
+                            info=info, model_name=args.served_model_name or artifact.manifest.model.name,
                             metrics=metrics, api_key=args.api_key)
         app = build_app(state, args.max_request_body_bytes)
         server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
@@ -68,10 +68,6 @@ def _listen(host: str, port: int) -> socket.socket:
         raise StartupError(f"cannot listen on {host}:{port}: {e.strerror or e}. Pick another --port "
                            f"(or stop what uses it).") from None
     return sock
-
-
-def _model_name(artifact) -> str:
-    return artifact.manifest.get("model", {}).get("name") or artifact.path.name.split("-")[0]
 
 
 if __name__ == "__main__":

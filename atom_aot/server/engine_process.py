@@ -70,7 +70,7 @@ def _start(artifact_path: str, config: RuntimeConfig) -> tuple[EngineCore, Engin
              core.block_manager.num_blocks, ", ".join(f"{k} {v:.2f}s" for k, v in loaded.timings.items()), counts)
     info = EngineInfo(max_model_len=core.scheduler.config.max_model_len, vocab_size=loaded.model_config.vocab_size,
                       block_size=loaded.block_size, num_kv_blocks=core.block_manager.num_blocks,
-                      execution=loaded.execution, build_key=loaded.manifest.get("build_key", ""),
+                      execution=loaded.execution, build_key=loaded.manifest.build_key,
                       compile_counts=counts)
     return core, info
 

@@ -2,23 +2,25 @@
 
 Members are hashed (sha256 for `verify`, xxh3-128 for the check at every load) and, in the
 archive, zstd-compressed when that saves at least a fifth (weights rarely compress; tokenizers
-and compiled code do). The manifest is the first member, and its own checksum the second.
+and compiled code do). The manifest is the first member, and its own checksum the second. The
+finished manifest is read back with `Manifest.from_json` before anything is written, so the build
+never writes an artifact the reader would refuse.
 """
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import io
-import json
 import os
 import shutil
 import tarfile
 import tempfile
 from pathlib import Path
 
-import xxhash
 import zstandard
 
-from atom_aot.runtime.artifact import MANIFEST, MANIFEST_CHECKSUM, ZSTD_SUFFIX, fast_hash
+from atom_aot.artifact.digest import fast_hash, hash_file
+from atom_aot.artifact.layout import MANIFEST, MANIFEST_CHECKSUM, ZSTD_SUFFIX
+from atom_aot.artifact.manifest import Manifest, Member
 
 COMPRESS_IF_RATIO_BELOW = 0.8
 NEVER_COMPRESS = ("weights/",)
@@ -28,44 +30,37 @@ def _member_files(staging: Path) -> list[Path]:
     return sorted(p for p in staging.rglob("*") if p.is_file())
 
 
-def describe_members(staging: Path, archive: bool) -> tuple[dict, dict[str, bytes]]:
+def describe_members(staging: Path, archive: bool) -> tuple[dict[str, Member], dict[str, bytes]]:
     """Manifest entries for every staged file, and the compressed bytes of those worth compressing."""
     members, compressed = {}, {}
     compressor = zstandard.ZstdCompressor(level=9, write_checksum=True)
     for f in _member_files(staging):
         name = f.relative_to(staging).as_posix()
-        sha, xxh, size = _hash_file(f)
-        entry = {"size": size, "sha256": sha, "xxh3": xxh, "stored": "raw", "stored_size": size}
+        sha, xxh, size = hash_file(f)
+        member = Member(size=size, sha256=sha, xxh3=xxh, stored="raw", stored_size=size)
         if archive and not name.startswith(NEVER_COMPRESS) and size > 4096:
             packed = compressor.compress(f.read_bytes())
             if len(packed) < COMPRESS_IF_RATIO_BELOW * size:
                 compressed[name] = packed
-                entry.update(stored="zstd", stored_size=len(packed))
-        members[name] = entry
+                member = dataclasses.replace(member, stored="zstd", stored_size=len(packed))
+        members[name] = member
     return members, compressed
 
 
-def _hash_file(f: Path) -> tuple[str, str, int]:
-    sha, xxh, size = hashlib.sha256(), xxhash.xxh3_128(), 0
-    with open(f, "rb") as fh:
-        while chunk := fh.read(1 << 24):
-            sha.update(chunk), xxh.update(chunk)
-            size += len(chunk)
-    return sha.hexdigest(), xxh.hexdigest(), size
-
-
-def write_artifact(staging: Path, manifest: dict, out: Path) -> Path:
-    """Finish `manifest` with the member table and write `out` (`.atom` file, else a folder), atomically."""
+def write_artifact(staging: Path, manifest: Manifest, out: Path) -> Manifest:
+    """`manifest` completed with the member table of `staging`, written to `out` (`.atom` file, else a
+    folder) atomically; returns the manifest written."""
     archive = out.suffix == ".atom"
     members, compressed = describe_members(staging, archive)
-    manifest = {**manifest, "members": members}
-    raw = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    manifest = dataclasses.replace(manifest, members=members)
+    raw = manifest.to_json()
+    Manifest.from_json(raw, f"the manifest of {out}")          # the reader's checks, before writing
     out.parent.mkdir(parents=True, exist_ok=True)
     if archive:
         _write_archive(staging, raw, compressed, out)
     else:
         _write_folder(staging, raw, out)
-    return out
+    return manifest
 
 
 def _write_archive(staging: Path, manifest_raw: bytes, compressed: dict[str, bytes], out: Path) -> None:

@@ -1,0 +1,277 @@
+"""manifest.json: what an artifact is, what it was built from and for, and every member's hashes.
+
+`Manifest.from_json` validates every field (an ArtifactError names the one that is wrong) and the
+fixed member layout before anything else reads the artifact; `to_json` is what the writer stores.
+A manifest of another format version passes through `migrate` first.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Callable
+
+from atom_aot.artifact.build_options import ARCHES, QUANT_MODES, BuildOptions
+from atom_aot.artifact.fields import Reader
+from atom_aot.artifact.layout import MANIFEST, REBUILD, check_members, package_member, weights_member
+from atom_aot.artifact.phase import Phase
+from atom_aot.errors import ArtifactError
+from atom_aot.version import ARTIFACT_FORMAT_VERSION
+
+SHA256_HEX, XXH3_HEX = 64, 32
+DTYPE_NAMES = ("float32", "bfloat16", "float16")              # torch dtype names
+KV_DTYPE_NAMES = DTYPE_NAMES + ("float8_e4m3fn",)
+COMPILED_KINDS = ("aotinductor", "none")
+STORED_FORMS = ("raw", "zstd")
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    name: str                 # short name (served model name, artifact file name)
+    source: str               # the --model path it was built from
+    architecture: str         # HF architecture, e.g. LlamaForCausalLM
+    config_hash: str          # sha256 of config.json's canonical JSON
+    weights_hash: str         # xxh3-128 of the weight files' bytes
+    tokenizer_hash: str       # xxh3-128 of the tokenizer files
+
+    @classmethod
+    def from_reader(cls, r: Reader) -> "ModelIdentity":
+        return cls(_nonempty(r, "name"), r.str("source"), _nonempty(r, "architecture"),
+                   r.hex("config_hash", SHA256_HEX), r.hex("weights_hash", XXH3_HEX),
+                   r.hex("tokenizer_hash", XXH3_HEX))
+
+
+@dataclass(frozen=True)
+class Target:
+    """The machine compiled code is tied to: every field must match where it loads."""
+    arch: str
+    torch: str
+    triton: str | None
+    cuda: str | None
+    hip: str | None
+    cpu_isa: str
+
+    @classmethod
+    def from_reader(cls, r: Reader) -> "Target":
+        return cls(r.str("arch", choices=ARCHES), r.str("torch"), r.str("triton", optional=True),
+                   r.str("cuda", optional=True), r.str("hip", optional=True), r.str("cpu_isa"))
+
+    def mismatch(self, here: "Target") -> tuple[str, str | None, str | None] | None:
+        """(field, built for, found here) of the first field that differs, or None."""
+        for f in fields(self):
+            if getattr(self, f.name) != getattr(here, f.name):
+                return f.name, getattr(self, f.name), getattr(here, f.name)
+        return None
+
+
+@dataclass(frozen=True)
+class Numerics:
+    dtype: str                # activations and unquantized weights, a torch dtype name
+    kv_cache_dtype: str       # e.g. "bfloat16", "float8_e4m3fn"
+    max_model_len: int        # resolved (the model's max_position_embeddings unless set)
+    block_size: int           # tokens per KV-cache block
+
+    @classmethod
+    def from_reader(cls, r: Reader) -> "Numerics":
+        return cls(r.str("dtype", choices=DTYPE_NAMES), r.str("kv_cache_dtype", choices=KV_DTYPE_NAMES),
+                   r.int("max_model_len", minimum=16), r.int("block_size", minimum=1))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the model is split over ranks; one weight file per rank of the world."""
+    tensor_parallel_size: int
+    expert_parallel_size: int     # 1, or the world size when experts are split over every rank
+    data_parallel_size: int       # attention data parallelism
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.data_parallel_size
+
+    def weights_member(self, rank: int) -> str:
+        if not 0 <= rank < self.world_size:
+            raise ArtifactError(f"rank {rank} is outside this artifact's world of {self.world_size} ranks")
+        return weights_member(rank)
+
+    def weight_members(self) -> list[str]:
+        return [weights_member(r) for r in range(self.world_size)]
+
+    @classmethod
+    def from_reader(cls, r: Reader) -> "Layout":
+        layout = cls(r.int("tensor_parallel_size", minimum=1), r.int("expert_parallel_size", minimum=1),
+                     r.int("data_parallel_size", minimum=1))
+        if layout.expert_parallel_size not in (1, layout.world_size):
+            raise r.error("expert_parallel_size", f"must be 1 or the world size {layout.world_size}")
+        return layout
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """What is stored quantized. Where fp8 scales come from (computed at build, or the
+    checkpoint's own) will be recorded here when a second origin exists."""
+    weights: str              # "none" | "fp8": the linear layers' weights
+    kv_cache: str             # "none" | "fp8": the KV cache
+
+    @classmethod
+    def of(cls, weights: str, kv_cache_dtype: str) -> "Quantization":
+        return cls(weights, "fp8" if kv_cache_dtype.startswith("float8") else "none")
+
+    @classmethod
+    def from_reader(cls, r: Reader) -> "Quantization":
+        return cls(r.str("weights", choices=QUANT_MODES), r.str("kv_cache", choices=QUANT_MODES))
+
+
+@dataclass(frozen=True)
+class CompiledPackages:
+    kind: str                                                   # "aotinductor" | "none" (eager)
+    packages: dict[Phase, str] = field(default_factory=dict)    # phase -> member, compiled/<phase>.pt2
+
+    @classmethod
+    def from_reader(cls, r: Reader) -> "CompiledPackages":
+        kind = r.str("kind", choices=COMPILED_KINDS)
+        names = r.str_map("packages", {})
+        packages = {}
+        for phase_name, member in names.items():
+            if phase_name not in {p.value for p in Phase}:
+                raise r.error("packages", f"has an unknown phase {phase_name!r:.40}")
+            phase = Phase(phase_name)
+            if member != package_member(phase):
+                raise r.error(f"packages.{phase_name}", f"must be {package_member(phase)!r}, got {member!r:.80}")
+            packages[phase] = member
+        if kind == "none" and packages:
+            raise r.error("packages", "must be empty when kind is 'none'")
+        if kind == "aotinductor" and Phase.MIXED not in packages:
+            raise r.error("packages", "must have the mixed phase when kind is 'aotinductor'")
+        return cls(kind, packages)
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "packages": {p.value: m for p, m in self.packages.items()}}
+
+
+@dataclass(frozen=True)
+class Member:
+    size: int                 # bytes of the member itself
+    sha256: str               # checked by `atom-run ART verify`
+    xxh3: str                 # xxh3-128, checked at every load
+    stored: str               # "raw" | "zstd" (archive only)
+    stored_size: int          # bytes in the archive
+
+    @classmethod
+    def from_reader(cls, r: Reader, _name: str = "") -> "Member":
+        member = cls(r.int("size", minimum=0), r.hex("sha256", SHA256_HEX), r.hex("xxh3", XXH3_HEX),
+                     r.str("stored", choices=STORED_FORMS), r.int("stored_size", minimum=0))
+        if member.stored == "raw" and member.stored_size != member.size:
+            raise r.error("stored_size", f"must equal size ({member.size}) for a raw member")
+        return member
+
+
+@dataclass(frozen=True)
+class Manifest:
+    format_version: int
+    build_key: str                        # sha256 of every build input; the file name ends with its first 12
+    engine_version: str                   # the atom-aot that built it
+    model: ModelIdentity
+    target: Target
+    build_compiler: str | None            # C++ compiler of the AOTInductor wrapper (None: nothing compiled)
+    options: BuildOptions                 # the build options as given (rebuild_command reproduces them)
+    numerics: Numerics
+    layout: Layout
+    quantization: Quantization
+    compiled: CompiledPackages
+    signature_version: int                # artifact/signature.py SIGNATURE_VERSION the packages were exported with
+    members: dict[str, Member]
+    built_at: str
+    build_host: str
+    build_seconds: dict[str, float]
+
+    def rebuild_command(self, arch: str | None = None) -> str:
+        return self.options.rebuild_command(self.model.source, arch)
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name in ("model", "target", "numerics", "layout", "quantization"):
+            d[name] = asdict(d[name])
+        d["options"] = self.options.to_dict()
+        d["compiled"] = self.compiled.to_dict()
+        d["members"] = {name: asdict(m) for name, m in self.members.items()}
+        return d
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes, where: str = MANIFEST) -> "Manifest":
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError) as e:
+            raise ArtifactError(f"{where} is not valid JSON ({e}). {REBUILD}") from None
+        r = Reader(migrate(data, where), where)
+        manifest = cls(
+            format_version=r.int("format_version"), build_key=r.hex("build_key", SHA256_HEX),
+            engine_version=_nonempty(r, "engine_version"), model=ModelIdentity.from_reader(r.obj("model")),
+            target=Target.from_reader(r.obj("target")), build_compiler=r.str("build_compiler", optional=True),
+            options=BuildOptions.from_reader(r.obj("options")), numerics=Numerics.from_reader(r.obj("numerics")),
+            layout=Layout.from_reader(r.obj("layout")), quantization=Quantization.from_reader(r.obj("quantization")),
+            compiled=CompiledPackages.from_reader(r.obj("compiled")), signature_version=r.int("signature_version"),
+            members=r.mapping("members", Member.from_reader), built_at=r.str("built_at"),
+            build_host=r.str("build_host"), build_seconds=r.float_map("build_seconds"))
+        _check_consistent(manifest, r)
+        check_members(manifest.members, manifest.layout.weight_members(), manifest.compiled.packages.values(),
+                      f"{where}.members")
+        return manifest
+
+
+def _check_consistent(m: Manifest, r: Reader) -> None:
+    """Fields that say the same thing twice must agree (a forged or hand-edited manifest)."""
+    implied = Quantization.of(m.options.quant, m.numerics.kv_cache_dtype)
+    pairs = [("options.arch", m.options.arch, m.target.arch),
+             ("options.block_size", m.options.block_size, m.numerics.block_size),
+             ("options.tensor_parallel_size", m.options.tensor_parallel_size, m.layout.tensor_parallel_size),
+             ("options.quant", m.options.quant, m.quantization.weights),
+             ("quantization.kv_cache", m.quantization.kv_cache, implied.kv_cache),
+             ("options.compile", m.options.compile == "aoti", m.compiled.kind == "aotinductor")]
+    if m.options.max_model_len is not None:
+        pairs.append(("options.max_model_len", m.options.max_model_len, m.numerics.max_model_len))
+    for name, value, expected in pairs:
+        if value != expected:
+            raise r.error(name, f"disagrees with the rest of the manifest ({value!r:.40} vs {expected!r:.40})")
+
+
+def _nonempty(r: Reader, key: str) -> str:
+    value = r.str(key)
+    if not value:
+        raise r.error(key, "must not be empty")
+    return value
+
+
+# Format migrations: version v -> a function turning a v manifest into a v + 1 one. A version with
+# no path to ARTIFACT_FORMAT_VERSION is refused with the command that rebuilds it. Version 1
+# (untyped `build` section, no layout, numerics or signature version) has none: it is rebuilt.
+MIGRATIONS: dict[int, Callable[[dict], dict]] = {}
+
+
+def migrate(data: object, where: str = MANIFEST) -> dict:
+    """`data` brought to ARTIFACT_FORMAT_VERSION, or an ArtifactError saying how to rebuild it."""
+    version = Reader(data, where).int("format_version")
+    while version != ARTIFACT_FORMAT_VERSION:
+        step = MIGRATIONS.get(version)
+        if step is None:
+            raise ArtifactError(
+                f"{where} is artifact format {version}, but this atom-aot reads format {ARTIFACT_FORMAT_VERSION}"
+                f"{' (it is from a newer atom-aot)' if version > ARTIFACT_FORMAT_VERSION else ''}. Nothing was "
+                f"loaded. Rebuild it with this atom-aot: {_rebuild_hint(data)}")
+        data = step(data)
+        version = Reader(data, where).int("format_version")
+    return data
+
+
+def _rebuild_hint(data: dict) -> str:
+    """The atom-build command for an artifact of another format, from the fields every format had."""
+    model = data.get("model") if isinstance(data.get("model"), dict) else {}
+    source = model.get("source") if isinstance(model.get("source"), str) else None
+    options = data.get("options", data.get("build"))
+    known = ("arch", "tensor_parallel_size", "quant", "max_model_len", "block_size", "compile")
+    try:
+        built = BuildOptions(**{k: v for k, v in options.items() if k in known})
+    except (AttributeError, TypeError, ValueError):
+        return "atom-build" + (f" --model {source}" if source else "") + " (with the options it was built with)"
+    return built.rebuild_command(source)

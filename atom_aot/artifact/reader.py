@@ -1,0 +1,186 @@
+"""Opening and checking artifacts (a `.atom` archive, or the same tree as a folder).
+
+Both forms are read the same way: the manifest must match its checksum and parse as a `Manifest`
+(every field, and the fixed member layout) before any member is touched; only members the
+manifest lists are ever read, and each is checked against its hash before it is handed out.
+Weights are viewed in place (mapped); every other member a loader wants as a file (compiled
+packages, the tokenizer) is a checked copy unpacked into the content-addressed cache, never the
+artifact's own file, so a file dropped into or altered in a folder artifact is never used.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import zstandard
+
+from atom_aot.artifact.digest import fast_hash, sha256
+from atom_aot.artifact.graph_plan import GRAPHS, GraphPlan
+from atom_aot.artifact.layout import MANIFEST, MANIFEST_CHECKSUM, REBUILD, ZSTD_SUFFIX
+from atom_aot.artifact.manifest import Manifest, Member
+from atom_aot.artifact.tuning import TUNING, Tuning
+from atom_aot.artifact.unpack import unpack_dir, unpack_file
+from atom_aot.errors import ArtifactError
+
+
+@dataclass(frozen=True)
+class _Stored:
+    file: Path           # the archive, or the member's own file in a folder
+    offset: int          # of the member's bytes within `file`
+    size: int            # stored size (compressed size for zstd members)
+    compressed: bool
+
+
+class Artifact:
+    """An opened artifact: its typed manifest and checked access to the members it lists."""
+
+    def __init__(self, path: Path, manifest: Manifest, stored: dict[str, _Stored]):
+        self.path = path
+        self.manifest = manifest
+        self._stored = stored
+        self._maps: dict[Path, mmap.mmap | bytes] = {}
+        self._verified: set[str] = set()       # members whose stored bytes matched their xxh3
+
+    # -- opening ----------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | Path) -> "Artifact":
+        path = Path(path)
+        if not path.exists():
+            raise ArtifactError(f"no artifact at {path}")
+        try:
+            return cls._open_folder(path) if path.is_dir() else cls._open_archive(path)
+        except ArtifactError:
+            raise
+        except (OSError, tarfile.TarError, ValueError, EOFError) as e:
+            raise ArtifactError(f"{path} is not a readable atom-aot artifact ({type(e).__name__}: {e}). "
+                                f"It may be truncated or corrupt: rebuild it with atom-build.") from None
+
+    @classmethod
+    def _open_folder(cls, path: Path) -> "Artifact":
+        root = path.resolve()
+        if not (root / MANIFEST).is_file() or not (root / MANIFEST_CHECKSUM).is_file():
+            raise ArtifactError(f"{path} has no {MANIFEST} and {MANIFEST_CHECKSUM}: it is not an atom-aot artifact.")
+        manifest = _parse_manifest(path, (root / MANIFEST).read_bytes(), (root / MANIFEST_CHECKSUM).read_bytes())
+        stored = {}
+        for name, member in manifest.members.items():
+            file = (root / name).resolve()
+            if root not in file.parents or not file.is_file():
+                raise ArtifactError(f"{path}: member {name} is missing (or not a plain file inside the folder). "
+                                    f"{REBUILD}")
+            if member.stored != "raw":
+                raise ArtifactError(f"{path}: member {name} is marked {member.stored}, but a folder stores members "
+                                    f"raw: the manifest is malformed. {REBUILD}")
+            stored[name] = _Stored(file, 0, file.stat().st_size, False)
+        return cls(path, manifest, stored)
+
+    @classmethod
+    def _open_archive(cls, path: Path) -> "Artifact":
+        size = path.stat().st_size
+        with tarfile.open(path, "r:") as tar:
+            entries = {m.name: m for m in tar.getmembers() if m.isfile()}
+            if MANIFEST not in entries or MANIFEST_CHECKSUM not in entries:
+                raise ArtifactError(f"{path} has no manifest: it is not an atom-aot artifact, or it is truncated.")
+            manifest = _parse_manifest(path, tar.extractfile(entries[MANIFEST]).read(),
+                                       tar.extractfile(entries[MANIFEST_CHECKSUM]).read())
+        stored = {}
+        for name, member in manifest.members.items():
+            compressed = member.stored == "zstd"
+            entry = entries.get(name + ZSTD_SUFFIX if compressed else name)
+            if entry is None or entry.offset_data + entry.size > size or entry.size != member.stored_size:
+                raise ArtifactError(f"{path}: member {name} is missing or cut short (truncated file?). {REBUILD}")
+            stored[name] = _Stored(path, entry.offset_data, entry.size, compressed)
+        return cls(path, manifest, stored)
+
+    # -- checking ---------------------------------------------------------------------------
+    def verify(self, full: bool = False) -> None:
+        """Check every member against the manifest: xxh3-128 (fast, at every load) or sha256 (`verify`)."""
+        for name in self.manifest.members:
+            self._check(name, self._contents(name), full)
+
+    def _check(self, name: str, data, full: bool = False) -> None:
+        member = self.manifest.members[name]
+        if len(data) != member.size:
+            self._corrupt(name, f"size {len(data)} != {member.size}")
+        if (sha256(data) != member.sha256) if full else (fast_hash(data) != member.xxh3):
+            self._corrupt(name, "its hash does not match the manifest")
+        self._verified.add(name)
+
+    def _corrupt(self, name: str, why: str):
+        raise ArtifactError(f"{self.path}: member {name} is corrupt ({why}). Nothing from this artifact was "
+                            f"loaded. Rebuild it with atom-build, or copy it again.")
+
+    # -- members ----------------------------------------------------------------------------
+    def _member(self, name: str) -> Member:
+        if name not in self.manifest.members:
+            raise ArtifactError(f"{self.path}: the manifest lists no member {name}. {REBUILD}")
+        return self.manifest.members[name]
+
+    def _contents(self, name: str):
+        """A member's bytes as stored, decompressed if need be (mapped, not copied, when raw)."""
+        member, s = self._member(name), self._stored[name]
+        data = memoryview(self._mapped(s.file))[s.offset:s.offset + s.size]
+        if not s.compressed:
+            return data
+        try:
+            return zstandard.ZstdDecompressor().decompress(data, max_output_size=member.size)
+        except zstandard.ZstdError as e:
+            self._corrupt(name, f"zstd: {e}")
+
+    def _mapped(self, file: Path):
+        if file not in self._maps:
+            with open(file, "rb") as fh:
+                empty = os.fstat(fh.fileno()).st_size == 0
+                self._maps[file] = b"" if empty else mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+        return self._maps[file]
+
+    def member_buffer(self, name: str) -> memoryview:
+        """A listed member's bytes, checked against the manifest (mapped, not copied, when stored raw)."""
+        data = self._contents(name)
+        if name not in self._verified:
+            self._check(name, data)
+        return memoryview(data)
+
+    def member_bytes(self, name: str) -> bytes:
+        """A private copy of a listed member, checked after copying (what is written or parsed is what was checked)."""
+        data = bytes(self._contents(name))
+        self._check(name, data)
+        return data
+
+    def member_path(self, name: str) -> Path:
+        """A checked copy of one member in the unpack cache, keyed by its sha256."""
+        member = self._member(name)
+        return unpack_file(member.sha256[:32], Path(name).name, member.xxh3, lambda: self.member_bytes(name))
+
+    def member_dir(self, prefix: str) -> Path:
+        """A folder in the unpack cache holding exactly the listed members under `prefix/` (e.g. tokenizer/)."""
+        names = sorted(n for n in self.manifest.members if n.startswith(prefix + "/"))
+        files = {n.removeprefix(prefix + "/"): self.manifest.members[n].xxh3 for n in names}
+        digest = fast_hash(json.dumps(files, sort_keys=True).encode())
+        return unpack_dir(digest, prefix, files, lambda file: self.member_bytes(f"{prefix}/{file}"))
+
+    # -- typed members ----------------------------------------------------------------------
+    def read_json(self, name: str) -> dict:
+        """A listed JSON member (config/config.json, config/generation_config.json) as a dict."""
+        try:
+            data = json.loads(self.member_bytes(name))
+        except (ValueError, RecursionError) as e:
+            raise ArtifactError(f"{self.path}: member {name} is not valid JSON ({e}). {REBUILD}") from None
+        if not isinstance(data, dict):
+            raise ArtifactError(f"{self.path}: member {name} must hold a JSON object. {REBUILD}")
+        return data
+
+    def read_tuning(self) -> Tuning:
+        return Tuning.from_dict(self.read_json(TUNING))
+
+    def read_graph_plan(self) -> GraphPlan:
+        return GraphPlan.from_json(self.member_bytes(GRAPHS))
+
+
+def _parse_manifest(path: Path, raw: bytes, checksum: bytes) -> Manifest:
+    if fast_hash(raw) != checksum.decode("ascii", "replace").strip():
+        raise ArtifactError(f"{path}: the manifest does not match its checksum (corrupt or edited). {REBUILD}")
+    return Manifest.from_json(raw, f"{path}: {MANIFEST}")

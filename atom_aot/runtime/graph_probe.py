@@ -1,0 +1,40 @@
+"""`python -m atom_aot.runtime.graph_probe ARGS_JSON`: the graph-pool probe the build runs in a
+child process (atom_aot/build/graphs.py). It loads a staged tree's decode package and weights as
+serving does, captures every decode size into one pool with the runtime's CUDA-graph code, and
+prints the resulting GraphPlan as JSON on its last line."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from atom_aot.artifact.graph_plan import GraphPlan
+from atom_aot.artifact.layout import CONFIG, package_member, weights_member
+from atom_aot.artifact.phase import Phase
+
+
+def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_model_len: int) -> GraphPlan:
+    import torch
+    from safetensors.torch import load_file
+
+    from atom_aot.models import ModelConfig
+    from atom_aot.runtime.compiled import CompiledModel
+    from atom_aot.runtime.cuda_graphs import DecodeGraphs
+    from atom_aot.runtime.kv_cache import allocate_kv_cache
+    device = torch.device("cuda")
+    cfg = ModelConfig.from_json(staging / CONFIG)
+    weights = load_file(str(staging / weights_member(0)), device="cuda")
+    decode = CompiledModel(staging / package_member(Phase.DECODE), device).bind(weights)
+    kv_cache = allocate_kv_cache(cfg, sizes[-1] + 1, block_size, getattr(torch, kv_dtype), device)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_reserved()
+    graphs = DecodeGraphs(decode, kv_cache, tuple(sizes), -(-max_model_len // block_size))
+    graphs.capture()
+    return GraphPlan(tuple(sizes), torch.cuda.memory_reserved() - before,
+                     "pool_bytes: memory reserved by capturing every size into one pool (static inputs included)")
+
+
+if __name__ == "__main__":
+    a = json.loads(sys.argv[1])
+    plan = probe(Path(a["staging"]), a["sizes"], a["block_size"], a["kv_dtype"], a["max_model_len"])
+    print(plan.to_json(indent=None))
