@@ -7,7 +7,8 @@
 2. checks: each kernel, every candidate config, against the torch reference at Qwen3-0.6B and
    Llama-3.1-8B shapes in bf16 (and an fp8 KV cache), relative error in float64;
 3. timings: each candidate config (triton.testing.do_bench, median, L2 flushed between runs) on
-   decode batches 1..256 x context 512..8192, prefill 1x1024 and 8x1024, and the fused
+   decode batches 1..256 x context 512..8192 (with the key-split count each decode config gets at
+   that batch), prefill 1x1024 and 8x1024, and the fused
    QK-norm + rope + cache write; achieved bandwidth against the copy ceiling; torch eager as a baseline;
 4. winners per (kernel, model, shape): what the build would store in tuning.json.
 One failing case is recorded under "errors" and the run goes on; a time budget skips what is left.
@@ -108,9 +109,10 @@ class Bench:
         self.checks.append({"kernel": kernel, "model": model, "config": config, "rel_error": err, "tol": tol,
                             "ok": bool(err < tol), **extra})
 
-    def timing(self, kernel: str, model: str, shape: str, config, ms: float, bytes_moved: int, flops: int = 0):
+    def timing(self, kernel: str, model: str, shape: str, config, ms: float, bytes_moved: int, flops: int = 0,
+               **extra):
         self.timings.append({"kernel": kernel, "model": model, "shape": shape, "config": config, "ms": ms,
-                             "gbps": bytes_moved / ms / 1e6, "tflops": flops / ms / 1e9 if flops else None})
+                             "gbps": bytes_moved / ms / 1e6, "tflops": flops / ms / 1e9 if flops else None, **extra})
 
 
 # ---- ceilings ----
@@ -177,7 +179,8 @@ def time_attention(bench: Bench, name: str, m: dict, phase: str, num_seqs: int, 
     for config in paged_attention.CANDIDATE_CONFIGS[phase]:
         def one(config=config):
             ms = bench.time_ms(lambda: run_attention(batch, q, config))
-            bench.timing("paged_attention", name, shape, config.as_dict(), ms, moved, int(flops))
+            splits = paged_attention.split_count(num_seqs, m["kv_heads"], config.target_programs, config.max_splits)
+            bench.timing("paged_attention", name, shape, config.as_dict(), ms, moved, int(flops), key_splits=splits)
         bench.guarded(f"time attention {name} {shape} {config}", one)
     del batch, q
 
@@ -275,13 +278,14 @@ def print_table(report: dict) -> None:
     print(f"checks: {len(report['checks']) - len(bad)}/{len(report['checks'])} ok"
           + "".join(f"\n  FAIL {c['kernel']} {c['model']} {short_config(c['config'])} err={c['rel_error']:.2e}"
                     for c in bad[:10]))
-    print(f"{'kernel':<24} {'model':<12} {'shape':<24} {'best config':<14} {'us':>9} {'GB/s':>7} {'%copy':>6} "
-          f"{'TFLOP/s':>7} {'torch us':>9}")
+    print(f"{'kernel':<24} {'model':<12} {'shape':<24} {'best config':<18} {'splits':>6} {'us':>9} {'GB/s':>7} "
+          f"{'%copy':>6} {'TFLOP/s':>7} {'torch us':>9}")
     for w in report["winners"]:
         tflops = f"{w['tflops']:.0f}" if w["tflops"] else ""
         torch_us = f"{w['torch_ms'] * 1e3:.1f}" if w["torch_ms"] else ""
-        print(f"{w['kernel'][:24]:<24} {w['model'][:12]:<12} {w['shape'][:24]:<24} {short_config(w['config']):<14} "
-              f"{w['ms'] * 1e3:>9.1f} {w['gbps']:>7.0f} {100 * w['copy_fraction']:>5.0f}% {tflops:>7} {torch_us:>9}")
+        print(f"{w['kernel'][:24]:<24} {w['model'][:12]:<12} {w['shape'][:24]:<24} {short_config(w['config']):<18} "
+              f"{w.get('key_splits', ''):>6} {w['ms'] * 1e3:>9.1f} {w['gbps']:>7.0f} {100 * w['copy_fraction']:>5.0f}% "
+              f"{tflops:>7} {torch_us:>9}")
     print(f"errors: {len(report['errors'])}, skipped (time budget): {len(report['skipped'])}, "
           f"elapsed {report['elapsed_s']:.0f} s")
 

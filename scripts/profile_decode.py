@@ -8,9 +8,10 @@ Three measurements in one run, written to one JSON:
   kernels  torch.profiler over the same steps: GPU time per kernel, grouped (attention, attention
            merge, rope+cache write, GEMMs, fused norms/activations, sampling, copies), the GPU's busy
            share of the step and the idle gaps between kernels.
-  attention  the decode attention op alone at batch 64/128/256 x context 512-4096: achieved KV
-           bandwidth (bytes of K and V read / median time) with the artifact's decode config and with
-           each candidate, against a device-to-device copy measured in the same run.
+  attention  the decode attention op alone at batch 1-256 x context 512-4096: achieved KV
+           bandwidth (bytes of K and V read / median CUDA-graph replay time) with the artifact's decode
+           config and with each candidate, and the key-split count each gets at that batch, against a
+           device-to-device copy measured in the same run.
 
   PYTHONPATH=. python scripts/profile_decode.py --artifact ART --out $OUT/profile.json
 """
@@ -181,38 +182,43 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * src.element_size() / (ms / 1e3)
 
 
-def attention_sweep(cfg, kv_dtype: torch.dtype, chosen: tuple[int, ...]) -> dict:
-    """The decode attention op alone: achieved KV bandwidth per batch x context, per config."""
-    import triton.testing
+SWEEP_BATCHES = (1, 8, 32, 64, 128, 256)
+SWEEP_CONTEXTS = (512, 1024, 2048, 4096)
 
+
+def attention_sweep(cfg, kv_dtype: torch.dtype, chosen: tuple[int, ...]) -> dict:
+    """The decode attention op alone: achieved KV bandwidth per batch x context, for the artifact's decode
+    config and each candidate, with the key-split count each config gets at that batch. Timed as CUDA-graph
+    replays (as served; at batch 1 a plain call would time the host's launch instead of the kernel)."""
     import atom_aot.ops.triton  # noqa: F401  (registers atom_triton::)
-    from atom_aot.ops.triton.paged_attention import CANDIDATE_CONFIGS
-    configs = {",".join(map(str, c.as_args())): c.as_args() for c in CANDIDATE_CONFIGS["decode"]}
+    from atom_aot.ops.triton.paged_attention import CANDIDATE_CONFIGS, AttentionConfig, split_count
+    from atom_aot.ops.triton.timing import measure_ms
+    configs = {",".join(map(str, c)): c for c in (chosen, *(c.as_args() for c in CANDIDATE_CONFIGS["decode"]))}
     peak = copy_bandwidth()
     rows = []
-    for batch in (64, 128, 256):
-        for context in (512, 1024, 2048, 4096):
+    for batch in SWEEP_BATCHES:
+        for context in SWEEP_CONTEXTS:
             inputs = decode_inputs(cfg, batch, context, kv_dtype)
             kv_bytes = 2 * batch * context * cfg.num_key_value_heads * cfg.head_dim * inputs[1].element_size()
             row = {"batch": batch, "context": context, "kv_bytes": kv_bytes, "configs": {}}
             for key, c in configs.items():
-                ms = triton.testing.do_bench(lambda: torch.ops.atom_triton.paged_attention(*inputs, *c),
-                                             warmup=10, rep=50, return_mode="median")
-                row["configs"][key] = {"ms": ms, "bandwidth_share_of_copy": kv_bytes / (ms / 1e3) / peak}
+                ms = measure_ms(lambda: torch.ops.atom_triton.paged_attention(*inputs, *c))[0]
+                config = AttentionConfig(*c)
+                row["configs"][key] = {"ms": ms, "bandwidth_share_of_copy": kv_bytes / (ms / 1e3) / peak,
+                                       "key_splits": split_count(batch, cfg.num_key_value_heads,
+                                                                 config.target_programs, config.max_splits)}
             best = min(row["configs"], key=lambda k: row["configs"][k]["ms"])
             row["best"], row["chosen"] = best, ",".join(map(str, chosen))
             rows.append(row)
             del inputs
-    return {"copy_bandwidth_bytes_per_s": peak, "decode_config_in_artifact": list(chosen), "rows": rows}
+    return {"copy_bandwidth_bytes_per_s": peak, "decode_config_in_artifact": list(chosen),
+            "config_fields": list(AttentionConfig.__dataclass_fields__), "rows": rows}
 
 
 def decode_attention_config(engine) -> tuple[int, ...]:
-    tuning = engine.loaded.tuning
-    try:   # the typed Tuning of artifact format 2
-        from atom_aot.artifact.phase import Phase
-        return tuple(tuning.for_phase(Phase.DECODE).op("attention").params["paged_attention"])
-    except AttributeError:   # a format-1 tuning dict
-        return tuple(tuning["phases"]["decode"]["attention_config"])
+    """The artifact's decode attention launch params (AttentionConfig's fields, in order)."""
+    from atom_aot.artifact.phase import Phase
+    return tuple(engine.loaded.tuning.for_phase(Phase.DECODE).op("attention").params["paged_attention"])
 
 
 def decode_inputs(cfg, batch: int, context: int, kv_dtype: torch.dtype):
@@ -261,11 +267,11 @@ def main(argv=None):
     print(json.dumps({k: report[k] for k in report if k != "attention"}, indent=1)[:6000])
     if "attention" in report:
         for row in report["attention"]["rows"]:
-            c = row["configs"]
-            print(f"B={row['batch']:4d} ctx={row['context']:5d} chosen {row['chosen']:>16}: "
-                  f"{c[row['chosen']]['ms']:.3f} ms ({c[row['chosen']]['bandwidth_share_of_copy']:.0%} of copy) | "
-                  f"best {row['best']:>16}: {c[row['best']]['ms']:.3f} ms "
-                  f"({c[row['best']]['bandwidth_share_of_copy']:.0%})")
+            chosen, best = row["configs"][row["chosen"]], row["configs"][row["best"]]
+            print(f"B={row['batch']:4d} ctx={row['context']:5d} chosen {row['chosen']:>22}: {chosen['ms']:.3f} ms "
+                  f"({chosen['bandwidth_share_of_copy']:.0%} of copy, {chosen['key_splits']} splits) | "
+                  f"best {row['best']:>22}: {best['ms']:.3f} ms ({best['bandwidth_share_of_copy']:.0%}, "
+                  f"{best['key_splits']} splits)")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Without a GPU the kernels run under TRITON_INTERPRET=1 on CPU tensors (slow: shapes stay small).
 Every case draws fresh random inputs and a random block layout; outputs are checked everywhere
-(padding rows must come back as zeros, never NaN).
+(padding rows must come back as zeros, never NaN). Most cases pin the key-split count with
+`fixed_splits`; TestAdaptiveSplits runs one decode config at batches that split differently.
 """
 import pytest
 import torch
@@ -13,10 +14,15 @@ from triton_support import DEVICE, ON_GPU, poisoned_outputs  # noqa: F401 (an au
 from atom_aot.ops.attention import reference_attention
 from atom_aot.ops.triton.batch_inputs import make_paged_batch
 from atom_aot.ops.triton.paged_attention import (
-    CANDIDATE_CONFIGS, AttentionConfig, launch_paged_attention, paged_attention)
+    CANDIDATE_CONFIGS, DEFAULT_CONFIGS, AttentionConfig, launch_paged_attention, paged_attention, split_count)
 
 
 TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
+
+
+def fixed_splits(num_splits: int, block_m: int = 16, block_n: int = 16) -> AttentionConfig:
+    """A config that splits keys num_splits ways at every batch of these tests (its target is never met)."""
+    return AttentionConfig(block_m, block_n, 4, 2, target_programs=1 << 20, max_splits=num_splits)
 
 
 def run_case(context_lens, query_lens, num_heads, num_kv_heads, head_dim, config: AttentionConfig,
@@ -46,34 +52,74 @@ class TestDecode:
     @pytest.mark.parametrize("num_splits", [1, 4])
     def test_gqa_ratios_and_splits(self, num_heads, num_kv_heads, num_splits):
         err, _ = run_case(DECODE_CTX, [1] * 6, num_heads, num_kv_heads, 64,
-                          AttentionConfig(16, 16, num_splits, 4, 2), seed=num_heads + num_splits)
+                          fixed_splits(num_splits), seed=num_heads + num_splits)
         assert err < TOL[torch.float32]
 
     def test_long_context_many_splits_head_dim_128(self):
         # 1500 keys / 64 per block: 24 key blocks over 8 splits (3 each); one sequence leaves splits empty
-        err, _ = run_case([1499, 30, 7], [1, 1, 1], 8, 2, 128, AttentionConfig(16, 64, 8, 4, 2), seed=3)
+        err, _ = run_case([1499, 30, 7], [1, 1, 1], 8, 2, 128, fixed_splits(8, block_n=64), seed=3)
         assert err < TOL[torch.float32]
 
     def test_padding_rows_are_zero(self):
         for splits in (1, 3):
-            err, pad = run_case([5, 33], [1, 1], 4, 2, 64, AttentionConfig(16, 16, splits, 4, 2), pad_tokens=3)
+            err, pad = run_case([5, 33], [1, 1], 4, 2, 64, fixed_splits(splits), pad_tokens=3)
             assert err < TOL[torch.float32]
             assert pad.shape[0] == 3 and torch.equal(pad, torch.zeros_like(pad))
+
+
+ADAPTIVE = AttentionConfig(16, 16, 4, 2, target_programs=48, max_splits=16)   # over 2 kv heads: ceil(24 / B)
+
+
+def random_contexts(batch: int, longest: int, seed: int) -> list[int]:
+    """Cached lengths drawn from [0, longest): most are not multiples of the 16-token block."""
+    return torch.randint(0, longest, (batch,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+class TestAdaptiveSplits:
+    """One decode config at batches whose key-split counts differ (16, 8, 2, then 1)."""
+
+    def test_split_count_follows_the_batch(self):
+        assert [split_count(b, 2, 48, 16) for b in (1, 2, 3, 12, 23, 24, 64, 300)] == [16, 12, 8, 2, 2, 1, 1, 1]
+        assert split_count(1, 8, 1, 1) == 1      # a config that never splits (prefill)
+        assert split_count(0, 8, 512, 32) == 32  # no sequences at all: still a valid grid
+
+    @pytest.mark.parametrize("num_heads", [2, 4, 8, 16])   # GQA groups 1, 2, 4, 8 over 2 kv heads
+    @pytest.mark.parametrize("batch", [1, 3, 12])
+    def test_small_batches_split_keys(self, batch, num_heads):
+        assert split_count(batch, 2, 48, 16) > 1
+        err, pad = run_case(random_contexts(batch, 200, seed=batch), [1] * batch, num_heads, 2, 64, ADAPTIVE,
+                            pad_tokens=1, seed=batch * num_heads)
+        assert err < TOL[torch.float32]
+        assert torch.equal(pad, torch.zeros_like(pad))
+
+    @pytest.mark.parametrize("batch,num_heads,longest", [(64, 4, 100), (64, 16, 60), (300, 8, 40)])
+    def test_large_batches_do_not_split(self, batch, num_heads, longest):
+        assert split_count(batch, 2, 48, 16) == 1
+        err, pad = run_case(random_contexts(batch, longest, seed=batch + num_heads), [1] * batch, num_heads, 2, 64,
+                            ADAPTIVE, pad_tokens=2, seed=batch + num_heads)
+        assert err < TOL[torch.float32]
+        assert torch.equal(pad, torch.zeros_like(pad))
+
+    @pytest.mark.parametrize("batch", [1, 3, 64])
+    def test_fp8_cache(self, batch):
+        err, _ = run_case(random_contexts(batch, 150, seed=40 + batch), [1] * batch, 8, 2, 64, ADAPTIVE,
+                          dtype=torch.bfloat16, cache_dtype=torch.float8_e4m3fn, seed=40 + batch)
+        assert err < TOL[torch.bfloat16]
 
 
 class TestPrefill:
     @pytest.mark.parametrize("num_heads,num_kv_heads", [(2, 2), (4, 2), (8, 2)])
     def test_several_sequences(self, num_heads, num_kv_heads):
         err, _ = run_case([0, 0, 0, 0], [17, 5, 33, 1], num_heads, num_kv_heads, 64,
-                          AttentionConfig(32, 16, 1, 4, 2), seed=num_heads)
+                          fixed_splits(1, block_m=32), seed=num_heads)
         assert err < TOL[torch.float32]
 
     def test_head_dim_128(self):
-        err, _ = run_case([0, 0], [40, 9], 4, 2, 128, AttentionConfig(32, 32, 1, 4, 2), seed=5)
+        err, _ = run_case([0, 0], [40, 9], 4, 2, 128, fixed_splits(1, block_m=32, block_n=32), seed=5)
         assert err < TOL[torch.float32]
 
     def test_head_dim_not_power_of_two(self):
-        err, _ = run_case([0, 20], [12, 4], 4, 2, 80, AttentionConfig(16, 16, 2, 4, 2), seed=6)
+        err, _ = run_case([0, 20], [12, 4], 4, 2, 80, fixed_splits(2), seed=6)
         assert err < TOL[torch.float32]
 
 
@@ -82,14 +128,14 @@ class TestChunkedAndMixed:
     def test_chunks_after_cached_context_with_decodes(self, num_splits):
         # chunks of prompts after 16, 37 and 5 cached tokens, two decodes, padding rows
         err, pad = run_case([16, 37, 50, 5, 0], [8, 20, 1, 3, 1], 8, 2, 64,
-                            AttentionConfig(32, 16, num_splits, 4, 2), pad_tokens=2, seed=7 + num_splits)
+                            fixed_splits(num_splits, block_m=32), pad_tokens=2, seed=7 + num_splits)
         assert err < TOL[torch.float32]
         assert torch.equal(pad, torch.zeros_like(pad))
 
     def test_group_of_three_and_empty_sequences(self):
         # 6 q heads over 2 kv heads (GROUP 3, padded to 4); sequences 1 and 3 have no new tokens
         for splits in (1, 2):
-            err, pad = run_case([5, 9, 30, 40], [2, 0, 7, 0], 6, 2, 64, AttentionConfig(16, 16, splits, 4, 2),
+            err, pad = run_case([5, 9, 30, 40], [2, 0, 7, 0], 6, 2, 64, fixed_splits(splits),
                                 pad_tokens=2, seed=30 + splits)
             assert err < TOL[torch.float32]
             assert torch.equal(pad, torch.zeros_like(pad))
@@ -105,14 +151,14 @@ class TestDtypes:
     @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
     def test_half_precision(self, dtype):
         for splits in (1, 4):
-            err, _ = run_case([0, 40, 100], [20, 1, 3], 8, 2, 64, AttentionConfig(32, 16, splits, 4, 2),
+            err, _ = run_case([0, 40, 100], [20, 1, 3], 8, 2, 64, fixed_splits(splits, block_m=32),
                               dtype=dtype, pad_tokens=1, seed=11 + splits)
             assert err < TOL[dtype]
 
     @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
     def test_fp8_cache_upcast_on_load(self, dtype):
         # the reference reads the same fp8 values (widened), so only the attention math differs
-        err, _ = run_case([0, 40, 100], [12, 1, 1], 4, 2, 64, AttentionConfig(16, 16, 2, 4, 2),
+        err, _ = run_case([0, 40, 100], [12, 1, 1], 4, 2, 64, fixed_splits(2),
                           dtype=dtype, cache_dtype=torch.float8_e4m3fn, seed=13)
         assert err < TOL[dtype]
 
@@ -121,7 +167,8 @@ def test_launcher_and_op_agree():
     g = torch.Generator().manual_seed(17)
     batch = make_paged_batch([3, 20], [5, 1], 2, 64, dtype=torch.float32, device=DEVICE, generator=g)
     q = torch.randn(6, 4, 64, generator=g).to(DEVICE)
-    args = (q, batch.kv_cache, 0, batch.block_tables, batch.seq_lens, batch.query_start_loc, 0.125, 16, 16, 2, 4, 2)
+    args = (q, batch.kv_cache, 0, batch.block_tables, batch.seq_lens, batch.query_start_loc, 0.125,
+            *fixed_splits(2).as_args())
     assert torch.equal(launch_paged_attention(*args), paged_attention(*args))
 
 
@@ -131,7 +178,8 @@ def test_strided_q_view():
     batch = make_paged_batch([10, 0], [3, 4], 2, 64, dtype=torch.float32, device=DEVICE, generator=g)
     qkv = torch.randn(7, 8 * 64, generator=g).to(DEVICE)
     q = qkv[:, :4 * 64].unflatten(-1, (4, 64))                       # [T, H, D], row stride 512
-    args = (batch.kv_cache, 1, batch.block_tables, batch.seq_lens, batch.query_start_loc, 0.125, 16, 16, 1, 4, 2)
+    args = (batch.kv_cache, 1, batch.block_tables, batch.seq_lens, batch.query_start_loc, 0.125,
+            *fixed_splits(1).as_args())
     assert torch.allclose(paged_attention(q, *args), paged_attention(q.contiguous(), *args), rtol=0, atol=0)
 
 
@@ -141,9 +189,9 @@ class TestGPU:
     @pytest.mark.parametrize("num_heads,num_kv_heads", [(16, 8), (32, 8)])
     def test_bf16_model_shapes(self, num_heads, num_kv_heads):
         decode = run_case([511, 2047, 4095, 100] * 4, [1] * 16, num_heads, num_kv_heads, 128,
-                          AttentionConfig(16, 64, 8, 4, 2), dtype=torch.bfloat16, pad_tokens=4)
+                          DEFAULT_CONFIGS["decode"], dtype=torch.bfloat16, pad_tokens=4)
         prefill = run_case([0, 0, 300], [1024, 77, 513], num_heads, num_kv_heads, 128,
-                           AttentionConfig(64, 64, 1, 4, 2), dtype=torch.bfloat16)
+                           DEFAULT_CONFIGS["prefill"], dtype=torch.bfloat16)
         assert decode[0] < 2e-2 and prefill[0] < 2e-2
 
     def test_cuda_graph_replay_with_new_values(self):
@@ -158,7 +206,7 @@ class TestGPU:
         lens = torch.zeros(4, dtype=torch.int32, device="cuda")
         starts = first.query_start_loc.clone()
         q = torch.randn(4, 16, 128, device="cuda", dtype=torch.bfloat16)
-        args = (q, cache, 1, tables, lens, starts, 128 ** -0.5, 16, 64, 8, 4, 2)
+        args = (q, cache, 1, tables, lens, starts, 128 ** -0.5, *fixed_splits(8, block_n=64).as_args())
 
         def load(batch):
             nb = batch.kv_cache.shape[2]

@@ -12,7 +12,7 @@ from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
 from atom_aot.errors import ArtifactError
 from atom_aot.ops.backends import make_backend
 
-TRITON = BackendChoice("triton", {"paged_attention": (16, 16, 2, 4, 2), "qk_norm_rope_cache_write": (2, 4)})
+TRITON = BackendChoice("triton", {"paged_attention": (16, 16, 4, 2, 1 << 20, 2), "qk_norm_rope_cache_write": (2, 4)})
 REFERENCE = BackendChoice("reference")
 
 
@@ -41,8 +41,8 @@ def test_triton_equals_reference(architecture):
 
 
 def test_malformed_params_are_refused():
-    with pytest.raises(ArtifactError, match=r"params\['paged_attention'\] must be \[block_m, block_n, num_splits"):
+    with pytest.raises(ArtifactError, match=r"params\['paged_attention'\] must be \[block_m, block_n, num_warps"):
         make_backend("attention", BackendChoice("triton", {"paged_attention": (16, 16),
                                                            "qk_norm_rope_cache_write": (2, 4)}))
     with pytest.raises(ArtifactError, match="qk_norm_rope_cache_write"):
-        make_backend("attention", BackendChoice("triton", {"paged_attention": (16, 16, 2, 4, 2)}))
+        make_backend("attention", BackendChoice("triton", {"paged_attention": (16, 16, 4, 2, 1 << 20, 2)}))

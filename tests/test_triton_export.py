@@ -6,72 +6,204 @@ launches them, so no GPU is needed). Checks that
   block-table width and KV pool size all dynamic);
 - with the triton ops decomposed (what AOTInductor does), every kernel launch is a
   `triton_kernel_wrapper_functional` whose grid is an expression of the dynamic token count
-  and batch size, and nothing reads a tensor value on the host (no `.item()`).
+  and batch size, and nothing reads a tensor value on the host (no `.item()`);
+- run on decode batches of 1 .. 300 sequences (kernel launches recorded, not made), that graph
+  computes from the sizes alone the same launches as the eager op: the key-split count, the
+  grids and the workspace shapes follow the batch. The eager op's results at those batch sizes
+  are checked against the reference in test_triton_attention.py.
+On a GPU, the same attention graph is AOTInductor-compiled once and run, and replayed in CUDA
+graphs, at batches that split their keys differently.
 """
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("triton")
 
+from triton_kernel_checks import rel_error  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DECODE_CONFIG = (16, 16, 4, 2, 48, 16)    # block_m, block_n, num_warps, num_stages, target_programs, max_splits
+DECODE_BATCHES = {1: 16, 3: 8, 12: 2, 64: 1, 300: 1}   # batch -> key splits (Hkv = 2: ceil(48 / 2B), at most 16)
+
 SCRIPT = r'''
+import json
+import sys
 import torch
 from torch.export import Dim, export
+from torch.fx import Interpreter
+from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table, triton_kernel_wrapper_functional
 import atom_aot.ops.triton  # noqa: F401  registers atom_triton::*
+from atom_aot.ops.triton import paged_attention as attention_module
+from triton_aot_check import record_launches
+
+CONFIG, BATCHES = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 
 class Step(torch.nn.Module):
     def forward(self, q, k, v, positions, cos_sin, q_w, k_w, kv_cache, slots, block_tables, seq_lens, starts):
         q = torch.ops.atom_triton.qk_norm_rope_cache_write(q, k, v, positions, cos_sin, q_w, k_w, 1e-6,
                                                            kv_cache, 1, slots, 4, 4)
-        return torch.ops.atom_triton.paged_attention(q, kv_cache, 1, block_tables, seq_lens, starts, 0.125,
-                                                     16, 64, 8, 4, 2)
+        return torch.ops.atom_triton.paged_attention(q, kv_cache, 1, block_tables, seq_lens, starts, 0.125, *CONFIG)
 
-T, B, H, HKV, D = 7, 3, 4, 2, 64
-args = (torch.randn(T, H, D), torch.randn(T, HKV, D), torch.randn(T, HKV, D), torch.zeros(T, dtype=torch.int64),
-        torch.randn(32, D), torch.randn(D), torch.randn(D), torch.randn(2, 2, 10, 16, HKV, D),
-        torch.zeros(T, dtype=torch.int64), torch.zeros(B, 4, dtype=torch.int32), torch.ones(B, dtype=torch.int32),
-        torch.arange(B + 1, dtype=torch.int32))
-t, b, w = Dim("T", min=2, max=8192), Dim("B", min=2, max=512), Dim("W", min=2, max=1024)
+H, HKV, D = 4, 2, 64
+
+def step_inputs(num_tokens, num_seqs, num_blocks=10, width=4):
+    T, B = num_tokens, num_seqs
+    return (torch.randn(T, H, D), torch.randn(T, HKV, D), torch.randn(T, HKV, D), torch.zeros(T, dtype=torch.int64),
+            torch.randn(32, D), torch.randn(D), torch.randn(D), torch.randn(2, 2, num_blocks, 16, HKV, D),
+            torch.zeros(T, dtype=torch.int64), torch.zeros(B, width, dtype=torch.int32),
+            torch.ones(B, dtype=torch.int32), torch.arange(B + 1, dtype=torch.int32))
+
+t, b, w = Dim("T", min=1, max=8192), Dim("B", min=1, max=512), Dim("W", min=2, max=1024)
 blocks = Dim("num_blocks", min=2)   # the KV pool is sized at run time
 tok = {0: t}
 dynamic = (tok, tok, tok, tok, None, None, None, {2: blocks}, tok, {0: b, 1: w}, {0: b}, {0: b + 1})
-ep = export(Step(), args, dynamic_shapes=dynamic)
+ep = export(Step(), step_inputs(7, 3), dynamic_shapes=dynamic)
 calls = [n for n in ep.graph.nodes if n.op == "call_function" and "atom_triton" in str(n.target)]
 print("OPS", sorted({str(n.target) for n in calls}))
 attention = next(n for n in calls if "paged_attention" in str(n.target))
-print("ATTENTION_CONFIG", list(attention.args[-5:]))
+print("ATTENTION_CONFIG", list(attention.args[-len(CONFIG):]))
 
-decomposed = ep.run_decompositions(decompose_custom_triton_ops=True)
-launches = [n for n in decomposed.graph.nodes if "triton_kernel_wrapper" in str(n.target)]
-from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
-for n in launches:
-    kernel = kernel_side_table.get_kernel(n.kwargs["kernel_idx"])
+def jit_function(kernel_idx):
+    kernel = kernel_side_table.get_kernel(kernel_idx)
     while not hasattr(kernel, "arg_names") or not hasattr(kernel, "fn") or hasattr(kernel, "configs"):
         kernel = kernel.fn
-    grid = n.kwargs["grid"][0]
-    symbolic = [str(g) for g in grid if not isinstance(g, int)]
-    print("LAUNCH", kernel.fn.__name__, "symbolic_grid" if symbolic else "static_grid")
+    return kernel
+
+decomposed = ep.run_decompositions(decompose_custom_triton_ops=True)
+launches = [n for n in decomposed.graph.nodes if n.target is triton_kernel_wrapper_functional]
+for n in launches:
+    symbolic = [str(g) for g in n.kwargs["grid"][0] if not isinstance(g, int)]
+    print("LAUNCH", jit_function(n.kwargs["kernel_idx"]).fn.__name__, "symbolic_grid" if symbolic else "static_grid")
 reads = [n for n in decomposed.graph.nodes if "_local_scalar_dense" in str(n.target)]   # what .item() becomes
 print("HOST_READS", len(reads))
+
+def describe(kernel, grid, args):
+    """A launch as plain data: kernel name, grid, and each argument (a tensor by shape, strides, dtype)."""
+    def value(v):
+        return [list(v.shape), list(v.stride()), str(v.dtype)] if isinstance(v, torch.Tensor) else v
+    grid = [int(g) for g in grid] + [1] * (3 - len(grid))
+    return {"kernel": kernel.fn.__name__, "grid": grid,
+            "args": {name: value(args[name]) for name in kernel.arg_names}}
+
+class RecordingInterpreter(Interpreter):
+    """Runs the decomposed graph on real CPU tensors; kernel launches are recorded instead of made."""
+    def __init__(self, gm):
+        super().__init__(gm)
+        self.launches = []
+
+    def call_function(self, target, args, kwargs):
+        if target is not triton_kernel_wrapper_functional:
+            return super().call_function(target, args, kwargs)
+        kernel = jit_function(kwargs["kernel_idx"])
+        named = {**kernel_side_table.get_constant_args(kwargs["constant_args_idx"]), **kwargs["kwargs"]}
+        self.launches.append(describe(kernel, kwargs["grid"][0], named))
+        return {name: named[name] for name in kwargs["tensors_to_clone"]}
+
+for batch in BATCHES:   # decode: one token per sequence
+    inputs = step_inputs(batch, batch, num_blocks=5 + batch, width=3)
+    graph = RecordingInterpreter(decomposed.graph_module)
+    graph.run(*inputs)
+    q, kv_cache, tables, lens, starts = torch.empty(batch, H, D), inputs[7], inputs[9], inputs[10], inputs[11]
+    eager = record_launches(attention_module, attention_module.launch_paged_attention,
+                            q, kv_cache, 1, tables, lens, starts, 0.125, *CONFIG)
+    attention_kernels = ("paged_attention_kernel", "merge_splits_kernel")
+    print("RUN", json.dumps({"batch": batch,
+                             "graph": [l for l in graph.launches if l["kernel"] in attention_kernels],
+                             "eager": [describe(l.kernel, l.grid, l.args) for l in eager]}))
 '''
 
 
-def test_export_carries_configs_and_shape_only_grids():
+def run_export_script() -> list[str]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(DECODE_CONFIG), json.dumps(list(DECODE_BATCHES))],
+                          env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = proc.stdout.splitlines()
+    return proc.stdout.splitlines()
+
+
+@pytest.fixture(scope="module")
+def export_lines() -> list[str]:
+    return run_export_script()
+
+
+def test_export_carries_configs_and_shape_only_grids(export_lines):
+    lines = export_lines
     ops = next(line for line in lines if line.startswith("OPS"))
     for name in ("paged_attention", "qk_norm_rope_cache_write"):
         assert f"atom_triton.{name}.default" in ops
-    assert "ATTENTION_CONFIG [16, 64, 8, 4, 2]" in lines
+    assert f"ATTENTION_CONFIG {list(DECODE_CONFIG)}" in lines
     launches = [line.split()[1:] for line in lines if line.startswith("LAUNCH")]
     kernels = {name for name, _ in launches}
     assert kernels == {"qk_norm_rope_cache_write_kernel", "paged_attention_kernel", "merge_splits_kernel"}
-    # every launch scales with the dynamic token count (none was specialized to the example's T)
+    # every launch scales with the dynamic token count / batch (none was specialized to the example's)
     assert all(kind == "symbolic_grid" for _, kind in launches), launches
     assert "HOST_READS 0" in lines
+
+
+def test_exported_graph_splits_keys_by_the_batch_at_run_time(export_lines):
+    runs = {run["batch"]: run for run in (json.loads(line[4:]) for line in export_lines if line.startswith("RUN "))}
+    assert set(runs) == set(DECODE_BATCHES)
+    for batch, splits in DECODE_BATCHES.items():
+        graph, eager = runs[batch]["graph"], runs[batch]["eager"]
+        assert graph == eager, batch      # same kernels, grids, ints and workspace shapes as the eager op
+        tile, merge = graph
+        assert tile["kernel"] == "paged_attention_kernel" and merge["kernel"] == "merge_splits_kernel"
+        assert tile["grid"][2] == tile["args"]["num_splits"] == splits, batch
+        assert tile["args"]["part_ptr"][0] == [batch, 4, splits, 64]    # workspace sized by this batch's splits
+        # one split: the tile kernel writes the output and the merge launch has no programs
+        assert merge["grid"] == [batch if splits > 1 else 0, 4, 1], batch
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_aoti_package_splits_by_batch_at_run_time(tmp_path):
+    """One AOTInductor package serves batches with 16, 8, 2 and 1 key splits, also replayed in CUDA graphs."""
+    from torch.export import Dim, export
+
+    import atom_aot.ops.triton  # noqa: F401  registers atom_triton::*
+    from atom_aot.ops.attention import reference_attention
+    from atom_aot.ops.triton.batch_inputs import make_paged_batch
+
+    class Attention(torch.nn.Module):
+        def forward(self, q, kv_cache, block_tables, seq_lens, starts):
+            return torch.ops.atom_triton.paged_attention(q, kv_cache, 1, block_tables, seq_lens, starts, 0.125,
+                                                         *DECODE_CONFIG)
+
+    def decode_inputs(batch: int, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        context = torch.randint(0, 300, (batch,), generator=g).tolist()
+        paged = make_paged_batch(context, [1] * batch, 2, 64, dtype=torch.bfloat16, device="cuda", generator=g)
+        q = torch.randn(batch, 4, 64, generator=g).to("cuda", torch.bfloat16)
+        return q, paged.kv_cache, paged.block_tables, paged.seq_lens, paged.query_start_loc
+
+    seqs = Dim("B", min=1, max=512)
+    dynamic = ({0: seqs}, {2: Dim("num_blocks", min=2)}, {0: seqs, 1: Dim("W", min=1, max=1024)}, {0: seqs},
+               {0: seqs + 1})
+    exported = export(Attention(), decode_inputs(3, 0), dynamic_shapes=dynamic)
+    package = torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp_path / "attention.pt2"))
+    model = torch._inductor.aoti_load_package(package)
+
+    def check(out, inputs):
+        q, kv_cache, tables, lens, starts = (x.cpu() for x in inputs)
+        ref = reference_attention(q.double(), kv_cache[1].double(), tables, lens, starts, 0.125)
+        assert rel_error(out.cpu(), ref) < 2e-2
+
+    for batch in DECODE_BATCHES:
+        inputs = decode_inputs(batch, batch)
+        check(model(*inputs), inputs)
+        model(*inputs)     # warm up, then capture: any host sync in the package would fail the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = model(*inputs)
+        lens = inputs[3]
+        lens.copy_(torch.randint(1, int(lens.min()) + 1, lens.shape, device="cuda", dtype=torch.int32))
+        graph.replay()   # new lengths, same shapes: the captured grid still covers them
+        check(out, inputs)

@@ -4,8 +4,10 @@ The runtime reads these and never autotunes. Each phase's row names, per op, a b
 registry (atom_aot/ops/backends) and its launch params. On the CPU there is one implementation of
 each op (the `reference` attention backend; Inductor's C++ code for the rest), so nothing is
 measured. On a GPU arch each Triton kernel's candidate configs are timed on the model's own shapes
-(decode at several capture sizes, prefill at two token counts) and the fastest is kept per phase:
-`decode` for the decode package the CUDA graphs replay, `mixed` for everything else.
+(decode at batches 1 to 256, prefill at two token counts) and the one closest to each shape's
+fastest is kept per phase: `decode` for the decode package the CUDA graphs replay, `mixed` for
+everything else. A decode config's key-split count adapts to the batch at run time
+(atom_aot/ops/triton/paged_attention.split_count), so one config can be near-best from batch 1 to 256.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from atom_aot.artifact.tuning import BackendChoice, PhaseTuning, Tuning
 from atom_aot.build.config import BuildConfig
 from atom_aot.models import ModelConfig
 
-DECODE_BATCHES = (1, 8, 32, 128)
+DECODE_BATCHES = (1, 8, 32, 128, 256)
 PREFILL_BATCHES = ((1, 1024), (4, 512))      # (sequences, tokens each)
 
 
@@ -34,7 +36,7 @@ def tune_kernels(config: BuildConfig, model_config: ModelConfig, max_model_len: 
 
 def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int) -> Tuning:
     import atom_aot.ops.triton  # noqa: F401  (registers the ops)
-    from atom_aot.ops.triton.paged_attention import CANDIDATE_CONFIGS as ATTENTION
+    from atom_aot.ops.triton.paged_attention import CANDIDATE_CONFIGS as ATTENTION, AttentionConfig, split_count
     from atom_aot.ops.triton.rope_cache import CANDIDATE_CONFIGS as ROPE
     context = min(max_model_len - 1, 2048)
     measurements = {"decode": {}, "prefill": {}, "rope_cache": {}}
@@ -45,7 +47,10 @@ def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int) -> T
                                                                       [0] * seqs, [tokens] * seqs)
     for tokens in (8, 1024):
         measurements["rope_cache"][tokens] = _time_rope(cfg, config, ROPE, tokens)
-    rope = _best(measurements["rope_cache"])
+    rope, decode = _best(measurements["rope_cache"]), _best(measurements["decode"])
+    chosen = AttentionConfig(*decode)
+    decode_splits = {str(batch): split_count(batch, cfg.num_key_value_heads, chosen.target_programs, chosen.max_splits)
+                     for batch in DECODE_BATCHES}
 
     def attention_row(attention_config: tuple[int, ...]) -> PhaseTuning:
         params = {"paged_attention": attention_config, "qk_norm_rope_cache_write": rope}
@@ -53,14 +58,14 @@ def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int) -> T
 
     return Tuning(
         arch=config.arch, measured=True,
-        phases={Phase.DECODE: attention_row(_best(measurements["decode"])),
+        phases={Phase.DECODE: attention_row(decode),
                 Phase.MIXED: attention_row(_best(measurements["prefill"]))},
         kernels={"attention": "triton atom_triton::paged_attention (decode / mixed configs above)",
                  "qk_norm+rope+kv write": "triton atom_triton::qk_norm_rope_cache_write",
                  "gemm": "aten -> cuBLAS (Inductor extern call)",
                  "norms/activations": "Inductor-generated Triton (fused, compiled into the package)",
                  "sampling": "torch on the GPU"},
-        measurements_ms={"context_tokens": context, **{
+        measurements_ms={"context_tokens": context, "decode_key_splits_by_batch": decode_splits, **{
             kind: {str(shape): {",".join(map(str, c)): ms for c, ms in row.items()} for shape, row in rows.items()}
             for kind, rows in measurements.items()}})
 

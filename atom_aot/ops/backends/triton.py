@@ -20,7 +20,7 @@ class TritonAttention:
         configs = launch_configs(choice, {"qk_norm_rope_cache_write": RopeCacheConfig,
                                         "paged_attention": AttentionConfig})
         self.rope_cache_args = configs["qk_norm_rope_cache_write"].as_args()   # block_h, num_warps
-        self.attention_args = configs["paged_attention"].as_args()   # block_m, block_n, splits, warps, stages
+        self.attention_args = configs["paged_attention"].as_args()   # AttentionConfig's fields, in order
 
     def __call__(self, args: AttentionArgs) -> torch.Tensor:
         ops, step, norm = torch.ops.atom_triton, args.inputs, args.qk_norm

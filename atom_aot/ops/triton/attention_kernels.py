@@ -1,6 +1,6 @@
 """Triton kernels of paged attention: one tile kernel for every kind of batch, and a merge kernel.
 
-Work decomposition (grid = (num_tiles, Hkv, NUM_SPLITS), all from shapes and constexprs):
+Work decomposition (grid = (num_tiles, Hkv, num_splits), all from shapes and ints):
 
     a tile = BLOCK_Q consecutive query tokens of ONE sequence x the GROUP q heads that share one
              kv head, flattened to BLOCK_M = BLOCK_Q * GROUP_PAD rows (row r: token r // GROUP_PAD,
@@ -12,9 +12,11 @@ Work decomposition (grid = (num_tiles, Hkv, NUM_SPLITS), all from shapes and con
     A program finds its sequence by binary search over query_start_loc and returns at once when
     its tile lies past the sequence's last query (the grid is an upper bound, not a count).
 
-Split-K (flash-decoding): split s of NUM_SPLITS takes an equal share of the tile's key blocks and
-writes a normalized partial output plus its log2-sum-exp; `merge_splits_kernel` combines them.
-With NUM_SPLITS == 1 the tile kernel writes the final output directly.
+Split-K (flash-decoding): `num_splits` is a runtime value (the op derives it from the batch size,
+so one compiled decode graph splits at batch 1 and not at batch 256). Split s of num_splits takes
+an equal share of the tile's key blocks. With one split the tile kernel writes the final output;
+with more it writes a normalized partial output plus its log2-sum-exp, and `merge_splits_kernel`
+combines them.
 """
 import triton
 import triton.language as tl
@@ -38,71 +40,38 @@ def _find_sequence(query_start_loc_ptr, tile, num_seqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
-def paged_attention_kernel(
-    q_ptr, kv_ptr, out_ptr, lse_ptr,
-    block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-    qk_scale_log2,                      # softmax scale * log2(e): the kernel works in base 2
-    num_tokens, num_seqs, layer_offset,   # layer_offset = layer * kv_cache.stride(0)
-    stride_qt, stride_qh,
-    stride_ot, stride_oh, stride_os,    # out: [T, H, D] or partials [T, H, NUM_SPLITS, D]
-    stride_lt, stride_lh,               # lse partials: [T, H, NUM_SPLITS] (unused when NUM_SPLITS == 1)
-    stride_ckv, stride_cblk, stride_crow, stride_ch,   # kv_cache strides (last dim dense)
-    stride_bt,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr,
-):
-    BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
-    tile = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-
+def _locate_tile(query_start_loc_ptr, tile, num_seqs, num_tokens, BLOCK_Q: tl.constexpr):
+    """(b, q_start, q_end, q_first): the tile's sequence (num_seqs: the padding pseudo-sequence), that
+    sequence's query rows [q_start, q_end), and the tile's first row (>= q_end: nothing to do)."""
     b = _find_sequence(query_start_loc_ptr, tile, num_seqs, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + b)
-    is_padding = b == num_seqs
     q_end = tl.load(query_start_loc_ptr + b + 1, mask=b < num_seqs, other=num_tokens)
     q_first = q_start + (tile - (q_start // BLOCK_Q + b)) * BLOCK_Q
-    if q_first >= q_end:
-        return
+    return b, q_start, q_end, q_first
 
-    rows = tl.arange(0, BLOCK_M)
-    dims = tl.arange(0, HEAD_DIM_PAD)
-    tok = q_first + rows // GROUP_PAD                       # [BLOCK_M] query token of each row
-    head_in_group = rows % GROUP_PAD
-    head = kv_head * GROUP + head_in_group
-    row_ok = (tok < q_end) & (head_in_group < GROUP)
-    dim_ok = dims < HEAD_DIM
-    io_mask = row_ok[:, None] & dim_ok[None, :]
-    tok64 = tok.to(tl.int64)
-    if NUM_SPLITS == 1:
-        out_offs = tok64[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :]
-    else:
-        out_offs = tok64[:, None] * stride_ot + head[:, None] * stride_oh + split * stride_os + dims[None, :]
-        lse_offs = tok64 * stride_lt + head * stride_lh + split
 
-    if is_padding:
-        # rows past the last sequence: zeros (and lse 0, so the merge yields zeros as well)
-        tl.store(out_ptr + out_offs, tl.zeros([BLOCK_M, HEAD_DIM_PAD], out_ptr.dtype.element_ty), mask=io_mask)
-        if NUM_SPLITS > 1:
-            tl.store(lse_ptr + lse_offs, tl.zeros([BLOCK_M], tl.float32), mask=row_ok)
-        return
-
-    seq_len = tl.load(seq_lens_ptr + b)
-    context = seq_len - (q_end - q_start)                  # tokens cached before this step's queries
-    q_pos = context + (tok - q_start)                       # [BLOCK_M] absolute position of each query
-    kv_len = context + tl.minimum(q_first + BLOCK_Q, q_end) - q_start   # keys the tile's last query sees
-
+@triton.jit
+def _key_blocks(seq_lens_ptr, b, num_seqs, q_start, q_end, q_first, split, num_splits,
+                BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(context, kv_len, kb_lo, kb_hi): tokens cached before this step's queries, the keys the tile's
+    last query sees, and this split's key blocks [kb_lo, kb_hi). The padding pseudo-sequence sees none."""
+    is_real = b < num_seqs
+    seq_len = tl.load(seq_lens_ptr + b, mask=is_real, other=0)
+    context = seq_len - (q_end - q_start)
+    kv_len = tl.where(is_real, context + tl.minimum(q_first + BLOCK_Q, q_end) - q_start, 0)
     num_kv_blocks = tl.cdiv(kv_len, BLOCK_N)
-    per_split = tl.cdiv(num_kv_blocks, NUM_SPLITS)
+    per_split = tl.cdiv(num_kv_blocks, num_splits)
     kb_lo = split * per_split
     kb_hi = tl.minimum(kb_lo + per_split, num_kv_blocks)
+    return context, kv_len, kb_lo, kb_hi
 
-    # q: [BLOCK_M, D]
-    q = tl.load(q_ptr + tok64[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
-                mask=io_mask, other=0.0)
-    cache = kv_ptr + layer_offset + kv_head * stride_ch
-    table = block_tables_ptr + b * stride_bt
 
+@triton.jit
+def _attend(q, cache, table, kb_lo, kb_hi, kv_len, q_pos, dims, dim_ok, qk_scale_log2,
+            stride_ckv, stride_cblk, stride_crow,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr,
+            IEEE: tl.constexpr):
+    """Online softmax (base 2) of q [BLOCK_M, D] over key blocks [kb_lo, kb_hi): (acc, l_i, m_i) in fp32."""
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
@@ -134,30 +103,89 @@ def paged_attention_kernel(
         else:
             acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new
+    return acc, l_i, m_i
 
+
+@triton.jit
+def _store_tile(out_ptr, part_ptr, lse_ptr, acc, l_i, m_i, tok64, head, dims, row_ok, dim_ok, split, num_splits,
+                stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, MAY_SPLIT: tl.constexpr):
+    """The tile's normalized output: into out with one split, else a partial and its log2-sum-exp
+    (-inf where a row saw no key in this split, so the merge weighs it 0; all zeros when none saw any).
+    Kernels that never split (MAY_SPLIT false) carry only the first path, and its registers."""
     has_keys = l_i > 0.0
-    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-    tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=io_mask)
-    if NUM_SPLITS > 1:
+    o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    io_mask = row_ok[:, None] & dim_ok[None, :]
+    if (not MAY_SPLIT) or num_splits == 1:
+        tl.store(out_ptr + tok64[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=io_mask)
+    else:
+        tl.store(part_ptr + tok64[:, None] * stride_pt + head[:, None] * stride_ph + split * stride_ps
+                 + dims[None, :], o, mask=io_mask)
         lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-        tl.store(lse_ptr + lse_offs, lse, mask=row_ok)
+        tl.store(lse_ptr + tok64 * stride_lt + head * stride_lh + split, lse, mask=row_ok)
+
+
+@triton.jit
+def paged_attention_kernel(
+    q_ptr, kv_ptr, out_ptr, part_ptr, lse_ptr,
+    block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
+    qk_scale_log2,                      # softmax scale * log2(e): the kernel works in base 2
+    num_tokens, num_seqs, num_splits,   # num_splits: runtime, the grid's third axis
+    layer_offset,                       # layer * kv_cache.stride(0)
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_pt, stride_ph, stride_ps,    # partials [T, H, num_splits, D] fp32 (unused with one split)
+    stride_lt, stride_lh,               # their log2-sum-exp [T, H, num_splits] fp32
+    stride_ckv, stride_cblk, stride_crow, stride_ch,   # kv_cache strides (last dim dense)
+    stride_bt,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE: tl.constexpr,
+    MAY_SPLIT: tl.constexpr,            # the op's max_splits > 1
+):
+    BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    b, q_start, q_end, q_first = _locate_tile(query_start_loc_ptr, tile, num_seqs, num_tokens, BLOCK_Q)
+    if q_first >= q_end:
+        return
+
+    rows = tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    tok = q_first + rows // GROUP_PAD                       # [BLOCK_M] query token of each row
+    head_in_group = rows % GROUP_PAD
+    head = kv_head * GROUP + head_in_group
+    row_ok = (tok < q_end) & (head_in_group < GROUP)
+    dim_ok = dims < HEAD_DIM
+    tok64 = tok.to(tl.int64)
+
+    context, kv_len, kb_lo, kb_hi = _key_blocks(seq_lens_ptr, b, num_seqs, q_start, q_end, q_first, split,
+                                                num_splits, BLOCK_Q, BLOCK_N)
+    q_pos = context + (tok - q_start)                       # [BLOCK_M] absolute position of each query
+    # q: [BLOCK_M, D]
+    q = tl.load(q_ptr + tok64[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
+                mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    acc, l_i, m_i = _attend(q, kv_ptr + layer_offset + kv_head * stride_ch, block_tables_ptr + b * stride_bt,
+                            kb_lo, kb_hi, kv_len, q_pos, dims, dim_ok, qk_scale_log2,
+                            stride_ckv, stride_cblk, stride_crow, BLOCK_M, BLOCK_N, HEAD_DIM_PAD, PAGE_SIZE, IEEE)
+    _store_tile(out_ptr, part_ptr, lse_ptr, acc, l_i, m_i, tok64, head, dims, row_ok, dim_ok, split, num_splits,
+                stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, MAY_SPLIT)
 
 
 @triton.jit
 def merge_splits_kernel(
-    part_ptr, lse_ptr, out_ptr,
+    part_ptr, lse_ptr, out_ptr, num_splits,
     stride_pt, stride_ph, stride_ps,
     stride_lt, stride_lh,
     stride_ot, stride_oh,
-    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
 ):
-    """out[t, h] = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M); one program per (token, head)."""
+    """out[t, h] = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M) over s < num_splits; one program per
+    (token, head). SPLITS_PAD covers the op's max_splits; the lanes past this batch's count are masked."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     splits = tl.arange(0, SPLITS_PAD)
     dims = tl.arange(0, HEAD_DIM_PAD)
-    split_ok = splits < NUM_SPLITS
+    split_ok = splits < num_splits
     lse = tl.load(lse_ptr + t * stride_lt + h * stride_lh + splits, mask=split_ok, other=float("-inf"))
     top = tl.max(lse, 0)
     weight = tl.exp2(lse - tl.where(top == float("-inf"), 0.0, top))   # [SPLITS_PAD]; all 0 if no key at all

@@ -6,8 +6,9 @@ there), so prefill, chunked prefill, decode and any mix of them are one call. Ro
 query_start_loc[-1] (padding of a captured batch) come back as zeros.
 
 The launch config arrives as plain ints so that an exported graph carries the tuned values; the
-grid depends only on shapes and those ints (see attention_kernels.py), never on tensor values,
-so the call replays inside a CUDA graph.
+grid and the key-split count depend only on shapes and those ints (see attention_kernels.py),
+never on tensor values, so an exported graph recomputes them from each batch's sizes on the host
+and the call replays inside a CUDA graph.
 """
 from dataclasses import asdict, dataclass
 
@@ -20,39 +21,54 @@ from atom_aot.ops.triton.attention_kernels import LOG2E, merge_splits_kernel, pa
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    block_m: int = 64       # rows per program: (query tokens per tile) x (q heads per kv head, padded)
-    block_n: int = 64       # keys per inner step
-    num_splits: int = 1     # key-range splits (flash-decoding); > 1 adds a merge kernel
+    block_m: int = 64           # rows per program: (query tokens per tile) x (q heads per kv head, padded)
+    block_n: int = 64           # keys per inner step
     num_warps: int = 4
     num_stages: int = 2
+    target_programs: int = 1    # key splits (flash-decoding) aim for this many programs: see split_count
+    max_splits: int = 1         # at most this many; 1: never split (and no merge kernel)
 
-    def as_args(self) -> tuple[int, int, int, int, int]:
-        return (self.block_m, self.block_n, self.num_splits, self.num_warps, self.num_stages)
+    def as_args(self) -> tuple[int, int, int, int, int, int]:
+        return (self.block_m, self.block_n, self.num_warps, self.num_stages, self.target_programs, self.max_splits)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
 # What the build measures per shape bucket on the target (winner -> tuning.json). Prefill favours
-# big query tiles and no splits; decode has one query per sequence, so the splits fill the GPU.
+# big query tiles and no splits. Decode has one query per sequence: the split count adapts to the
+# batch (many splits at batch 1, none at batch 256), and the candidates differ in how many
+# programs they aim for (a few per SM on a 132-SM H100) and the cap on splits.
 CANDIDATE_CONFIGS = {
     "prefill": (
-        AttentionConfig(64, 64, 1, 4, 2),
-        AttentionConfig(128, 64, 1, 8, 2),
-        AttentionConfig(128, 32, 1, 8, 3),
-        AttentionConfig(64, 32, 1, 4, 3),
+        AttentionConfig(64, 64, 4, 2),
+        AttentionConfig(128, 64, 8, 2),
+        AttentionConfig(128, 32, 8, 3),
+        AttentionConfig(64, 32, 4, 3),
     ),
     "decode": (
-        AttentionConfig(16, 64, 1, 4, 2),
-        AttentionConfig(16, 64, 4, 4, 2),
-        AttentionConfig(16, 64, 8, 4, 2),
-        AttentionConfig(16, 64, 16, 4, 2),
-        AttentionConfig(16, 128, 16, 4, 2),
-        AttentionConfig(16, 64, 32, 4, 2),
-        AttentionConfig(16, 32, 8, 2, 3),
+        AttentionConfig(16, 64, 4, 2, 256, 16),
+        AttentionConfig(16, 64, 4, 2, 512, 16),
+        AttentionConfig(16, 64, 4, 2, 512, 32),
+        AttentionConfig(16, 64, 4, 2, 1024, 32),
+        AttentionConfig(16, 64, 4, 2, 1024, 64),
+        AttentionConfig(16, 128, 4, 2, 512, 16),
+        AttentionConfig(16, 32, 2, 3, 512, 32),
     ),
 }
-DEFAULT_CONFIGS = {"prefill": AttentionConfig(64, 64, 1, 4, 2), "decode": AttentionConfig(16, 64, 8, 4, 2)}
+DEFAULT_CONFIGS = {"prefill": AttentionConfig(64, 64, 4, 2),
+                   "decode": AttentionConfig(16, 64, 4, 2, 512, 32)}
+
+
+def split_count(num_seqs, num_kv_heads: int, target_programs: int, max_splits: int):
+    """Key splits per tile: ceil(target_programs / (num_seqs * Hkv)), at most max_splits.
+
+    num_seqs * Hkv is about the number of programs that do work in a decode batch (one tile per
+    sequence and kv head), so small batches split their keys until the GPU is full and large ones
+    do not split. Works on ints and on SymInts: an exported graph computes it from the batch size.
+    """
+    programs = torch.sym_max(num_seqs, 1) * num_kv_heads
+    return torch.sym_min((target_programs + programs - 1) // programs, max_splits)
 
 
 def tile_shape(num_heads: int, num_kv_heads: int, block_m: int) -> tuple[int, int, int]:
@@ -60,6 +76,14 @@ def tile_shape(num_heads: int, num_kv_heads: int, block_m: int) -> tuple[int, in
     group = num_heads // num_kv_heads
     group_pad = next_pow2(group)
     return group, group_pad, max(block_m // group_pad, 1)
+
+
+def check_config(group_pad: int, block_q: int, block_n: int, target_programs: int, max_splits: int) -> None:
+    if group_pad * block_q < 16 or block_n < 16:
+        raise ValueError(f"tiles must have >= 16 rows and keys for tl.dot: block_m={group_pad * block_q} "
+                         f"(for this GQA group), block_n={block_n}")
+    if target_programs < 1 or max_splits < 1:
+        raise ValueError(f"target_programs and max_splits must be >= 1, got {target_programs}, {max_splits}")
 
 
 def launch_paged_attention(
@@ -70,43 +94,42 @@ def launch_paged_attention(
     seq_lens: torch.Tensor,         # [B] int32: context length once this step's tokens are in
     query_start_loc: torch.Tensor,  # [B + 1] int32
     scale: float,
-    block_m: int, block_n: int, num_splits: int, num_warps: int, num_stages: int,
+    block_m: int, block_n: int, num_warps: int, num_stages: int, target_programs: int, max_splits: int,
 ) -> torch.Tensor:
-    """Launches the tile kernel (and the merge kernel when num_splits > 1); returns out [T, H, D]."""
+    """Launches the tile kernel and, when this batch splits its keys, the merge kernel; returns out [T, H, D]."""
     check_kv_cache(kv_cache)
     check_last_dim_contiguous("q", q)
     num_tokens, num_heads, head_dim = q.shape
     _, _, _, page_size, num_kv_heads, _ = kv_cache.shape
     num_seqs = query_start_loc.shape[0] - 1
     group, group_pad, block_q = tile_shape(num_heads, num_kv_heads, block_m)
-    if group_pad * block_q < 16 or block_n < 16:
-        raise ValueError(f"tiles must have >= 16 rows and keys for tl.dot: block_m={block_m}, block_n={block_n}")
+    check_config(group_pad, block_q, block_n, target_programs, max_splits)
+    num_splits = split_count(num_seqs, num_kv_heads, target_programs, max_splits)
     out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
-    if num_splits > 1:
-        # partial outputs and their log2-sum-exp, merged below
+    part, lse = out, out        # never touched when the batch has one split
+    if max_splits > 1:
+        # partial outputs [T, H, S, D] and their log2-sum-exp [T, H, S], sized by this batch's split count
         part = torch.empty((num_tokens, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
         lse = torch.empty((num_tokens, num_heads, num_splits), dtype=torch.float32, device=q.device)
-        dest, part_strides, lse_strides = part, part.stride()[:3], lse.stride()[:2]
-    else:
-        dest, lse = out, out   # lse is never touched with one split
-        part_strides, lse_strides = (out.stride(0), out.stride(1), 0), (0, 0)
     grid = (num_tokens // block_q + num_seqs + 1, num_kv_heads, num_splits)
     wrap_triton(paged_attention_kernel)[grid](
-        q, kv_cache, dest, lse, block_tables, seq_lens, query_start_loc,
-        scale * LOG2E, num_tokens, num_seqs, layer * kv_cache.stride(0),
-        q.stride(0), q.stride(1), *part_strides, *lse_strides,
+        q, kv_cache, out, part, lse, block_tables, seq_lens, query_start_loc,
+        scale * LOG2E, num_tokens, num_seqs, num_splits, layer * kv_cache.stride(0),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), *part.stride()[:3], *lse.stride()[:2],
         kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), kv_cache.stride(4),
         block_tables.stride(0),
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=block_n,
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), PAGE_SIZE=page_size,
-        NUM_SPLITS=num_splits, IEEE=q.dtype == torch.float32,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), PAGE_SIZE=page_size, IEEE=q.dtype == torch.float32,
+        MAY_SPLIT=max_splits > 1,
         num_warps=num_warps, num_stages=num_stages,
     )
-    if num_splits > 1:
-        wrap_triton(merge_splits_kernel)[(num_tokens, num_heads)](
-            part, lse, out, *part.stride()[:3], *lse.stride()[:2], out.stride(0), out.stride(1),
-            NUM_SPLITS=num_splits, SPLITS_PAD=next_pow2(num_splits),
-            HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), num_warps=4,
+    if max_splits > 1:
+        # no merge programs when this batch has one split (the tile kernel wrote out itself): the
+        # grid's first axis is then 0, which Triton's launcher and AOTInductor's skip
+        merging = torch.sym_min(num_splits - 1, 1)
+        wrap_triton(merge_splits_kernel)[(num_tokens * merging, num_heads)](
+            part, lse, out, num_splits, *part.stride()[:3], *lse.stride()[:2], out.stride(0), out.stride(1),
+            SPLITS_PAD=next_pow2(max_splits), HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), num_warps=4,
         )
     return out
 
@@ -115,7 +138,7 @@ def launch_paged_attention(
 def paged_attention(
     q: torch.Tensor, kv_cache: torch.Tensor, layer: int, block_tables: torch.Tensor, seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor, scale: float,
-    block_m: int, block_n: int, num_splits: int, num_warps: int, num_stages: int,
+    block_m: int, block_n: int, num_warps: int, num_stages: int, target_programs: int, max_splits: int,
 ) -> torch.Tensor:
     return launch_paged_attention(q, kv_cache, layer, block_tables, seq_lens, query_start_loc, scale,
-                                  block_m, block_n, num_splits, num_warps, num_stages)
+                                  block_m, block_n, num_warps, num_stages, target_programs, max_splits)
