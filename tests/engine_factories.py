@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+import pytest
+
 from atom_aot.runtime.block_manager import BlockManager
 from atom_aot.runtime.engine_core import EngineCore
 from atom_aot.runtime.model_runner import StepOutput
@@ -132,3 +134,13 @@ def make_core(num_blocks: int = 64, *, runner: FakeRunner | None = None, eos_tok
     The clock is the real one by default: the engine core stamps arrivals with time.perf_counter."""
     scheduler = make_scheduler(num_blocks, block_size=block_size, clock=clock, **scheduler_options)
     return EngineCore(scheduler, runner or FakeRunner(), frozenset(eos_token_ids), block_size, async_scheduling)
+
+
+def run_to_end(core: EngineCore, max_steps: int = 200) -> list:
+    """Every output of every step until nothing is left."""
+    outputs = []
+    for _ in range(max_steps):
+        if not core.has_unfinished():
+            return outputs
+        outputs.extend(core.step())
+    pytest.fail(f"not finished after {max_steps} steps")

@@ -15,22 +15,13 @@ from atom_aot import LLMEngine, SamplingParams
 from atom_aot.runtime.engine_core import EngineCore
 from atom_aot.runtime.forwards import Forwards
 from atom_aot.runtime.sequence import SequenceStatus
-from engine_factories import EOS, FILLER, FakeRunner, make_core, make_scheduler, make_seq
+from engine_factories import EOS, FILLER, FakeRunner, make_core, make_scheduler, make_seq, run_to_end
 from factories import random_prompts
 from runner_factories import RecordingForward, make_batch, make_runner, make_sequence
 
 
 def pool_is_whole(block_manager) -> bool:
     return block_manager.num_free_blocks == block_manager.num_blocks
-
-
-def run_to_end(core, max_steps=2000) -> list:
-    outputs = []
-    for _ in range(max_steps):
-        if not core.has_unfinished():
-            return outputs
-        outputs.extend(core.step())
-    pytest.fail(f"not finished after {max_steps} steps")
 
 
 class TestPendingTokens:
@@ -171,7 +162,7 @@ def scripted_workload(seed: int, async_scheduling: bool) -> tuple[EngineCore, di
 def outputs_by_request(core) -> dict:
     """request id -> [(token, finish reason, logprob, prompt logprobs)] over the whole run."""
     got: dict[str, list] = {}
-    for o in run_to_end(core):
+    for o in run_to_end(core, max_steps=2000):
         prompt = None if o.prompt_logprobs is None else [lp.logprob for lp in o.prompt_logprobs]
         got.setdefault(o.request_id, []).append((o.new_token_ids, o.finish_reason,
                                                  [lp.logprob for lp in o.logprobs], prompt))
