@@ -63,8 +63,8 @@ def decoding_engine(args):
     g = torch.Generator().manual_seed(0)
     for i in range(args.batch):
         prompt = torch.randint(100, 30000, (args.input_len,), generator=g).tolist()
-        scheduler.add(Sequence(str(i), prompt, len(prompt), SamplingParams(temperature=0, max_tokens=None, ignore_eos=True),
-                               BLOCK_SIZE))
+        params = SamplingParams(temperature=0, max_tokens=None, ignore_eos=True)
+        scheduler.add(Sequence(str(i), prompt, len(prompt), params, BLOCK_SIZE))
     device = torch.device("cpu")
     kv_cache = torch.zeros(1, 2, 1, BLOCK_SIZE, 1, 1)   # referenced by the inputs, never read here
     runner = ModelRunner(Forwards(lambda inputs: None), kv_cache, BLOCK_SIZE, device, Sampler(device))

@@ -80,7 +80,8 @@ class ModelRunner:
             for i, logprobs in zip(wanted, scored):
                 out.logprobs[i] = logprobs
         for i, tensors in results.prompt_logprobs.items():
-            out.prompt_logprobs[i] = token_logprobs(tensors, [batch.seqs[i].params.prompt_logprobs] * len(tensors.ranks))
+            num_top = batch.seqs[i].params.prompt_logprobs
+            out.prompt_logprobs[i] = token_logprobs(tensors, [num_top] * len(tensors.ranks))
         return out
 
     def _sample(self, batch: ScheduledBatch, rows: LogitsRows, logits: torch.Tensor) -> StepResults:
@@ -94,7 +95,8 @@ class ModelRunner:
         return StepResults(tokens, self._sampled_logprobs(logits_to_sample, tokens, seqs),
                            self._prompt_logprobs(batch, rows, logits))
 
-    def _sampled_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, seqs: list[Sequence]) -> LogprobTensors | None:
+    def _sampled_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor,
+                          seqs: list[Sequence]) -> LogprobTensors | None:
         wanted = [j for j, seq in enumerate(seqs) if seq.params.logprobs is not None]
         if not wanted:
             return None

@@ -18,8 +18,8 @@ from atom_aot.runtime.sequence import Sequence
 
 class PersistentRows:
     def __init__(self, num_rows: int = 64, width: int = 16):
-        self.block_tables = np.zeros((num_rows, width), dtype=np.int32)   # [rows, max blocks], 0 past a table's end
-        self.last_sample = np.full(num_rows, -1, dtype=np.int64)         # [rows] index in the previous step's sampled tokens
+        self.block_tables = np.zeros((num_rows, width), dtype=np.int32)   # [rows, width], 0 past a table's end
+        self.last_sample = np.full(num_rows, -1, dtype=np.int64)         # [rows] row in the last step's samples
         self._num_blocks = [0] * num_rows                                  # block ids copied into each row
         self._row_of: dict[Sequence, int] = {}
         self._free_rows = list(range(num_rows - 1, -1, -1))

@@ -119,7 +119,8 @@ def logprob_tensors(logits: torch.Tensor, token_ids: torch.Tensor, num_top: int)
 def token_logprobs(tensors: LogprobTensors, num_top: list[int]) -> list[TokenLogprobs]:
     """One TokenLogprobs per row of host tensors, row i with its top `num_top[i]`."""
     token_ids, chosen, ranks, top_ids, top_values = (t.tolist() for t in tensors)
-    return [TokenLogprobs(token_ids[row], chosen[row], ranks[row], list(zip(top_ids[row][:count], top_values[row][:count])))
+    return [TokenLogprobs(token_ids[row], chosen[row], ranks[row],
+                          list(zip(top_ids[row][:count], top_values[row][:count])))
             for row, count in enumerate(num_top)]
 
 

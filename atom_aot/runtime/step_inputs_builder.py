@@ -57,8 +57,9 @@ class StepInputsBuilder:
         self._sample_rows = rows[np.asarray(batch.sampling, dtype=bool)]
         host = dict(input_ids=input_ids, positions=positions, slot_mapping=slots, block_tables=tables,
                     seq_lens=starts + counts, query_start_loc=query_start, logits_indices=logits_indices)
+        kv_dtype = self.kv_cache.dtype
         inputs = StepInputs(kv_cache=self.kv_cache, **{
-            name: to_device(array, input_dtype(name, self.kv_cache.dtype), self.device) for name, array in host.items()})
+            name: to_device(array, input_dtype(name, kv_dtype), self.device) for name, array in host.items()})
         pending = np.flatnonzero(input_ids < 0)                             # token rows
         if pending.size:
             self._gather_pending(inputs.input_ids, pending, seq_of_token[pending], rows, batch)
