@@ -4,6 +4,9 @@ Two measurements, one JSON:
   prepare_inputs     B sequences of I prompt tokens decoding through the real scheduler and block
                      manager (blocks of 16 tokens); the time of `ModelRunner.prepare_inputs` per
                      decode step (a batch of B), sequences growing a block every 16 steps.
+  prepare_inputs_async  the same in async-scheduling order: each batch is scheduled before the
+                     previous one's tokens are read, so every input token is gathered from the
+                     previous step's samples (on the CPU here).
   output_processing  `OutputProcessor.process` with B requests, one token each per step, from a
                      real tokenizer (default: the Qwen3 one under ../shared) fed with natural text
                      (this repo's docs plus some multi-byte text), no stop strings.
@@ -35,7 +38,7 @@ def parse_args(argv=None):
     p.add_argument("--warm-steps", type=int, default=16)
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
-    p.add_argument("--sections", default="prepare_inputs,output_processing")
+    p.add_argument("--sections", default="prepare_inputs,prepare_inputs_async,output_processing")
     return p.parse_args(argv)
 
 
@@ -88,6 +91,24 @@ def bench_prepare_inputs(args) -> dict:
     return {"batch": args.batch, "context": args.input_len, "block_size": BLOCK_SIZE, **summary(seconds)}
 
 
+def bench_prepare_inputs_async(args) -> dict:
+    scheduler, runner = decoding_engine(args)
+    sampled = torch.full((args.batch,), TOKEN, dtype=torch.int64)
+    previous, seconds = None, []
+    for step in range(args.warm_steps + args.steps):
+        batch = scheduler.schedule()
+        assert not batch.is_prefill and len(batch.seqs) == args.batch
+        start = time.perf_counter()
+        runner.prepare_inputs(batch)
+        if step >= args.warm_steps:
+            seconds.append(time.perf_counter() - start)
+        runner.inputs.remember_sampled(sampled)      # what launching the step leaves for the next
+        if previous is not None:
+            scheduler.update(previous, [TOKEN] * args.batch)
+        previous = batch
+    return {"batch": args.batch, "context": args.input_len, "block_size": BLOCK_SIZE, **summary(seconds)}
+
+
 # -- output processing ------------------------------------------------------------------------
 def text_token_streams(tokenizer, count: int, length: int) -> list[list[int]]:
     """`count` streams of `length` token ids, each from its own place in a natural-text corpus."""
@@ -124,7 +145,8 @@ def bench_output_processing(args) -> dict:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    sections = {"prepare_inputs": bench_prepare_inputs, "output_processing": bench_output_processing}
+    sections = {"prepare_inputs": bench_prepare_inputs, "prepare_inputs_async": bench_prepare_inputs_async,
+                "output_processing": bench_output_processing}
     result = {"torch": torch.__version__, "threads": torch.get_num_threads()}
     for name in args.sections.split(","):
         result[name] = sections[name](args)

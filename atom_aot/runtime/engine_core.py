@@ -14,7 +14,7 @@ import time
 from collections import deque
 
 from atom_aot.runtime.block_manager import BlockManager
-from atom_aot.runtime.model_runner import ModelRunner
+from atom_aot.runtime.model_runner import LaunchedStep, ModelRunner
 from atom_aot.errors import ContextLengthError, RequestError
 from atom_aot.runtime.outputs import CoreOutput, CoreStats, TokenLogprobs
 from atom_aot.runtime.sampling_params import SamplingParams
@@ -30,7 +30,7 @@ class EngineCore:
         self.eos_token_ids = eos_token_ids
         self.block_size = block_size
         self.async_scheduling = async_scheduling
-        self._in_flight: deque[tuple[ScheduledBatch, object]] = deque()   # (batch, the runner's launched step)
+        self._in_flight: deque[tuple[ScheduledBatch, LaunchedStep]] = deque()   # launched, not read yet
         self._ids = itertools.count()
         self._prompt_logprobs: dict[str, list[TokenLogprobs]] = {}
         self.num_prompt_tokens_total = 0
@@ -93,7 +93,7 @@ class EngineCore:
             outputs += self._complete(*self._in_flight.popleft())
         return outputs
 
-    def _complete(self, batch: ScheduledBatch, launched) -> list[CoreOutput]:
+    def _complete(self, batch: ScheduledBatch, launched: LaunchedStep) -> list[CoreOutput]:
         result = self.runner.complete(launched)
         self._collect_prompt_logprobs(batch, result.prompt_logprobs)
         advanced = self.scheduler.update(batch, result.sampled)
