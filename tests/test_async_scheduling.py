@@ -243,12 +243,13 @@ def prompts():
 
 
 class TestTinyModel:
-    def test_greedy_with_eos_and_max_tokens(self, engines, prompts):
+    def test_greedy_with_max_tokens(self, engines, prompts):
         params = [SamplingParams(temperature=0, max_tokens=8 + 5 * i) for i in range(len(prompts))]
         sync, overlapped = (generate(engine, prompts, params) for engine in engines)
         assert overlapped == sync
 
     def test_stop_tokens_and_stop_strings(self, engines, prompts):
+        """A stop token ends a request as EOS does (tests/test_parity.py: EOS stops like transformers)."""
         free = generate(engines[0], prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
         stop_tokens = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop_token_ids=[ids[10]])
                        for ids, _, _ in free]
