@@ -113,13 +113,14 @@ def engine_logits(engine, prompt: list[int]) -> torch.Tensor:
                    core.block_size)
     core.block_manager.allocate(seq, len(prompt))
     try:
-        batch = ScheduledBatch((seq,), (len(prompt),), is_prefill=True)
+        batch = ScheduledBatch.of((seq,), (len(prompt),), is_prefill=True)
         runner = core.runner
         inputs, _ = runner.prepare_inputs(batch)
         with torch.inference_mode():
             return runner.forwards.mixed(inputs).float()
     finally:
         core.block_manager.free(seq)
+        core.runner.inputs.rows.release([seq])
 
 
 def compare_logits(mine: torch.Tensor, ref: torch.Tensor) -> dict:

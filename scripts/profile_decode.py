@@ -2,9 +2,11 @@
 
 Three measurements in one run, written to one JSON:
   step     the engine at batch B (B prompts of I random tokens, all decoding): wall time per step and
-           the host time of each part of it (schedule, prepare_inputs, forward launch, sampling + the
-           `.tolist()` sync, scheduler update, output processing / detokenization), timed by wrapping
-           the engine's own methods for the measured steps only.
+           the host time of each part of it (schedule, prepare_inputs, forward and sampling launch,
+           reading the sampled tokens back (waits for the GPU), scheduler update, output processing /
+           detokenization), timed by wrapping the engine's own methods for the measured steps only.
+           With async scheduling (the default; --no-async-scheduling turns it off) a step launches
+           step N+1 before it reads step N, so the read waits only for N.
   kernels  torch.profiler over the same steps: GPU time per kernel, grouped (attention, attention
            merge, rope+cache write, GEMMs, fused norms/activations, sampling, copies), the GPU's busy
            share of the step and the idle gaps between kernels.
@@ -47,13 +49,15 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=32, help="decode steps measured (timers, then profiler)")
     p.add_argument("--sections", default="step,kernels,attention")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
     return p.parse_args(argv)
 
 
 # -- the engine (the only place that knows the engine's internals) -----------------------------
 def make_engine(args):
     from atom_aot import LLMEngine
-    return LLMEngine(args.artifact, max_num_seqs=args.batch, gpu_memory_utilization=args.gpu_memory_utilization)
+    return LLMEngine(args.artifact, max_num_seqs=args.batch, gpu_memory_utilization=args.gpu_memory_utilization,
+                     async_scheduling=args.async_scheduling)
 
 
 def start_decoding(engine, args) -> None:
@@ -76,7 +80,7 @@ def timed_parts(engine) -> dict:
     """Methods of one step to time on the host: name -> (owner object, attribute)."""
     runner = engine.core.runner
     return {"schedule": (engine.core.scheduler, "schedule"), "prepare_inputs": (runner, "prepare_inputs"),
-            "sample_and_sync": (runner, "postprocess"), "scheduler_update": (engine.core.scheduler, "update"),
+            "read_results": (runner, "complete"), "scheduler_update": (engine.core.scheduler, "update"),
             "output_processing": (engine.output_processor, "process")}
 
 
@@ -117,8 +121,9 @@ def step_breakdown(engine, args) -> dict:
     return {"batch": len(engine.core.scheduler.running), "wall_ms_per_step_mean": wall,
             "wall_ms_per_step_median": 1e3 * sorted(walls)[len(walls) // 2],
             "host_ms_per_step": per_step,
-            "note": "sample_and_sync includes waiting for the GPU to finish the step (.tolist()); "
-                    "forward_launch_and_rest is the remainder of step() (forward launch, graph replay call)"}
+            "note": "read_results includes waiting for the GPU to finish the step it reads; "
+                    "forward_launch_and_rest is the remainder of step() (forward and sampling launch, graph replay "
+                    "call)"}
 
 
 def categorize(name: str) -> str:
@@ -245,7 +250,7 @@ def main(argv=None):
     sections = args.sections.split(",")
     report = {"meta": {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
                        "artifact": args.artifact, "batch": args.batch, "input_len": args.input_len,
-                       "steps": args.steps, "warm_steps": args.warm_steps}}
+                       "steps": args.steps, "warm_steps": args.warm_steps, "async_scheduling": args.async_scheduling}}
     engine = make_engine(args)
     if "step" in sections or "kernels" in sections:
         start_decoding(engine, args)

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+import pytest
+
 from atom_aot.runtime.block_manager import BlockManager
 from atom_aot.runtime.engine_core import EngineCore
 from atom_aot.runtime.model_runner import StepOutput
@@ -74,7 +76,8 @@ class FakeSampler:
 
 class FakeRunner:
     """Stands in for `ModelRunner`: `script[request_id]` lists the tokens that request samples, in
-    order (then FILLER); a sampled token's logprob is -1, a prompt position p scores -(p + 1)."""
+    order (then FILLER); a sampled token's logprob is -1, a prompt position p scores -(p + 1).
+    It computes a step when it is launched; `complete` hands that out."""
 
     def __init__(self, script: dict[str, list[int]] | None = None):
         self.script = {request_id: list(tokens) for request_id, tokens in (script or {}).items()}
@@ -82,20 +85,30 @@ class FakeRunner:
         self.steps: list[StepRecord] = []
 
     def run(self, batch: ScheduledBatch) -> StepOutput:
+        return self.complete(self.launch(batch))
+
+    def launch(self, batch: ScheduledBatch) -> StepOutput:
         self.steps.append(StepRecord(tuple(s.request_id for s in batch.seqs), batch.num_new_tokens,
-                                     tuple(s.num_computed_tokens for s in batch.seqs), batch.is_prefill))
+                                     batch.num_computed_tokens, batch.is_prefill))
         out = StepOutput(sampled=[], logprobs=[], prompt_logprobs=[])
-        for i, (seq, count) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
-            token = self._next_token(seq) if batch.samples(i) else None
+        for seq, start, count, samples in zip(batch.seqs, batch.num_computed_tokens, batch.num_new_tokens,
+                                              batch.sampling):
+            token = self._next_token(seq, start + count) if samples else None
             out.sampled.append(token)
             out.logprobs.append(None if token is None or seq.params.logprobs is None
                                 else TokenLogprobs(token, -1.0, 1, []))
-            out.prompt_logprobs.append(self._score_prompt(seq, seq.num_computed_tokens, count))
+            out.prompt_logprobs.append(self._score_prompt(seq, start, count))
         return out
 
-    def _next_token(self, seq: Sequence) -> int:
+    @staticmethod
+    def complete(launched: StepOutput) -> StepOutput:
+        return launched
+
+    def _next_token(self, seq: Sequence, num_tokens: int) -> int:
+        """The token sampled after the first `num_tokens` of `seq`."""
         tokens = self.script.get(seq.request_id, [])
-        return tokens[seq.num_output_tokens] if seq.num_output_tokens < len(tokens) else FILLER
+        index = num_tokens - seq.num_prompt_tokens
+        return tokens[index] if index < len(tokens) else FILLER
 
     @staticmethod
     def _score_prompt(seq: Sequence, start: int, count: int) -> list[TokenLogprobs] | None:
@@ -116,8 +129,18 @@ def run_step(scheduler: Scheduler, runner: FakeRunner) -> tuple[ScheduledBatch |
 
 def make_core(num_blocks: int = 64, *, runner: FakeRunner | None = None, eos_token_ids=frozenset({EOS}),
               block_size: int = BLOCK_SIZE, clock: Callable[[], float] = time.perf_counter,
-              **scheduler_options) -> EngineCore:
+              async_scheduling: bool = False, **scheduler_options) -> EngineCore:
     """An engine core over `make_scheduler(num_blocks, **scheduler_options)` and a fake runner.
     The clock is the real one by default: the engine core stamps arrivals with time.perf_counter."""
     scheduler = make_scheduler(num_blocks, block_size=block_size, clock=clock, **scheduler_options)
-    return EngineCore(scheduler, runner or FakeRunner(), frozenset(eos_token_ids), block_size)
+    return EngineCore(scheduler, runner or FakeRunner(), frozenset(eos_token_ids), block_size, async_scheduling)
+
+
+def run_to_end(core: EngineCore, max_steps: int = 200) -> list:
+    """Every output of every step until nothing is left."""
+    outputs = []
+    for _ in range(max_steps):
+        if not core.has_unfinished():
+            return outputs
+        outputs.extend(core.step())
+    pytest.fail(f"not finished after {max_steps} steps")

@@ -28,12 +28,13 @@ def make_sequence(token_ids: list[int], block_table: list[int], num_computed_tok
     return seq
 
 
-def make_batch(*scheduled: tuple[Sequence, int]) -> ScheduledBatch:
-    """(sequence, tokens it computes this step) pairs; a decode batch when every count is the last token."""
+def make_batch(*scheduled: tuple[Sequence, int], freed: tuple[Sequence, ...] = ()) -> ScheduledBatch:
+    """(sequence, tokens it computes this step) pairs; a decode batch when every count is the last
+    token. `freed`: sequences whose blocks the scheduler freed since the last batch."""
     seqs = tuple(seq for seq, _ in scheduled)
     counts = tuple(count for _, count in scheduled)
     is_prefill = not all(count == 1 and seq.num_uncomputed_tokens == 1 for seq, count in scheduled)
-    return ScheduledBatch(seqs, counts, is_prefill)
+    return ScheduledBatch.of(seqs, counts, is_prefill, freed)
 
 
 class RecordingForward:

@@ -7,17 +7,7 @@ import pytest
 
 from atom_aot.errors import ContextLengthError, RequestError
 from atom_aot.runtime.sampling_params import SamplingParams
-from engine_factories import EOS, FILLER, FakeRunner, make_core
-
-
-def run_to_end(core, max_steps=200) -> list:
-    """Every output of every step until nothing is left."""
-    outputs = []
-    for _ in range(max_steps):
-        if not core.has_unfinished():
-            return outputs
-        outputs.extend(core.step())
-    pytest.fail(f"not finished after {max_steps} steps")
+from engine_factories import EOS, FILLER, FakeRunner, make_core, run_to_end
 
 
 def pool_is_whole(core) -> bool:
@@ -168,13 +158,13 @@ class TestAbort:
         assert not core.has_unfinished() and pool_is_whole(core)
 
 
-def random_workload(seed: int):
+def random_workload(seed: int, async_scheduling: bool):
     """A small pool, budget and batch cap, and prompts long enough to be chunked and preempted."""
     rng = random.Random(seed)
     max_model_len = rng.choice([16, 24, 32])
     core = make_core(rng.randint(max_model_len // 4, max_model_len // 4 + 6), max_model_len=max_model_len,
                      max_num_batched_tokens=rng.randint(1, 20), max_num_seqs=rng.randint(1, 6),
-                     enable_prefix_caching=rng.random() < 0.5)
+                     enable_prefix_caching=rng.random() < 0.5, async_scheduling=async_scheduling)
     requests = {}
     for _ in range(rng.randint(1, 10)):
         prompt = [rng.randrange(3, 8) for _ in range(rng.randint(1, max_model_len - 2))]
@@ -184,11 +174,12 @@ def random_workload(seed: int):
     return core, requests
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("seeds", [range(0, 60), range(60, 120)])
-def test_random_workloads_finish_whole(seeds):
+def test_random_workloads_finish_whole(seeds, async_scheduling):
     """Every request gets all its tokens, each prompt is scored once, and the pool comes back whole."""
     for seed in seeds:
-        core, requests = random_workload(seed)
+        core, requests = random_workload(seed, async_scheduling)
         outputs = {}
         for o in run_to_end(core, max_steps=2000):
             outputs.setdefault(o.request_id, []).append(o)

@@ -1,5 +1,6 @@
 """ModelRunner on the CPU with fake forwards: the step inputs it builds from a scheduled batch, the
 logits rows it samples and scores, and which forward (mixed or decode) runs each batch."""
+import pytest
 import torch
 
 from runner_factories import VOCAB, RecordingForward, make_batch, make_runner, make_sequence
@@ -81,6 +82,59 @@ class TestPrepareInputs:
         inputs, rows = make_runner().prepare_inputs(make_batch((scored, 2)))
         assert inputs.logits_indices.tolist() == [0, 1]        # position 4 scores token 5; position 5 samples
         assert rows.sample_rows == [1] and rows.prompt_rows == {0: range(0, 1)}
+
+
+class TestPersistentRows:
+    """Block tables are kept between steps, a row per sequence holding blocks: a step copies only
+    appended block ids, and a row is cleared when the scheduler reports the sequence's blocks freed."""
+
+    def tables(self, runner, *scheduled, freed=()):
+        inputs, _ = runner.prepare_inputs(make_batch(*scheduled, freed=freed))
+        return inputs.block_tables.tolist()
+
+    def test_a_growing_table_shows_its_new_blocks(self):
+        runner = make_runner()
+        seq = make_sequence([1, 2, 3, 4], block_table=[7], num_computed_tokens=3)
+        assert self.tables(runner, (seq, 1)) == [[7]]
+        seq.token_ids.append(5), seq.block_table.append(3)
+        seq.num_computed_tokens = 4
+        assert self.tables(runner, (seq, 1)) == [[7, 3]]
+
+    def test_a_newcomer_in_a_finished_sequences_row_sees_none_of_its_blocks(self):
+        runner = make_runner()
+        done = make_sequence(list(range(12)), block_table=[4, 5, 6], num_computed_tokens=11)
+        staying = make_sequence([1, 2, 3, 4, 5], block_table=[1, 2], num_computed_tokens=4)
+        self.tables(runner, (done, 1), (staying, 1))
+        done.block_table.clear()                                   # finished: the scheduler freed it
+        newcomer = make_sequence([9, 9], block_table=[8])
+        assert self.tables(runner, (newcomer, 2), (staying, 1), freed=(done,)) == [[8, 0], [1, 2]]
+
+    def test_a_preempted_sequence_runs_again_with_its_new_blocks(self):
+        runner = make_runner()
+        seq = make_sequence([1, 2, 3, 4, 5], block_table=[3, 9], num_computed_tokens=4)
+        self.tables(runner, (seq, 1))
+        seq.block_table[:] = [6, 2]                               # freed and reallocated: same length
+        seq.num_computed_tokens = 0
+        assert self.tables(runner, (seq, 5), freed=(seq,)) == [[6, 2]]
+
+    def test_a_table_that_shrinks_unreported_is_a_bug(self):
+        runner = make_runner()
+        seq = make_sequence([1, 2, 3, 4, 5], block_table=[3, 9], num_computed_tokens=4)
+        self.tables(runner, (seq, 1))
+        seq.block_table[:] = [6]
+        seq.token_ids[:] = [1]
+        seq.num_computed_tokens = 0
+        with pytest.raises(RuntimeError, match="shrank from 2 to 1 blocks"):
+            self.tables(runner, (seq, 1))
+
+    def test_more_sequences_and_longer_tables_than_the_rows_hold_at_first(self):
+        runner = make_runner(num_blocks=200)
+        rows = runner.inputs.rows
+        seqs = [make_sequence(list(range(4 * (i % 20) + 4)), block_table=list(range(i % 20 + 1)),
+                              num_computed_tokens=4 * (i % 20) + 3) for i in range(rows.block_tables.shape[0] + 5)]
+        tables = self.tables(runner, *((s, 1) for s in seqs))
+        assert rows.block_tables.shape[0] >= len(seqs) and rows.block_tables.shape[1] >= 20
+        assert tables == [s.block_table + [0] * (20 - len(s.block_table)) for s in seqs]
 
 
 class TestRun:

@@ -124,3 +124,12 @@ def test_the_stream_callback_sees_every_update(tokenizer):
     tokens = ids(tokenizer, "Hello world")
     updates = processor.process([CoreOutput("r", [t]) for t in tokens])
     assert seen == updates and len(updates) == len(tokens)
+
+
+def test_each_update_keeps_the_tokens_it_had(tokenizer):
+    """Updates share the request's token list (copying it per update cost O(length)); each still
+    reads only the tokens it had."""
+    tokens = ids(tokenizer, "Hello world! How are you today?")
+    updates = Run(tokenizer, []).feed(tokens, last_reason="length")
+    assert [u.token_ids for u in updates] == [tokens[:i + 1] for i in range(len(tokens))]
+    assert updates[-1].as_dict()["token_ids"] == tokens and updates[-1].num_tokens_output == len(tokens)

@@ -218,9 +218,10 @@ class TestDelayFactor:
         clock = FakeClock()
         scheduler, runner = make_scheduler(scheduler_delay_factor=1.0, clock=clock), FakeRunner()
         a = make_seq(range(5), "a")
-        prefill(scheduler, runner, a)                    # at t=0
+        scheduler.add(a)
+        batch = scheduler.schedule()                     # a's prefill, at t=0
         clock.advance(0.5)
-        run_step(scheduler, runner)                      # the prefill took 0.5 s: wait up to 0.5 s
+        scheduler.update(batch, runner.run(batch).sampled)   # read at t=0.5: new prompts wait up to 0.5 s
         b = make_seq(range(20, 25), "b", arrival_time=clock.now)
         scheduler.add(b)
         clock.advance(0.4)

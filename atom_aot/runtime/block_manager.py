@@ -133,10 +133,11 @@ class BlockManager:
         seq.num_cached_tokens = 0
 
     def cache_full_blocks(self, seq: Sequence) -> None:
-        """Register the hashes of blocks that became full of computed tokens."""
+        """Register the hashes of blocks that became full of computed tokens whose values are known
+        (a block holding a pending token, sampled but not read yet, waits until it is read)."""
         if not self.enable_prefix_caching:
             return
-        num_full = seq.num_computed_tokens // self.block_size
+        num_full = min(seq.num_computed_tokens, len(seq.token_ids)) // self.block_size
         for index in range(len(seq.block_hashes), num_full):
             parent = seq.block_hashes[-1] if seq.block_hashes else NO_HASH
             tokens = seq.block_tokens(index)

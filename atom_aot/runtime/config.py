@@ -31,6 +31,9 @@ class RuntimeConfig:
     enforce_eager: bool = flag(False, "--enforce-eager",
                                help="run the model module eagerly: no compiled code, no graphs (debugging)")
     seed: int = flag(0, "--seed", help="sampling seed of requests that bring none of their own")
+    async_scheduling: bool = flag(True, "--async-scheduling", negate="--no-async-scheduling",
+                                  help="turn off async scheduling: prepare each step after the previous step's "
+                                       "tokens are read, not while the device computes it")
 
     def __post_init__(self):
         _check_int(self, "max_num_seqs", minimum=1)
@@ -39,7 +42,7 @@ class RuntimeConfig:
         _check_int(self, "kv_cache_memory_bytes", minimum=1, optional=True)
         _check_int(self, "num_kv_blocks", minimum=2, optional=True)
         _check_int(self, "seed", minimum=0)
-        for name in ("enable_prefix_caching", "enforce_eager"):
+        for name in ("enable_prefix_caching", "enforce_eager", "async_scheduling"):
             _require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
         _require(_is_number(self.scheduler_delay_factor) and self.scheduler_delay_factor >= 0,
                  "scheduler_delay_factor", f"must be a number >= 0, got {self.scheduler_delay_factor!r}")

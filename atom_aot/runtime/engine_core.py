@@ -1,28 +1,36 @@
-"""The engine's inner loop at the level of token ids: intake -> schedule -> run -> update.
+"""The engine's inner loop at the level of token ids: intake -> schedule -> launch -> read -> update.
 
 It knows nothing of text. The same class runs inside `LLMEngine` (offline) and inside the
 server's engine process.
+
+With async scheduling a step launches batch N+1 before it reads batch N's tokens, so the host's
+work (scheduling, inputs, reading and updating N, and the caller's output processing of N) runs
+while the device computes N+1. Without it, a step reads the batch it launched.
 """
 from __future__ import annotations
 
 import itertools
 import time
+from collections import deque
 
 from atom_aot.runtime.block_manager import BlockManager
-from atom_aot.runtime.model_runner import ModelRunner
+from atom_aot.runtime.model_runner import LaunchedStep, ModelRunner
 from atom_aot.errors import ContextLengthError, RequestError
 from atom_aot.runtime.outputs import CoreOutput, CoreStats, TokenLogprobs
 from atom_aot.runtime.sampling_params import SamplingParams
-from atom_aot.runtime.scheduler import Scheduler
+from atom_aot.runtime.scheduler import ScheduledBatch, Scheduler
 from atom_aot.runtime.sequence import Sequence
 
 
 class EngineCore:
-    def __init__(self, scheduler: Scheduler, runner: ModelRunner, eos_token_ids: frozenset[int], block_size: int):
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, eos_token_ids: frozenset[int], block_size: int,
+                 async_scheduling: bool = False):
         self.scheduler = scheduler
         self.runner = runner
         self.eos_token_ids = eos_token_ids
         self.block_size = block_size
+        self.async_scheduling = async_scheduling
+        self._in_flight: deque[tuple[ScheduledBatch, LaunchedStep]] = deque()   # launched, not read yet
         self._ids = itertools.count()
         self._prompt_logprobs: dict[str, list[TokenLogprobs]] = {}
         self.num_prompt_tokens_total = 0
@@ -62,7 +70,7 @@ class EngineCore:
         self.scheduler.abort(request_id, reason)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or bool(self._in_flight)
 
     def stats(self) -> CoreStats:
         bm = self.block_manager
@@ -74,26 +82,39 @@ class EngineCore:
             generation_tokens_total=self.num_generation_tokens_total)
 
     def step(self) -> list[CoreOutput]:
+        """Schedule and launch a batch; return the outputs of the one before it (async scheduling),
+        or of this one. When nothing more can be scheduled the batch in flight is read."""
         batch = self.scheduler.schedule()
-        if batch is None:
-            return []
-        result = self.runner.run(batch)
+        if batch is not None:
+            self._in_flight.append((batch, self.runner.launch(batch)))
+        keep = 1 if self.async_scheduling and batch is not None else 0
+        outputs = []
+        while len(self._in_flight) > keep:
+            outputs += self._complete(*self._in_flight.popleft())
+        return outputs
+
+    def _complete(self, batch: ScheduledBatch, launched: LaunchedStep) -> list[CoreOutput]:
+        result = self.runner.complete(launched)
         self._collect_prompt_logprobs(batch, result.prompt_logprobs)
         advanced = self.scheduler.update(batch, result.sampled)
         self.num_generation_tokens_total += len(advanced)
         logprobs = {seq.request_id: lp for seq, lp in zip(batch.seqs, result.logprobs)}
         return [self._output(seq, logprobs[seq.request_id]) for seq in advanced]
 
-    def _collect_prompt_logprobs(self, batch, prompt_logprobs) -> None:
-        for seq, scored in zip(batch.seqs, prompt_logprobs):
+    def _collect_prompt_logprobs(self, batch: ScheduledBatch, prompt_logprobs) -> None:
+        for seq, start, scored in zip(batch.seqs, batch.num_computed_tokens, prompt_logprobs):
             collected = self._prompt_logprobs.get(seq.request_id)
             if scored is None or collected is None:
                 continue
-            missing = seq.num_prompt_tokens - 1 - len(collected)   # a recomputed prompt is scored once
-            collected.extend(scored[:max(0, missing)])
+            # `scored` covers positions start.. ; a prompt recomputed after preemption is kept once
+            seen = len(collected) - start
+            if seen < 0:
+                raise RuntimeError(f"prompt logprobs of request {seq.request_id!r} from position {start} arrived "
+                                   f"before those of positions {len(collected)}..{start - 1}")
+            collected.extend(scored[seen:])
 
     def _output(self, seq: Sequence, logprobs: TokenLogprobs | None) -> CoreOutput:
-        first = seq.num_output_tokens == 1
+        first = len(seq.token_ids) == seq.num_prompt_tokens + 1
         return CoreOutput(
             request_id=seq.request_id, new_token_ids=[seq.token_ids[-1]], finish_reason=seq.finish_reason,
             logprobs=[logprobs] if logprobs is not None else [],

@@ -54,7 +54,9 @@ class ArtifactEngine:
         self.core.abort(request_id)
 
     def step(self) -> list[RequestOutput]:
-        """One engine step; returns the updates of the requests that advanced."""
+        """One engine step; returns the updates of the requests that advanced. With async scheduling
+        these are the previous step's (this one is launched first), so their detokenization runs
+        while the device computes."""
         return self.output_processor.process(self.core.step())
 
     def is_finished(self) -> bool:

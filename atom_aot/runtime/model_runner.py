@@ -1,24 +1,22 @@
-"""Runs one scheduled batch: flattens it into the model's input tensors, calls the model
-(compiled or eager, the same signature), samples, and scores logprobs where asked."""
+"""Runs one scheduled batch: its input tensors, the model (compiled or eager, the same signature),
+sampling and logprobs, in two halves. `launch` queues all of it on the device and returns at once;
+`complete` reads the results back (the only place the host waits for the device). Between the two
+the host may schedule and launch the next batch (async scheduling); `run` is both at once."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
-import numpy as np
 import torch
 
-from atom_aot.models.step_inputs import SPECS, StepInputs
+from atom_aot.models.step_inputs import StepInputs
 from atom_aot.runtime.forwards import Forwards
 from atom_aot.runtime.outputs import TokenLogprobs
-from atom_aot.runtime.sampler import Sampler, compute_logprobs
+from atom_aot.runtime.sampler import LogprobTensors, Sampler, logprob_tensors, token_logprobs
 from atom_aot.runtime.scheduler import ScheduledBatch
-
-
-@dataclass(frozen=True)
-class LogitsRows:
-    """Host-side bookkeeping of one step: what each row of the returned logits is for."""
-    sample_rows: list[int]          # for each sampling sequence (batch order), its row in the logits
-    prompt_rows: dict[int, range]   # batch index -> logits rows scoring its next prompt tokens (prompt logprobs)
+from atom_aot.runtime.sequence import Sequence
+from atom_aot.runtime.step_inputs_builder import LogitsRows, StepInputsBuilder
+from atom_aot.runtime.transfer import Readback, to_device
 
 
 @dataclass
@@ -26,6 +24,20 @@ class StepOutput:
     sampled: list[int | None]                      # per batch sequence; None: still in its prompt
     logprobs: list[TokenLogprobs | None]
     prompt_logprobs: list[list[TokenLogprobs] | None]
+
+
+class StepResults(NamedTuple):
+    """What a step leaves on the device for the host to read."""
+    tokens: torch.Tensor                         # [n] one per sampling sequence, in batch order
+    logprobs: LogprobTensors | None              # of the sampling sequences that asked, in their order
+    prompt_logprobs: dict[int, LogprobTensors]   # batch index -> its scored prompt positions
+
+
+@dataclass(frozen=True)
+class LaunchedStep:
+    """A step queued on the device; `ModelRunner.complete` reads its results."""
+    batch: ScheduledBatch
+    results: Readback[StepResults]
 
 
 class ModelRunner:
@@ -36,88 +48,66 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.sampler = sampler
+        self.inputs = StepInputsBuilder(kv_cache, block_size, device)
+
+    def run(self, batch: ScheduledBatch) -> StepOutput:
+        return self.complete(self.launch(batch))
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> StepOutput:
+    def launch(self, batch: ScheduledBatch) -> LaunchedStep:
         # a named range per step, so profiler traces (server or offline) split prefill from decode
         kind = "prefill" if batch.is_prefill else "decode"
         with torch.profiler.record_function(f"{kind}[bs={len(batch.seqs)},tokens={batch.num_tokens}]"):
             inputs, rows = self.prepare_inputs(batch)
             logits = self.forwards.for_batch(batch)(inputs)
-            return self.postprocess(batch, rows, logits)
+            return LaunchedStep(batch, Readback(self._sample(batch, rows, logits), self.device))
 
     def prepare_inputs(self, batch: ScheduledBatch) -> tuple[StepInputs, LogitsRows]:
         """The step's flat tensors (on the device) and which logits rows sample or score the prompt."""
-        input_ids, positions, slots, logits_rows, sample_rows, prompt_rows = [], [], [], [], [], {}
-        first_row = 0   # row of this sequence's first new token in the flat batch
-        for i, (seq, count) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
-            start = seq.num_computed_tokens
-            pos = np.arange(start, start + count)
-            table = np.asarray(seq.block_table, dtype=np.int64)
-            input_ids.append(np.asarray(seq.token_ids[start:start + count], dtype=np.int64))
-            positions.append(pos)
-            slots.append(table[pos // self.block_size] * self.block_size + pos % self.block_size)
-            scoring = _prompt_positions_to_score(seq, start, count)
-            if scoring:
-                prompt_rows[i] = range(len(logits_rows), len(logits_rows) + len(scoring))
-                logits_rows.extend(first_row + p - start for p in scoring)
-            if batch.samples(i):
-                sample_rows.append(len(logits_rows))
-                logits_rows.append(first_row + count - 1)
-            first_row += count
-        max_blocks = max(len(seq.block_table) for seq in batch.seqs)
-        tables = np.zeros((len(batch.seqs), max_blocks), dtype=np.int32)
-        for i, seq in enumerate(batch.seqs):
-            tables[i, :len(seq.block_table)] = seq.block_table
-        counts = np.asarray(batch.num_new_tokens)
-        seq_lens = np.asarray([s.num_computed_tokens for s in batch.seqs]) + counts
-        host = dict(input_ids=np.concatenate(input_ids), positions=np.concatenate(positions),
-                    slot_mapping=np.concatenate(slots), block_tables=tables, seq_lens=seq_lens,
-                    query_start_loc=np.concatenate([[0], np.cumsum(counts)]), logits_indices=np.asarray(logits_rows))
-        inputs = StepInputs(kv_cache=self.kv_cache, **{name: self._to_device(name, a) for name, a in host.items()})
-        return inputs, LogitsRows(sample_rows, prompt_rows)
+        return self.inputs.build(batch)
 
-    def _to_device(self, name: str, array: np.ndarray) -> torch.Tensor:
-        host = torch.from_numpy(np.ascontiguousarray(array, dtype=np.dtype(SPECS[name].dtype)))
-        return host.to(self.device, non_blocking=True)
-
-    def postprocess(self, batch: ScheduledBatch, rows: LogitsRows, logits: torch.Tensor) -> StepOutput:
-        sampling_seqs = [seq for i, seq in enumerate(batch.seqs) if batch.samples(i)]
-        sampled = []
-        if sampling_seqs:
-            sample = torch.as_tensor(rows.sample_rows, device=logits.device)
-            tokens = self.sampler(logits[sample], sampling_seqs)
-            sampled = tokens.tolist()
-            logprobs = self._sampled_logprobs(logits[sample], tokens, sampling_seqs)
+    def complete(self, launched: LaunchedStep) -> StepOutput:
+        """Wait for the step's results (not for steps launched after it) and hand them out per sequence."""
+        batch, results = launched.batch, launched.results.wait()
+        sampling = [i for i, samples in enumerate(batch.sampling) if samples]
         out = StepOutput(sampled=[None] * len(batch.seqs), logprobs=[None] * len(batch.seqs),
                          prompt_logprobs=[None] * len(batch.seqs))
-        sampling_indices = [i for i in range(len(batch.seqs)) if batch.samples(i)]
-        for j, i in enumerate(sampling_indices):
-            out.sampled[i] = sampled[j]
-            out.logprobs[i] = logprobs[j]
-        for i, scoring in rows.prompt_rows.items():
-            seq = batch.seqs[i]
-            start = seq.num_computed_tokens
-            targets = torch.as_tensor(seq.token_ids[start + 1:start + 1 + len(scoring)], device=logits.device)
-            out.prompt_logprobs[i] = compute_logprobs(logits[scoring.start:scoring.stop], targets,
-                                                      [seq.params.prompt_logprobs] * len(scoring))
+        for i, token in zip(sampling, results.tokens.tolist()):
+            out.sampled[i] = token
+        if results.logprobs is not None:
+            wanted = [i for i in sampling if batch.seqs[i].params.logprobs is not None]
+            scored = token_logprobs(results.logprobs, [batch.seqs[i].params.logprobs for i in wanted])
+            for i, logprobs in zip(wanted, scored):
+                out.logprobs[i] = logprobs
+        for i, tensors in results.prompt_logprobs.items():
+            num_top = batch.seqs[i].params.prompt_logprobs
+            out.prompt_logprobs[i] = token_logprobs(tensors, [num_top] * len(tensors.ranks))
         return out
 
-    @staticmethod
-    def _sampled_logprobs(logits, tokens, seqs) -> list[TokenLogprobs | None]:
-        wanted = [i for i, seq in enumerate(seqs) if seq.params.logprobs is not None]
-        result: list[TokenLogprobs | None] = [None] * len(seqs)
-        if wanted:
-            rows = torch.as_tensor(wanted, device=logits.device)
-            scored = compute_logprobs(logits[rows], tokens[rows], [seqs[i].params.logprobs for i in wanted])
-            for i, lp in zip(wanted, scored):
-                result[i] = lp
-        return result
+    def _sample(self, batch: ScheduledBatch, rows: LogitsRows, logits: torch.Tensor) -> StepResults:
+        """Queue sampling and logprobs; logits: [N, vocab], the rows `rows` describes."""
+        seqs = [seq for seq, samples in zip(batch.seqs, batch.sampling) if samples]
+        # without prompt rows, every logits row samples, in batch order
+        logits_to_sample = logits[to_device(rows.sample_rows, torch.int64, self.device)] if rows.prompt_rows else logits
+        tokens = (self.sampler(logits_to_sample, seqs) if seqs
+                  else torch.empty(0, dtype=torch.int64, device=logits.device))
+        self.inputs.remember_sampled(tokens)
+        return StepResults(tokens, self._sampled_logprobs(logits_to_sample, tokens, seqs),
+                           self._prompt_logprobs(batch, rows, logits))
 
+    def _sampled_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor,
+                          seqs: list[Sequence]) -> LogprobTensors | None:
+        wanted = [j for j, seq in enumerate(seqs) if seq.params.logprobs is not None]
+        if not wanted:
+            return None
+        index = to_device(wanted, torch.int64, self.device)
+        return logprob_tensors(logits[index], tokens[index], max(seqs[j].params.logprobs for j in wanted))
 
-def _prompt_positions_to_score(seq, start: int, count: int) -> list[int]:
-    """Positions in [start, start+count) whose logits score the next prompt token (echo + logprobs)."""
-    if seq.params.prompt_logprobs is None:
-        return []
-    last = min(start + count, seq.num_prompt_tokens - 1)
-    return list(range(start, last))
+    def _prompt_logprobs(self, batch: ScheduledBatch, rows: LogitsRows,
+                         logits: torch.Tensor) -> dict[int, LogprobTensors]:
+        scored = {}
+        for i, scoring in rows.prompt_rows.items():
+            seq, start = batch.seqs[i], batch.num_computed_tokens[i]
+            targets = to_device(seq.token_ids[start + 1:start + 1 + len(scoring)], torch.int64, self.device)
+            scored[i] = logprob_tensors(logits[scoring.start:scoring.stop], targets, seq.params.prompt_logprobs)
+        return scored

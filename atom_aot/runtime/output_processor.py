@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from atom_aot.runtime.detokenizer import IncrementalDetokenizer
+from atom_aot.runtime.detokenizer import ByteStream, Detokenizer, WindowStream
 from atom_aot.runtime.outputs import CoreOutput, TokenLogprobs
 from atom_aot.runtime.sampling_params import SamplingParams
 
@@ -22,21 +22,24 @@ class RequestOutput:
     request_id: str
     text: str                          # the whole output text so far (stop string trimmed)
     delta_text: str                    # the text this update adds
-    token_ids: list[int]               # every output token so far
     new_token_ids: list[int]
     finished: bool
     finish_reason: str | None
     num_tokens_input: int
+    num_tokens_output: int             # output tokens so far
     logprobs: list[TokenLogprobs] = field(default_factory=list)   # for new_token_ids
     prompt_logprobs: list[TokenLogprobs] | None = None
     num_cached_tokens: int = 0
     ttft: float | None = None          # seconds from arrival to the first token
     tpot: float | None = None          # mean seconds per output token after the first
     latency: float | None = None       # seconds from arrival to the end
+    # the request's output tokens, a list later updates extend: `token_ids` reads this update's share
+    all_token_ids: list[int] = field(default_factory=list, repr=False, compare=False)
 
     @property
-    def num_tokens_output(self) -> int:
-        return len(self.token_ids)
+    def token_ids(self) -> list[int]:
+        """Every output token so far (a new list on each read: most updates are never asked)."""
+        return self.all_token_ids[:self.num_tokens_output]
 
     def as_dict(self) -> dict:
         return {"text": self.text, "token_ids": self.token_ids, "latency": self.latency,
@@ -49,8 +52,10 @@ AbortInCore = Callable[[list[str]], None]    # request ids a stop string finishe
 
 
 class _RequestState:
-    def __init__(self, tokenizer, prompt_ids: list[int], params: SamplingParams, callback: StreamCallback | None):
-        self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids)
+    __slots__ = ("stream", "params", "callback", "text", "emitted", "token_ids", "holdback")
+
+    def __init__(self, stream: ByteStream | WindowStream, params: SamplingParams, callback: StreamCallback | None):
+        self.stream = stream
         self.params = params
         self.callback = callback
         self.text = ""
@@ -62,12 +67,13 @@ class _RequestState:
 class OutputProcessor:
     def __init__(self, tokenizer, abort_in_core: AbortInCore):
         self.tokenizer = tokenizer
+        self.detokenizer = Detokenizer(tokenizer)
         self.abort_in_core = abort_in_core
         self.requests: dict[str, _RequestState] = {}
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                     callback: StreamCallback | None = None) -> None:
-        self.requests[request_id] = _RequestState(self.tokenizer, prompt_ids, params, callback)
+        self.requests[request_id] = _RequestState(self.detokenizer.stream(prompt_ids), params, callback)
 
     def abort(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
@@ -85,9 +91,9 @@ class OutputProcessor:
             if state is None:          # aborted meanwhile
                 continue
             finish_reason = out.finish_reason
-            state.token_ids.extend(out.new_token_ids)
-            state.text += state.detokenizer.add(out.new_token_ids)
-            if self._match_stop_string(state):
+            state.token_ids += out.new_token_ids
+            state.text += state.stream.add(out.new_token_ids)
+            if state.params.stop_strings and self._match_stop_string(state):
                 if finish_reason is None:
                     stopped.append(out.request_id)
                 finish_reason = "stop"
@@ -113,10 +119,10 @@ class OutputProcessor:
         visible = len(state.text) if finished else max(state.emitted, len(state.text) - state.holdback)
         delta, state.emitted = state.text[state.emitted:visible], visible
         update = RequestOutput(
-            request_id=out.request_id, text=state.text[:visible], delta_text=delta,
-            token_ids=list(state.token_ids), new_token_ids=list(out.new_token_ids), finished=finished,
-            finish_reason=finish_reason, num_tokens_input=out.num_prompt_tokens, logprobs=out.logprobs,
-            prompt_logprobs=out.prompt_logprobs, num_cached_tokens=out.num_cached_tokens)
+            request_id=out.request_id, text=state.text[:visible], delta_text=delta, new_token_ids=out.new_token_ids,
+            finished=finished, finish_reason=finish_reason, num_tokens_input=out.num_prompt_tokens,
+            num_tokens_output=len(state.token_ids), logprobs=out.logprobs, prompt_logprobs=out.prompt_logprobs,
+            num_cached_tokens=out.num_cached_tokens, all_token_ids=state.token_ids)
         if out.first_token_time is not None:
             update.ttft = out.first_token_time - out.arrival_time
         if finished:

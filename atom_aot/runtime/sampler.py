@@ -6,10 +6,13 @@ not depend on which other requests share the batch.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from atom_aot.runtime.outputs import TokenLogprobs
 from atom_aot.runtime.sequence import Sequence
+from atom_aot.runtime.transfer import to_device
 
 
 def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -38,9 +41,9 @@ def _masks(seq: Sequence) -> bool:
 
 
 def _mask_params(seqs: list[Sequence], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return (torch.tensor([seq.params.top_k for seq in seqs], device=device),
-            torch.tensor([seq.params.top_p for seq in seqs], device=device),
-            torch.tensor([seq.params.min_p for seq in seqs], device=device))
+    return (to_device([seq.params.top_k for seq in seqs], torch.int64, device),
+            to_device([seq.params.top_p for seq in seqs], torch.float32, device),
+            to_device([seq.params.min_p for seq in seqs], torch.float32, device))
 
 
 def _sample_among_top_k(scaled: torch.Tensor, noise: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -71,7 +74,7 @@ class Sampler:
         greedy = logits.argmax(dim=-1)
         if all(seq.params.greedy for seq in seqs):
             return greedy
-        temperature = torch.tensor([seq.params.temperature or 1.0 for seq in seqs], device=logits.device)
+        temperature = to_device([seq.params.temperature or 1.0 for seq in seqs], torch.float32, logits.device)
         scaled = logits / temperature.unsqueeze(-1)
         noise = self._exponential_noise(scaled, seqs)
         drawn = [seq for seq in seqs if not seq.params.greedy]      # greedy rows take `greedy` below
@@ -82,7 +85,7 @@ class Sampler:
         else:                                      # some row needs the whole vocabulary sorted
             masked = apply_top_k_top_p_min_p(scaled, *_mask_params(seqs, scaled.device))
             sampled = (masked.softmax(dim=-1) / noise).argmax(dim=-1)
-        is_greedy = torch.tensor([seq.params.greedy for seq in seqs], device=logits.device)
+        is_greedy = to_device([seq.params.greedy for seq in seqs], torch.bool, logits.device)
         return torch.where(is_greedy, greedy, sampled)
 
     def _exponential_noise(self, like: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -95,15 +98,32 @@ class Sampler:
         return noise
 
 
-def compute_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, num_top: list[int]) -> list[TokenLogprobs]:
-    """Log-probabilities of `token_ids` under softmax(logits), with each row's top `num_top[i]`."""
+class LogprobTensors(NamedTuple):
+    """Log-probabilities of N chosen tokens, as tensors (on the device until read back)."""
+    token_ids: torch.Tensor      # [N]
+    logprobs: torch.Tensor       # [N] of the chosen tokens
+    ranks: torch.Tensor          # [N] 1 = the most likely token
+    top_ids: torch.Tensor        # [N, K] the K most likely tokens
+    top_logprobs: torch.Tensor   # [N, K]
+
+
+def logprob_tensors(logits: torch.Tensor, token_ids: torch.Tensor, num_top: int) -> LogprobTensors:
+    """Log-probabilities of `token_ids` under softmax(logits) ([N, V]) and the top `num_top` of each row."""
     logprobs = logits.float().log_softmax(dim=-1)
     chosen = logprobs.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
     ranks = (logprobs > chosen.unsqueeze(-1)).sum(dim=-1) + 1
-    most = max(num_top, default=0)
-    top_values, top_ids = logprobs.topk(most, dim=-1) if most else (None, None)
-    result = []
-    for row, count in enumerate(num_top):
-        top = list(zip(top_ids[row, :count].tolist(), top_values[row, :count].tolist())) if count else []
-        result.append(TokenLogprobs(int(token_ids[row]), float(chosen[row]), int(ranks[row]), top))
-    return result
+    top_logprobs, top_ids = logprobs.topk(num_top, dim=-1)
+    return LogprobTensors(token_ids, chosen, ranks, top_ids, top_logprobs)
+
+
+def token_logprobs(tensors: LogprobTensors, num_top: list[int]) -> list[TokenLogprobs]:
+    """One TokenLogprobs per row of host tensors, row i with its top `num_top[i]`."""
+    token_ids, chosen, ranks, top_ids, top_values = (t.tolist() for t in tensors)
+    return [TokenLogprobs(token_ids[row], chosen[row], ranks[row],
+                          list(zip(top_ids[row][:count], top_values[row][:count])))
+            for row, count in enumerate(num_top)]
+
+
+def compute_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, num_top: list[int]) -> list[TokenLogprobs]:
+    """Log-probabilities of `token_ids` under softmax(logits), with each row's top `num_top[i]`."""
+    return token_logprobs(logprob_tensors(logits, token_ids, max(num_top, default=0)), num_top)

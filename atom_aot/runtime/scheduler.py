@@ -4,6 +4,17 @@ Each step is either a prefill step (new prompts, and chunks of prompts longer th
 budget) or a decode step (one token for every running sequence). When decode runs out of blocks
 the youngest running sequence is preempted: its blocks are freed and it is recomputed later from
 its tokens (prompt plus what it generated), so preemption never loses output.
+
+Accounting happens when a batch is scheduled: each sequence's `num_computed_tokens` advances and a
+sequence that samples gets a pending token, so the next batch can be scheduled (and launched)
+before the host reads this one's tokens (async scheduling). `update` fills the tokens in and
+checks stops. A stop that depends on a token's value (EOS, stop_token_ids) is therefore seen one
+step late: the sequence may be in the batch after it, whose result for it is dropped. Length
+stops (max_tokens, max_model_len) are known at schedule time: nothing is scheduled past them.
+
+Freeing the blocks of a sequence that a launched step still writes (it stopped or was preempted
+while that step runs) is safe because every step runs on one CUDA stream, in order: a later step
+that reuses the blocks writes them after the earlier one is done with them.
 """
 from __future__ import annotations
 
@@ -80,19 +91,27 @@ class SequenceQueue:
 
 @dataclass(frozen=True)
 class ScheduledBatch:
-    """The scheduler's decision for one step: what the model runner computes."""
-    seqs: tuple[Sequence, ...]        # in batch order
-    num_new_tokens: tuple[int, ...]   # tokens each sequence computes, from its num_computed_tokens
-    is_prefill: bool                  # False: every sequence computes exactly its one newest token
+    """The scheduler's decision for one step: what the model runner computes. A snapshot: the
+    sequences move on (their counts advance when the batch is made), the batch does not."""
+    seqs: tuple[Sequence, ...]               # in batch order
+    num_new_tokens: tuple[int, ...]          # tokens each sequence computes this step
+    num_computed_tokens: tuple[int, ...]     # tokens each had in the cache before: its first new position
+    sampling: tuple[bool, ...]               # whether each reaches its last token, so its next one is sampled
+    is_prefill: bool                         # False: every sequence computes exactly its one newest token
+    freed: tuple[Sequence, ...] = ()         # sequences whose blocks were freed since the last batch
+    scheduled_at: float = 0.0                # the scheduler's clock when the batch was made
+
+    @classmethod
+    def of(cls, seqs: tuple[Sequence, ...], num_new_tokens: tuple[int, ...], is_prefill: bool,
+           freed: tuple[Sequence, ...] = (), scheduled_at: float = 0.0) -> ScheduledBatch:
+        """The batch of these sequences as they are now (before their counts advance)."""
+        starts = tuple(seq.num_computed_tokens for seq in seqs)
+        sampling = tuple(start + count == seq.num_tokens for seq, start, count in zip(seqs, starts, num_new_tokens))
+        return cls(seqs, num_new_tokens, starts, sampling, is_prefill, freed, scheduled_at)
 
     @property
     def num_tokens(self) -> int:
         return sum(self.num_new_tokens)
-
-    def samples(self, index: int) -> bool:
-        """Whether sequence `index` reaches its last token this step, so a next token is sampled."""
-        seq = self.seqs[index]
-        return seq.num_computed_tokens + self.num_new_tokens[index] == seq.num_tokens
 
 
 class Scheduler:
@@ -104,9 +123,8 @@ class Scheduler:
         self.waiting = SequenceQueue()   # first in, first out; preempted sequences go back to the front
         self.running = SequenceQueue()   # oldest first: the youngest is preempted first
         self.num_preemptions = 0
-        self._last_prefill_time = 0.0
         self._last_prefill_latency = 0.0
-        self._prefill_pending_timing = False
+        self._freed: list[Sequence] = []   # blocks freed since the last batch: handed to the runner with the next
 
     # -- intake -----------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -130,15 +148,11 @@ class Scheduler:
     # -- scheduling -------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
         now = self.clock()
-        if self._prefill_pending_timing:
-            self._last_prefill_latency = now - self._last_prefill_time
-            self._prefill_pending_timing = False
         if self._partial_prefills() or (self.waiting and self._delay_passed(now)):
-            batch = self._schedule_prefill()
+            batch = self._schedule_prefill(now)
             if batch is not None:
-                self._last_prefill_time, self._prefill_pending_timing = now, True
                 return batch
-        return self._schedule_decode()
+        return self._schedule_decode(now)
 
     def _partial_prefills(self) -> list[Sequence]:
         return [seq for seq in self.running if seq.num_uncomputed_tokens > 1]
@@ -152,7 +166,7 @@ class Scheduler:
         waited = now - self.waiting.first().arrival_time
         return waited > self.config.scheduler_delay_factor * self._last_prefill_latency
 
-    def _schedule_prefill(self) -> ScheduledBatch | None:
+    def _schedule_prefill(self, now: float) -> ScheduledBatch | None:
         budget = self.config.max_num_batched_tokens
         seqs, counts = [], []
         for seq in self._partial_prefills():
@@ -166,6 +180,8 @@ class Scheduler:
                 budget -= count
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting.first()
+            if seq.num_pending_tokens:                  # preempted before its last token was read: next step
+                break
             # a prompt scored token by token (prompt logprobs) cannot skip cached tokens
             cached = [] if seq.params.prompt_logprobs is not None else self.block_manager.find_cached_prefix(seq)
             uncomputed = seq.num_tokens - len(cached) * self.block_manager.block_size
@@ -184,18 +200,29 @@ class Scheduler:
             budget -= count
         if not seqs:
             return None
-        return ScheduledBatch(tuple(seqs), tuple(counts), is_prefill=True)
+        return self._commit(seqs, counts, is_prefill=True, now=now)
 
-    def _schedule_decode(self) -> ScheduledBatch | None:
+    def _schedule_decode(self, now: float) -> ScheduledBatch | None:
         scheduled: list[Sequence] = []
         for seq in list(self.running):
             if seq.status != SequenceStatus.RUNNING or seq.num_uncomputed_tokens != 1:
                 continue                          # preempted meanwhile, or still in its prefill
+            if self._reached_length(seq):
+                continue                          # its last token is pending: it finishes when read
             if self._reserve(seq, 1, scheduled):
                 scheduled.append(seq)
         if not scheduled:
             return None
-        return ScheduledBatch(tuple(scheduled), (1,) * len(scheduled), is_prefill=False)
+        return self._commit(scheduled, [1] * len(scheduled), is_prefill=False, now=now)
+
+    def _commit(self, seqs: list[Sequence], counts: list[int], is_prefill: bool, now: float) -> ScheduledBatch:
+        """The batch, and the accounting it implies: computed tokens advance, samples are pending."""
+        batch = ScheduledBatch.of(tuple(seqs), tuple(counts), is_prefill, tuple(self._freed), now)
+        self._freed.clear()
+        for seq, count, samples in zip(seqs, counts, batch.sampling):
+            seq.num_computed_tokens += count
+            seq.num_pending_tokens += samples
+        return batch
 
     def _reserve(self, seq: Sequence, count: int, scheduled: list[Sequence]) -> bool:
         """Allocate slots for `count` tokens of a running sequence, preempting the youngest
@@ -210,47 +237,66 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self.block_manager.free(seq)
+        self._free_blocks(seq)
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
+    def _reached_length(self, seq: Sequence) -> bool:
+        """Whether its known and pending tokens reach max_tokens or max_model_len."""
+        max_tokens = seq.params.max_tokens
+        return ((max_tokens is not None and seq.num_output_tokens >= max_tokens)
+                or seq.num_tokens >= self.config.max_model_len)
+
     # -- after the step ---------------------------------------------------------------------
     def update(self, batch: ScheduledBatch, sampled: list[int | None]) -> list[Sequence]:
-        """Advance each sequence by what was computed, append sampled tokens, finish what stops.
+        """Fill in the batch's sampled tokens, register full blocks, finish what stops.
 
-        Returns the sequences that got a new token this step.
+        Returns the sequences that got a new token. A sequence that finished after the batch was
+        scheduled (a stop seen one step late, an abort) gets nothing: its result is dropped.
         """
+        if batch.is_prefill:
+            self._last_prefill_latency = self.clock() - batch.scheduled_at
         advanced = []
-        for seq, count, token in zip(batch.seqs, batch.num_new_tokens, sampled):
-            if seq.is_finished:          # aborted while the step ran
+        for seq, samples, token in zip(batch.seqs, batch.sampling, sampled):
+            if seq.is_finished:
                 continue
-            seq.num_computed_tokens += count
+            if samples:
+                seq.num_pending_tokens -= 1
+                seq.token_ids.append(token)
             self.block_manager.cache_full_blocks(seq)
-            if token is None:
+            if not samples:
                 continue
-            seq.token_ids.append(token)
             if seq.first_token_time is None:
                 seq.first_token_time = self.clock()
             advanced.append(seq)
             reason = self._stop_reason(seq, token)
             if reason is not None:
-                self.running.remove(seq)
+                self._dequeue(seq)
                 self.finish(seq, reason)
         return advanced
+
+    def _dequeue(self, seq: Sequence) -> None:
+        """Off its queue: running, or waiting when it was preempted while its last token was pending."""
+        queue = self.running if seq.request_id in self.running else self.waiting
+        queue.remove(seq)
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
         params = seq.params
         if token in params.stop_token_ids or (not params.ignore_eos and token in seq.eos_token_ids):
             return "stop"
-        if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
-            return "length"
-        if seq.num_tokens >= self.config.max_model_len:
+        if seq.num_pending_tokens == 0 and self._reached_length(seq):
             return "length"
         return None
 
     def finish(self, seq: Sequence, reason: str) -> None:
-        self.block_manager.free(seq)
+        self._free_blocks(seq)
+        seq.num_pending_tokens = 0            # tokens of steps launched after its stop are never read
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.finish_time = self.clock()
+
+    def _free_blocks(self, seq: Sequence) -> None:
+        if seq.block_table:
+            self._freed.append(seq)
+        self.block_manager.free(seq)

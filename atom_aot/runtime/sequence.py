@@ -23,8 +23,11 @@ class Sequence:
     """A request inside the engine core.
 
     There is no separate "prefill phase": `num_computed_tokens` counts the tokens whose KV is in
-    the cache, and each step computes some of the rest. A step that reaches the last token samples
-    the next one.
+    the cache or is written by a step already launched, and each step computes some of the rest. A
+    step that reaches the last token samples the next one.
+
+    A sampled token the host has not read yet is *pending*: it counts in `num_tokens` (so the next
+    step can be scheduled before it is read) but is not in `token_ids`, which holds known values only.
     """
     request_id: str
     token_ids: list[int]
@@ -35,6 +38,7 @@ class Sequence:
     arrival_time: float = field(default_factory=time.perf_counter)
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
+    num_pending_tokens: int = 0       # sampled by launched steps, values not read yet: the last tokens
     num_cached_tokens: int = 0        # prompt tokens found in the prefix cache (last allocation)
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # hashes of the full blocks, in order
@@ -45,11 +49,13 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.token_ids)
+        """Known and pending tokens."""
+        return len(self.token_ids) + self.num_pending_tokens
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
+        """Known and pending output tokens."""
+        return self.num_tokens - self.num_prompt_tokens
 
     @property
     def output_token_ids(self) -> list[int]:

@@ -93,7 +93,7 @@ def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig) -> EngineCo
         BlockManager(num_blocks, loaded.block_size, config.enable_prefix_caching))
     forwards = make_forwards(loaded, config, kv_cache, max_model_len)
     runner = ModelRunner(forwards, kv_cache, loaded.block_size, loaded.device, Sampler(loaded.device, config.seed))
-    return EngineCore(scheduler, runner, eos_token_ids(loaded), loaded.block_size)
+    return EngineCore(scheduler, runner, eos_token_ids(loaded), loaded.block_size, config.async_scheduling)
 
 
 def load_and_start(artifact_path, config: RuntimeConfig) -> tuple[LoadedArtifact, EngineCore]:

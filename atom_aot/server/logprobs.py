@@ -10,24 +10,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from atom_aot.runtime.detokenizer import BYTE_ALPHABET
 from atom_aot.runtime.outputs import TokenLogprobs
-
-
-def _byte_alphabet() -> dict[str, int]:
-    """GPT-2's byte -> printable-character map, inverted: how byte-level BPE spells raw bytes."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + extra)] = b
-            extra += 1
-    return chars
-
-
-BYTE_ALPHABET = _byte_alphabet()
 
 
 class TokenRenderer:

@@ -1,0 +1,124 @@
+"""A scheduled batch as the model's flat input tensors, on the device.
+
+The work is O(batch) numpy with one host->device copy per tensor: positions and KV slots come
+from per-sequence starts and counts, block tables from rows kept between steps
+(persistent_rows.py). A decode input whose token the host has not read yet (async scheduling) is
+gathered on the device from the previous step's sampled tokens: at most one step is in flight, so
+a pending input token was always sampled by the step launched just before.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from atom_aot.models.step_inputs import StepInputs, input_dtype
+from atom_aot.runtime.persistent_rows import PersistentRows
+from atom_aot.runtime.scheduler import ScheduledBatch
+from atom_aot.runtime.sequence import Sequence
+from atom_aot.runtime.transfer import to_device
+
+PENDING = (-1,)   # the host's stand-in for a token sampled on the device and not read yet
+
+
+@dataclass(frozen=True)
+class LogitsRows:
+    """Host-side bookkeeping of one step: what each row of the returned logits is for."""
+    sample_rows: list[int]          # for each sampling sequence (batch order), its row in the logits
+    prompt_rows: dict[int, range]   # batch index -> logits rows scoring its next prompt tokens (prompt logprobs)
+
+
+class StepInputsBuilder:
+    def __init__(self, kv_cache: torch.Tensor, block_size: int, device: torch.device):
+        self.kv_cache = kv_cache
+        self.block_size = block_size
+        self.device = device
+        self.rows = PersistentRows()
+        self._last_sampled: torch.Tensor | None = None         # [n] the previous step's sampled tokens (device)
+        self._last_sample_rows = np.zeros(0, dtype=np.int64)    # [n] their sequences' rows
+        self._sample_rows = np.zeros(0, dtype=np.int64)         # rows of this batch's sampling sequences
+
+    def build(self, batch: ScheduledBatch) -> tuple[StepInputs, LogitsRows]:
+        self.rows.release(batch.freed)
+        rows, widest = self.rows.rows_for(batch.seqs)
+        starts = np.asarray(batch.num_computed_tokens, dtype=np.int64)      # [B]
+        counts = np.asarray(batch.num_new_tokens, dtype=np.int64)           # [B]
+        query_start = np.zeros(len(counts) + 1, dtype=np.int64)             # [B + 1]
+        np.cumsum(counts, out=query_start[1:])
+        seq_of_token = np.repeat(np.arange(len(counts)), counts)            # [T]
+        positions = np.arange(query_start[-1]) + (starts - query_start[:-1])[seq_of_token]
+        tables = self.rows.block_tables[rows, :widest]                      # [B, widest]
+        slots = tables[seq_of_token, positions // self.block_size].astype(np.int64) * self.block_size \
+            + positions % self.block_size
+        input_ids = _token_ids(batch, int(query_start[-1]))
+        logits_indices, logits_rows = _logits_rows(batch, query_start)
+        self._sample_rows = rows[np.asarray(batch.sampling, dtype=bool)]
+        host = dict(input_ids=input_ids, positions=positions, slot_mapping=slots, block_tables=tables,
+                    seq_lens=starts + counts, query_start_loc=query_start, logits_indices=logits_indices)
+        kv_dtype = self.kv_cache.dtype
+        inputs = StepInputs(kv_cache=self.kv_cache, **{
+            name: to_device(array, input_dtype(name, kv_dtype), self.device) for name, array in host.items()})
+        pending = np.flatnonzero(input_ids < 0)                             # token rows
+        if pending.size:
+            self._gather_pending(inputs.input_ids, pending, seq_of_token[pending], rows, batch)
+        return inputs, logits_rows
+
+    def remember_sampled(self, sampled: torch.Tensor) -> None:
+        """The tokens the last built batch samples ([n], on the device): the next batch's pending inputs."""
+        self.rows.last_sample[self._last_sample_rows] = -1
+        self.rows.last_sample[self._sample_rows] = np.arange(len(self._sample_rows))
+        self._last_sample_rows, self._last_sampled = self._sample_rows, sampled
+
+    def _gather_pending(self, input_ids: torch.Tensor, token_rows: np.ndarray, seq_index: np.ndarray,
+                        rows: np.ndarray, batch: ScheduledBatch) -> None:
+        """input_ids[token_rows] = the previous step's sampled tokens of those sequences (on the device)."""
+        sources = self.rows.last_sample[rows[seq_index]]
+        missing = np.flatnonzero(sources < 0)
+        if missing.size:
+            seq = batch.seqs[seq_index[missing[0]]]
+            raise RuntimeError(f"request {seq.request_id!r} is decoded from a token that is neither known nor "
+                               f"sampled by the previous step")
+        index = to_device(token_rows, torch.int64, self.device)
+        input_ids.index_copy_(0, index, self._last_sampled[to_device(sources, torch.int64, self.device)])
+
+
+def _token_ids(batch: ScheduledBatch, num_tokens: int) -> np.ndarray:
+    """[T] the ids of the batch's new tokens; -1 for a token sampled on the device, not read yet."""
+    pieces = []
+    for seq, start, count in zip(batch.seqs, batch.num_computed_tokens, batch.num_new_tokens):
+        known = len(seq.token_ids)
+        if start + count <= known:
+            pieces.append(seq.token_ids[start:start + count])
+        elif count == 1 and start == known:
+            pieces.append(PENDING)
+        else:
+            raise RuntimeError(f"request {seq.request_id!r}: positions {start}..{start + count - 1} are scheduled "
+                               f"but only {known} tokens are known; only a decode may take a pending token")
+    return np.fromiter(itertools.chain.from_iterable(pieces), dtype=np.int64, count=num_tokens)
+
+
+def _logits_rows(batch: ScheduledBatch, query_start: np.ndarray) -> tuple[np.ndarray, LogitsRows]:
+    """[N] the token rows whose logits the forward returns, and what each is for."""
+    if not (batch.is_prefill and any(seq.params.prompt_logprobs is not None for seq in batch.seqs)):
+        indices = query_start[1:][np.asarray(batch.sampling, dtype=bool)] - 1    # each sampling sequence's last
+        return indices, LogitsRows(list(range(len(indices))), {})
+    logits_rows, sample_rows, prompt_rows = [], [], {}
+    for i, (seq, start, count) in enumerate(zip(batch.seqs, batch.num_computed_tokens, batch.num_new_tokens)):
+        first_row = int(query_start[i])
+        scoring = _prompt_positions_to_score(seq, start, count)
+        if scoring:
+            prompt_rows[i] = range(len(logits_rows), len(logits_rows) + len(scoring))
+            logits_rows.extend(first_row + p - start for p in scoring)
+        if batch.sampling[i]:
+            sample_rows.append(len(logits_rows))
+            logits_rows.append(first_row + count - 1)
+    return np.asarray(logits_rows, dtype=np.int64), LogitsRows(sample_rows, prompt_rows)
+
+
+def _prompt_positions_to_score(seq: Sequence, start: int, count: int) -> range:
+    """Positions in [start, start+count) whose logits score the next prompt token (echo + logprobs)."""
+    if seq.params.prompt_logprobs is None:
+        return range(0)
+    return range(start, min(start + count, seq.num_prompt_tokens - 1))
