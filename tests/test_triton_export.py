@@ -187,8 +187,17 @@ def test_aoti_package_splits_by_batch_at_run_time(tmp_path):
     dynamic = ({0: seqs}, {2: Dim("num_blocks", min=2)}, {0: seqs, 1: Dim("W", min=1, max=1024)}, {0: seqs},
                {0: seqs + 1})
     exported = export(Attention(), decode_inputs(3, 0), dynamic_shapes=dynamic)
-    package = torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp_path / "attention.pt2"))
-    model = torch._inductor.aoti_load_package(package)
+    # through the build's compile_package: it picks the wrapper compiler whose libstdc++ the process maps
+    # (the GPU image's default CXX makes packages that crash at load, docs/artifact-format.md)
+    from atom_aot.build.export import compile_package
+    package = tmp_path / "attention.pt2"
+    compile_package(exported, package)
+    # loaded as the engine loads its packages (runtime/compiled.py): the single-threaded runner, since the
+    # thread-safe one queries an event before each call, which is illegal while a CUDA graph is captured
+    loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", True, 1, 0)
+
+    def model(*inputs):
+        return loader.run(list(inputs))[0]
 
     def check(out, inputs):
         q, kv_cache, tables, lens, starts = (x.cpu() for x in inputs)
