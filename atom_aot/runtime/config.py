@@ -31,6 +31,8 @@ class RuntimeConfig:
     enforce_eager: bool = flag(False, "--enforce-eager",
                                help="run the model module eagerly: no compiled code, no graphs (debugging)")
     seed: int = flag(0, "--seed", help="sampling seed of requests that bring none of their own")
+    num_threads: int | None = flag(None, "--num-threads", help="torch threads for CPU work (default: "
+                                   "OMP_NUM_THREADS if set, else the CPUs this process may run on)")
 
     def __post_init__(self):
         _check_int(self, "max_num_seqs", minimum=1)
@@ -39,6 +41,7 @@ class RuntimeConfig:
         _check_int(self, "kv_cache_memory_bytes", minimum=1, optional=True)
         _check_int(self, "num_kv_blocks", minimum=2, optional=True)
         _check_int(self, "seed", minimum=0)
+        _check_int(self, "num_threads", minimum=1, optional=True)
         for name in ("enable_prefix_caching", "enforce_eager"):
             _require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
         _require(_is_number(self.scheduler_delay_factor) and self.scheduler_delay_factor >= 0,

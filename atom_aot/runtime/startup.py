@@ -19,6 +19,7 @@ from atom_aot.runtime.loader import LoadedArtifact, load_artifact
 from atom_aot.runtime.model_runner import ModelRunner
 from atom_aot.runtime.sampler import Sampler
 from atom_aot.runtime.scheduler import Scheduler, SchedulerConfig
+from atom_aot.runtime.threads import set_torch_threads
 
 log = logging.getLogger("atom_aot")
 
@@ -100,6 +101,7 @@ def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig) -> EngineCo
 def load_and_start(artifact_path, config: RuntimeConfig) -> tuple[LoadedArtifact, EngineCore]:
     TRITON.install()       # every load counts Triton JIT compilations (the runtime must do none)
     warn_if_torch_uncached()
+    set_torch_threads(config.num_threads)
     loaded = load_artifact(artifact_path, enforce_eager=config.enforce_eager)
     start = time.perf_counter()
     core = start_engine_core(loaded, config)
