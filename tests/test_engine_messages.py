@@ -16,7 +16,7 @@ from atom_aot.runtime.sampling_params import SamplingParams
 from atom_aot.server.async_engine import AsyncEngine
 from atom_aot.server.engine_client import CallRejected, EngineCallError, EngineClient
 from atom_aot.server.engine_process import EngineLoop
-from atom_aot.server.messages import (Added, AddRequests, EngineRequest, GetStats, NewRequest, Outputs, Ping,
+from atom_aot.server.messages import (Added, AddRequests, Call, EngineRequest, Heartbeat, NewRequest, Outputs,
                                       StartProfile, StopProfile, decode, encode)
 from atom_aot.server.profiler import TorchProfiler
 
@@ -38,6 +38,8 @@ class FakeCore:
             raise ContextLengthError(f"{num_prompt_tokens} tokens do not fit in {MAX_PROMPT}")
 
     def add_request(self, prompt_token_ids, params, request_id, arrival_time) -> str:
+        if self.broken:
+            raise RuntimeError("a bug")
         self.added.append(request_id)
         return request_id
 
@@ -45,8 +47,6 @@ class FakeCore:
         self.aborted.append((request_id, reason))
 
     def stats(self) -> CoreStats:
-        if self.broken:
-            raise RuntimeError("a bug")
         return CoreStats(num_running=len(self.added), num_waiting=0, kv_blocks_total=8, kv_blocks_free=8,
                          prefix_cache_queries=0, prefix_cache_hits=0, num_preemptions=0,
                          prompt_tokens_total=0, generation_tokens_total=0)
@@ -105,7 +105,7 @@ def run(coroutine_fn):
 
 
 def test_every_request_type_is_answered_with_its_declared_reply(tmp_path):
-    requests = [AddRequests([request("a", 2)]), GetStats(), Ping(), StartProfile(), StopProfile()]
+    requests = [AddRequests([request("a", 2)]), StartProfile(), StopProfile()]
     assert {type(r) for r in requests} == set(EngineRequest.__subclasses__())
 
     async def ask_all(loopback):
@@ -115,9 +115,28 @@ def test_every_request_type_is_answered_with_its_declared_reply(tmp_path):
     for r, reply in zip(requests, replies):
         assert isinstance(reply, reply_type(type(r))), (r, reply)
     assert replies[0] == Added(1)
-    assert replies[1].core.num_running == 1 and set(replies[1].compile_counts) >= {"triton_jit"}
-    trace = Path(replies[4].trace)
+    trace = Path(replies[2].trace)
     assert trace.parent == tmp_path / "rank_0" and trace.stat().st_size > 0
+
+
+def test_the_heartbeat_carries_the_stats_and_the_client_keeps_the_latest():
+    """The engine pushes its numbers; the front end's status never asks for them."""
+    loopback = Loopback()
+
+    async def beat(loopback):
+        assert loopback.client.status().heartbeat is None
+        loopback.loop._handle(decode(encode(Call(0, AddRequests([request("a", 2)])))))
+        loopback.loop.steps = 7
+        loopback.loop._heartbeat()
+        loopback.loop._heartbeat()            # within HEARTBEAT_S of the first: not sent
+        [data] = loopback.outbox.sent[1:]
+        loopback.client.receive(decode(data))
+        return loopback.client.status()
+
+    status = run(beat)(loopback)
+    assert isinstance(status.heartbeat, Heartbeat) and status.heartbeat.steps == 7
+    assert status.heartbeat.stats.core.num_running == 1 and set(status.heartbeat.stats.compile_counts) >= {"triton_jit"}
+    assert 0 <= status.heartbeat_age_s < 5
 
 
 def test_a_request_that_does_not_fit_is_rejected_with_its_openai_code_and_none_is_queued():
@@ -143,7 +162,7 @@ def test_other_refusals_have_no_code_and_engine_bugs_are_not_refusals():
         with pytest.raises(CallRejected, match="--torch-profiler-dir"):
             await loopback.client.call(StartProfile())
         with pytest.raises(EngineCallError, match="RuntimeError: a bug"):
-            await loopback.client.call(GetStats())
+            await loopback.client.call(AddRequests([request("breaks", 2)]))
         return empty.value
 
     assert run(ask)(loopback).code is None

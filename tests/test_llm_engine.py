@@ -36,6 +36,16 @@ def test_runtime_options_are_checked_before_anything_loads(tmp_path):
         LLMEngine(str(tmp_path / "missing.atom"), max_num_seqs=0)
 
 
+def test_a_max_model_len_above_the_artifacts_is_refused_not_clamped(tiny_llama_eager_artifact):
+    from atom_aot.artifact.reader import Artifact
+    from atom_aot.errors import StartupError
+    limit = Artifact.open(tiny_llama_eager_artifact).manifest.numerics.max_model_len
+    with pytest.raises(StartupError, match=f"above this artifact's limit of {limit}"):
+        LLMEngine(str(tiny_llama_eager_artifact), num_kv_blocks=64, max_model_len=limit + 1)
+    assert LLMEngine(str(tiny_llama_eager_artifact), num_kv_blocks=64,
+                     max_model_len=limit // 2).core.scheduler.config.max_model_len == limit // 2
+
+
 def test_a_stop_string_ends_the_request_and_frees_its_blocks(engine):
     greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     [free] = engine.generate([[3, 4, 5, 6]], greedy)

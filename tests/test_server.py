@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import socket
 import time
 
 import httpx
@@ -17,6 +20,12 @@ from atom_aot.artifact.reader import Artifact
 from atom_aot.runtime.sampling_params import SamplingParams
 
 
+# small limits, so that tests can reach them: (max n, sequences per request, queued sequences, stall seconds)
+MAX_N, MAX_SEQS_PER_REQUEST, MAX_QUEUED_SEQS, STALL_S = 100, 64, 96, 2
+LIMIT_FLAGS = ("--max-n", str(MAX_N), "--max-seqs-per-request", str(MAX_SEQS_PER_REQUEST),
+               "--max-queued-seqs", str(MAX_QUEUED_SEQS), "--stalled-stream-timeout", str(STALL_S))
+
+
 @pytest.fixture(scope="module")
 def profiler_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("profiles")
@@ -25,7 +34,8 @@ def profiler_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server_process(tiny_llama_eager_artifact, tmp_path_factory, profiler_dir):
     proc = ServerProcess(tiny_llama_eager_artifact, tmp_path_factory.mktemp("server"),
-                         "--torch-profiler-dir", str(profiler_dir), "--max-request-body-bytes", str(64 << 10))
+                         "--torch-profiler-dir", str(profiler_dir), "--max-request-body-bytes", str(64 << 10),
+                         *LIMIT_FLAGS)
     try:
         yield proc
     finally:
@@ -351,7 +361,70 @@ def _bad_cases():
         ("logprobs above 20", "POST", COMP, c(logprobs=21), {}, 400, "invalid_value"),
         ("top_logprobs without logprobs", "POST", CHAT, m(top_logprobs=2), {}, 400, "invalid_value"),
         ("top_logprobs above 20", "POST", CHAT, m(logprobs=True, top_logprobs=30), {}, 400, "invalid_value"),
-        ("presence penalty", "POST", CHAT, m(presence_penalty=0.5), {}, 400, "invalid_value"),
+        ("top_p a list", "POST", CHAT, m(top_p=[1]), {}, 400, "invalid_value"),
+        ("temperature NaN", "POST", COMP, b'{"model": "MODEL", "prompt": "hi", "temperature": NaN}', {}, 400,
+         "invalid_value"),
+        ("max_tokens a bool", "POST", COMP, c(max_tokens=True), {}, 400, "invalid_value"),
+        ("logprobs a bool on completions", "POST", COMP, c(logprobs=True), {}, 400, "invalid_value"),
+        ("seed above int64", "POST", CHAT, m(seed=2 ** 64), {}, 400, "invalid_value"),
+        ("17 stop strings", "POST", COMP, c(stop=["a"] * 17), {}, 400, "invalid_value"),
+        ("stream_options not an object", "POST", CHAT, m(stream=True, stream_options=5), {}, 400, "invalid_value"),
+        ("image content part", "POST", CHAT, m(messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "http://x"}}]}]), {}, 400, "invalid_value"),
+        ("text part without text", "POST", CHAT, m(messages=[{"role": "user", "content": [{"type": "text"}]}]), {},
+         400, "missing_field"),
+        ("deeply nested json", "POST", COMP, b"[" * 20_000 + b"]" * 20_000, {}, 400, None),
+        # fields this server does not take: refused by name, never dropped
+        ("presence penalty", "POST", CHAT, m(presence_penalty=0.5), {}, 400, "unsupported_parameter"),
+        ("frequency penalty", "POST", COMP, c(frequency_penalty=0.3), {}, 400, "unsupported_parameter"),
+        ("repetition penalty", "POST", COMP, c(repetition_penalty=1.1), {}, 400, "unsupported_parameter"),
+        ("repetition penalty chat", "POST", CHAT, m(repetition_penalty=1.1), {}, 400, "unsupported_parameter"),
+        ("response_format chat", "POST", CHAT, m(response_format={"type": "json_object"}), {}, 400,
+         "unsupported_parameter"),
+        ("response_format completions", "POST", COMP, c(response_format={"type": "json_object"}), {}, 400,
+         "unsupported_parameter"),
+        ("tools", "POST", CHAT, m(tools=[{"type": "function", "function": {"name": "f"}}]), {}, 400,
+         "unsupported_parameter"),
+        ("tool_choice", "POST", CHAT, m(tool_choice="required"), {}, 400, "unsupported_parameter"),
+        ("logit_bias completions", "POST", COMP, c(logit_bias={"5": 10}), {}, 400, "unsupported_parameter"),
+        ("logit_bias chat", "POST", CHAT, m(logit_bias={"5": 10}), {}, 400, "unsupported_parameter"),
+        ("best_of", "POST", COMP, c(best_of=3), {}, 400, "unsupported_parameter"),
+        ("suffix", "POST", COMP, c(suffix="the end"), {}, 400, "unsupported_parameter"),
+        ("unknown field completions", "POST", COMP, c(temprature=0.5), {}, 400, "unknown_parameter"),
+        ("unknown field chat", "POST", CHAT, m(temprature=0.5), {}, 400, "unknown_parameter"),
+        ("echo on chat", "POST", CHAT, m(echo=True), {}, 400, "unknown_parameter"),
+        ("messages on completions", "POST", COMP, c(messages=MSG), {}, 400, "unknown_parameter"),
+        ("unknown message field", "POST", CHAT, m(messages=[{"role": "user", "content": "hi", "x": 1}]), {}, 400,
+         "unknown_parameter"),
+        ("tool_calls in a message", "POST", CHAT, m(messages=[{"role": "assistant", "content": "", "tool_calls": [
+            {"id": "1", "type": "function"}]}]), {}, 400, "unsupported_parameter"),
+        ("continuous usage stats", "POST", COMP, c(stream=True, stream_options={
+            "include_usage": True, "continuous_usage_stats": True}), {}, 400, "unsupported_parameter"),
+        # strings that are not valid Unicode: lone UTF-16 surrogates
+        ("surrogate in the prompt", "POST", COMP, c(prompt="\ud800abc"), {}, 400, "invalid_value"),
+        ("surrogate in a prompt list", "POST", COMP, c(prompt=["ok", "x\udc00"]), {}, 400, "invalid_value"),
+        ("surrogate in chat content", "POST", CHAT, m(messages=[{"role": "user", "content": "\ud800abc"}]), {}, 400,
+         "invalid_value"),
+        ("surrogate in a text part", "POST", CHAT, m(messages=[{"role": "user", "content": [
+            {"type": "text", "text": "\udfff"}]}]), {}, 400, "invalid_value"),
+        ("surrogate in a message name", "POST", CHAT, m(messages=[{"role": "user", "content": "x",
+                                                                  "name": "\ud83d"}]), {}, 400, "invalid_value"),
+        ("surrogate in a stop string", "POST", COMP, c(stop=["\ud800"]), {}, 400, "invalid_value"),
+        ("surrogate in a chat stop string", "POST", CHAT, m(stop="a\ud800"), {}, 400, "invalid_value"),
+        ("surrogate in the model", "POST", COMP, {**c(), "model": "\ud800"}, {}, 400, "invalid_value"),
+        # the server's limits, each named with the flag that raises it
+        ("2000 prompts x n 128", "POST", COMP, c(prompt=[[5]] * 2000, n=128), {}, 400, "limit_exceeded"),
+        ("300 text prompts", "POST", COMP, c(prompt=["a"] * 300), {}, 400, "limit_exceeded"),
+        ("n above --max-n", "POST", COMP, c(n=MAX_N + 1), {}, 400, "limit_exceeded"),
+        ("n above --max-n chat", "POST", CHAT, m(n=MAX_N + 1), {}, 400, "limit_exceeded"),
+        ("prompts x n above the limit", "POST", COMP, c(prompt=["a", "b"], n=MAX_SEQS_PER_REQUEST // 2 + 1), {},
+         400, "limit_exceeded"),
+        ("n above the sequences limit chat", "POST", CHAT, m(n=MAX_SEQS_PER_REQUEST + 1), {}, 400, "limit_exceeded"),
+        # token ids outside the vocabulary
+        ("stop token out of vocabulary", "POST", COMP, c(stop_token_ids=[10 ** 6]), {}, 400, "invalid_value"),
+        ("stop token out of vocabulary chat", "POST", CHAT, m(stop_token_ids=[10 ** 6]), {}, 400, "invalid_value"),
+        ("token out of vocabulary in a prompt list", "POST", COMP, c(prompt=[[1, 2], [3, 10 ** 7]]), {}, 400,
+         "invalid_value"),
         ("body over the size limit", "POST", COMP, c(prompt="x" * (70 << 10)), {}, 413, "request_too_large"),
         ("no api key", "POST", COMP, c(), {"Authorization": ""}, 401, "invalid_api_key"),
         ("wrong api key", "GET", "/v1/models", None, {"Authorization": "Bearer nope"}, 401, "invalid_api_key"),
@@ -381,11 +454,27 @@ def test_bad_request(server, model_name, case):
     assert isinstance(error["message"], str) and error["message"] and isinstance(error["type"], str)
     if code is not None:
         assert error["code"] == code, error
+    if code in ("unsupported_parameter", "unknown_parameter"):
+        assert error["param"].split(".")[-1] in error["message"], error
+    if code == "limit_exceeded":
+        assert "raises it" in error["message"] and "--max-" in error["message"]
+    assert http(server, "GET", "/health").status_code == 200       # the server lives on after each
 
 
-def test_bad_request_matrix_is_large_and_server_survives(server):
-    assert len(BAD_CASES) >= 30
+def test_bad_request_matrix_is_large_and_covers_both_endpoints(server):
+    assert len(BAD_CASES) >= 60
+    assert sum(case[2] == COMP for case in BAD_CASES) >= 30 and sum(case[2] == CHAT for case in BAD_CASES) >= 30
     assert http(server, "GET", "/health").json() == {"status": "ok"}
+
+
+def test_the_request_that_wedged_the_engine_is_refused_at_once(server, model_name):
+    """Issue case 1: prompt [[5]] * 2000 with n 128 was 256,000 sequences."""
+    start = time.monotonic()
+    response = http(server, "POST", COMP, json={"model": model_name, "prompt": [[5]] * 2000, "n": 128})
+    assert time.monotonic() - start < 5
+    assert response.status_code == 400 and "--max-prompts-per-request" in response.json()["error"]["message"]
+    text = _engine_metrics(server)
+    assert metric(text, "atom_num_requests_waiting") == 0 and metric(text, "atom_num_requests_running") == 0
 
 
 def test_context_error_says_the_numbers(server, model_name):
@@ -407,19 +496,31 @@ def _engine_metrics(server) -> str:
     return response.text
 
 
-def _wait_until_idle(server, free_blocks: float) -> str:
-    deadline = time.monotonic() + 30
+def _metrics_once(server, condition, timeout: float = 30) -> str:
+    """/metrics once `condition(text)` holds (engine numbers come with its heartbeat, so they lag a
+    little), or at the timeout."""
+    deadline = time.monotonic() + timeout
     while True:
         text = _engine_metrics(server)
-        idle = metric(text, "atom_num_requests_running") == 0 and metric(text, "atom_num_requests_waiting") == 0
-        if (idle and metric(text, "atom_kv_cache_blocks_free") == free_blocks) or time.monotonic() > deadline:
+        if condition(text) or time.monotonic() > deadline:
             return text
-        time.sleep(0.2)
+        time.sleep(0.1)
+
+
+def _wait_until_idle(server, free_blocks: float, timeout: float = 30) -> str:
+    return _metrics_once(server, lambda text: metric(text, "atom_num_requests_running") == 0 and metric(
+        text, "atom_num_requests_waiting") == 0 and metric(text, "atom_kv_cache_blocks_free") == free_blocks, timeout)
+
+
+def _idle_metrics(server) -> str:
+    """/metrics once the engine is idle with every KV block free (what earlier tests ran has ended)."""
+    total = metric(_engine_metrics(server), "atom_kv_cache_blocks_total")
+    return _wait_until_idle(server, total)
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
 def test_disconnect_aborts_and_returns_kv_blocks(server, model_name, stream):
-    before = _engine_metrics(server)
+    before = _idle_metrics(server)
     assert metric(before, "atom_num_requests_running") == 0
     initial = metric(before, "atom_kv_cache_blocks_free")
     body = {"model": model_name, "prompt": "Hello world " * 20, "max_tokens": 400, "temperature": 0,
@@ -428,7 +529,8 @@ def test_disconnect_aborts_and_returns_kv_blocks(server, model_name, stream):
         with httpx.stream("POST", f"{server.url}{COMP}", json=body, headers=server.headers, timeout=60) as response:
             lines = response.iter_lines()
             assert next(line for line in lines if line.startswith("data: "))
-            assert metric(_engine_metrics(server), "atom_kv_cache_blocks_free") < initial
+            busy = _metrics_once(server, lambda text: metric(text, "atom_kv_cache_blocks_free") < initial, 10)
+            assert metric(busy, "atom_kv_cache_blocks_free") < initial
     else:            # the client gives up waiting: the connection closes with the request unfinished
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{server.url}{COMP}", json=body, headers=server.headers, timeout=1.0)
@@ -464,6 +566,77 @@ def test_profiler_writes_a_trace_per_rank(server, client, model_name, profiler_d
     traces = list((profiler_dir / "rank_0").glob("*.json"))
     assert len(traces) == 1 and traces[0].stat().st_size > 0
     assert http(server, "POST", "/stop_profile").status_code == 400
+
+
+def test_a_full_engine_answers_429_with_retry_after(server, model_name):
+    """The engine is frozen, so what is submitted stays queued; the front end still answers."""
+    from concurrent.futures import ThreadPoolExecutor
+    engine = server.engine_pid()
+    os.kill(engine, signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            held = pool.submit(http, server, "POST", COMP, json={"model": model_name, "prompt": "Hello",
+                                                                 "max_tokens": 4, "n": MAX_SEQS_PER_REQUEST})
+            deadline = time.monotonic() + 10
+            while http(server, "GET", "/ready").json()["queued_seqs"] < MAX_SEQS_PER_REQUEST:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            over = http(server, "POST", COMP, json={"model": model_name, "prompt": "Hi", "max_tokens": 2,
+                                                    "n": MAX_QUEUED_SEQS - MAX_SEQS_PER_REQUEST + 1})
+            os.kill(engine, signal.SIGCONT)
+            assert held.result().status_code == 200
+    finally:
+        os.kill(engine, signal.SIGCONT)
+    assert over.status_code == 429 and over.headers["retry-after"] == "1", over.text
+    error = over.json()["error"]
+    assert error["code"] == "overloaded" and error["type"] == "rate_limit_error" and "--max-queued-seqs" in error["message"]
+    fits = http(server, "POST", COMP, json={"model": model_name, "prompt": "Hi", "max_tokens": 2,
+                                            "n": MAX_SEQS_PER_REQUEST})
+    assert fits.status_code == 200
+
+
+def test_a_client_that_stops_reading_is_aborted_and_its_blocks_freed(server, model_name):
+    """Issue case 9: a stream nobody reads no longer generates to max_tokens."""
+    before = _idle_metrics(server)
+    initial = metric(before, "atom_kv_cache_blocks_free")
+    n, max_tokens = MAX_SEQS_PER_REQUEST, 480
+    body = json.dumps({"model": model_name, "prompt": "Hello", "max_tokens": max_tokens, "ignore_eos": True,
+                       "stream": True, "n": n, "logprobs": 20}).encode()
+    head = (f"POST {COMP} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)      # a reader that soon stops taking
+        sock.connect(("127.0.0.1", server.port))
+        sock.sendall(head + body)
+        busy = _metrics_once(server, lambda text: metric(text, "atom_kv_cache_blocks_free") < initial, 10)
+        assert metric(busy, "atom_kv_cache_blocks_free") < initial
+        after = _wait_until_idle(server, initial, timeout=60)           # nothing read meanwhile
+        assert metric(after, "atom_kv_cache_blocks_free") == initial
+        generated = metric(after, "atom_generation_tokens_total") - metric(before, "atom_generation_tokens_total")
+        assert generated < n * max_tokens
+        aborted = metric(after, "atom_request_aborted_total") - metric(before, "atom_request_aborted_total")
+        assert aborted >= 1
+    assert "--stalled-stream-timeout" in server.log()
+
+
+def test_health_and_metrics_answer_while_the_engine_cannot(server):
+    """Issue case 8: liveness and /metrics come from the front end, not from an engine round trip."""
+    engine = server.engine_pid()
+    os.kill(engine, signal.SIGSTOP)
+    try:
+        time.sleep(1.5)
+        start = time.monotonic()
+        health, ready, metrics = (http(server, "GET", path) for path in ("/health", "/ready", "/metrics"))
+        elapsed = time.monotonic() - start
+    finally:
+        os.kill(engine, signal.SIGCONT)
+    assert (health.status_code, ready.status_code, metrics.status_code) == (200, 200, 200) and elapsed < 2
+    assert metric(metrics.text, "atom_engine_alive") == 1
+    assert metric(metrics.text, "atom_engine_heartbeat_age_seconds") > 1.0 < ready.json()["heartbeat_age_s"]
+    deadline = time.monotonic() + 10
+    while metric(_engine_metrics(server), "atom_engine_heartbeat_age_seconds") > 1.0:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
 
 
 def test_health_at_the_end(server):

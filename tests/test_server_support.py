@@ -85,13 +85,15 @@ class ServerProcess:
         self.stop()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
+        """SIGINT drains; a second one answers what is still running at once; then kill."""
+        for signum, wait in ((signal.SIGINT, 15), (signal.SIGINT, 15), (signal.SIGKILL, 30)):
+            if self.proc.poll() is not None:
+                break
+            self.proc.send_signal(signum)
             try:
-                self.proc.wait(15)
+                self.proc.wait(wait)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                pass
         self._log.close()
 
 

@@ -1,6 +1,8 @@
-"""Server pieces that need no live server: request parsing, logprob formats, error shapes, the
-body size limit."""
+"""Server pieces that need no live server: request parsing and refusals, logprob formats, error
+shapes, the body size limit, the bounded output buffer, health routes, options."""
 from __future__ import annotations
+
+import json
 
 import pytest
 from fastapi import FastAPI
@@ -11,7 +13,7 @@ from atom_aot.runtime.outputs import TokenLogprobs
 from atom_aot.server.errors import install_error_handlers
 from atom_aot.server.guards import BodySizeLimit
 from atom_aot.server.logprobs import TokenRenderer, chat_logprobs, completion_logprobs
-from atom_aot.server.protocol import ChatCompletionRequest, CompletionRequest, normalize_prompt
+from atom_aot.server.protocol import NOT_IMPLEMENTED, ChatCompletionRequest, CompletionRequest, normalize_prompt
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +60,35 @@ class TestRequestModels:
             ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "x"}],
                                                   "temperature": "0.5"})
 
-    def test_unknown_fields_are_ignored(self):
-        assert CompletionRequest.model_validate({"model": "m", "prompt": "x", "user_tag": 1, "logit_bias": {}})
+    @pytest.mark.parametrize("field, value, code", [
+        ("user_tag", 1, "unknown_parameter"), ("logit_bias", {"5": 10}, "unsupported_parameter"),
+        ("response_format", {"type": "json_object"}, "unsupported_parameter"), ("best_of", 2, "unsupported_parameter"),
+        ("presence_penalty", 0.5, "unsupported_parameter"), ("repetition_penalty", 1.2, "unsupported_parameter"),
+    ])
+    def test_fields_not_taken_are_refused_by_name(self, field, value, code):
+        with pytest.raises(ValidationError) as info:
+            CompletionRequest.model_validate({"model": "m", "prompt": "x", field: value})
+        [error] = info.value.errors()
+        assert error["type"] == "unsupported_field" and error["ctx"]["field"] == field and error["ctx"]["code"] == code
+        assert field in error["ctx"]["message"]
+
+    @pytest.mark.parametrize("field, value", [("logit_bias", {}), ("presence_penalty", 0), ("frequency_penalty", 0.0),
+                                              ("tools", None), ("tools", []), ("best_of", 1), ("suffix", "")])
+    def test_values_that_ask_for_nothing_are_accepted(self, field, value):
+        assert CompletionRequest.model_validate({"model": "m", "prompt": "x", field: value}).prompt == ["x"]
+
+    def test_every_row_of_the_not_implemented_table_is_refused_when_it_asks_for_something(self):
+        for field in NOT_IMPLEMENTED:
+            with pytest.raises(ValidationError, match=field):
+                ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                                                      field: {"something": True}})
+
+    @pytest.mark.parametrize("body", [
+        {"prompt": "a\ud800"}, {"prompt": ["ok", "\udfff"]}, {"prompt": "x", "stop": ["\ud83d"]},
+        {"prompt": "x", "user": "\udc00"}])
+    def test_lone_surrogates_are_refused(self, body):
+        with pytest.raises(ValidationError, match="not valid Unicode"):
+            CompletionRequest.model_validate({"model": "m", **body})
 
 
 class TestLogprobFormats:
@@ -144,6 +173,19 @@ class TestValidationMessages:
         body = {"model": "m", "messages": self.MESSAGES, **change}
         error = _echo_app().post("/chat", json=body).json()["error"]
         assert error["param"] == param and words in error["message"]
+
+    @pytest.mark.parametrize("content, param", [
+        ("\ud800", "messages.0.content"), ([{"type": "text", "text": "ok\ud800"}], "messages.0.content.0.text")])
+    def test_a_surrogate_in_chat_content_names_where(self, content, param):
+        body = {"model": "m", "messages": [{"role": "user", "content": content}]}
+        error = _echo_app().post("/chat", content=json.dumps(body), headers={"Content-Type": "application/json"})
+        assert error.status_code == 400
+        assert error.json()["error"]["param"] == param and "not valid Unicode" in error.json()["error"]["message"]
+
+    def test_an_unknown_nested_field_names_its_path(self):
+        body = {"model": "m", "messages": [{"role": "user", "content": "x", "tool_calls": [{"id": "1"}]}]}
+        error = _echo_app().post("/chat", json=body).json()["error"]
+        assert (error["param"], error["code"]) == ("messages.0.tool_calls", "unsupported_parameter")
 
     def test_a_body_that_is_not_json_typed(self):
         response = _echo_app().post("/chat", content=b'{"model": "m"}', headers={"Content-Type": "text/plain"})

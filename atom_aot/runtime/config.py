@@ -34,6 +34,8 @@ class RuntimeConfig:
     async_scheduling: bool = flag(True, "--async-scheduling", negate="--no-async-scheduling",
                                   help="turn off async scheduling: prepare each step after the previous step's "
                                        "tokens are read, not while the device computes it")
+    num_threads: int | None = flag(None, "--num-threads", help="torch threads for CPU work (default: "
+                                   "OMP_NUM_THREADS if set, else the CPUs this process may run on)")
 
     def __post_init__(self):
         _check_int(self, "max_num_seqs", minimum=1)
@@ -42,7 +44,8 @@ class RuntimeConfig:
         _check_int(self, "kv_cache_memory_bytes", minimum=1, optional=True)
         _check_int(self, "num_kv_blocks", minimum=2, optional=True)
         _check_int(self, "seed", minimum=0)
-        for name in ("enable_prefix_caching", "enforce_eager", "async_scheduling"):
+        _check_int(self, "num_threads", minimum=1, optional=True)
+        for name in ("enable_prefix_caching", "enforce_eager"):
             _require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
         _require(_is_number(self.scheduler_delay_factor) and self.scheduler_delay_factor >= 0,
                  "scheduler_delay_factor", f"must be a number >= 0, got {self.scheduler_delay_factor!r}")

@@ -19,6 +19,7 @@ from atom_aot.runtime.loader import LoadedArtifact, load_artifact
 from atom_aot.runtime.model_runner import ModelRunner
 from atom_aot.runtime.sampler import Sampler
 from atom_aot.runtime.scheduler import Scheduler, SchedulerConfig
+from atom_aot.runtime.threads import set_torch_threads
 
 log = logging.getLogger("atom_aot")
 
@@ -76,8 +77,18 @@ def make_forwards(loaded: LoadedArtifact, config: RuntimeConfig, kv_cache, max_m
     return Forwards(mixed, graphs, decode_max_seqs=graphs.max_batch_size)
 
 
+def served_max_model_len(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
+    """The artifact's limit, or a lower one asked for; a higher one is an error, never a silent clamp."""
+    if config.max_model_len is not None and config.max_model_len > loaded.max_model_len:
+        raise StartupError(f"max_model_len {config.max_model_len} is above this artifact's limit of "
+                           f"{loaded.max_model_len} tokens (fixed when it was built). Ask for at most "
+                           f"{loaded.max_model_len}, or build an artifact with atom-build --max-model-len "
+                           f"{config.max_model_len}.")
+    return config.max_model_len or loaded.max_model_len
+
+
 def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig) -> EngineCore:
-    max_model_len = min(config.max_model_len or loaded.max_model_len, loaded.max_model_len)
+    max_model_len = served_max_model_len(loaded, config)
     num_blocks = kv_block_count(loaded, config)
     blocks_per_seq = -(-max_model_len // loaded.block_size)
     if num_blocks < blocks_per_seq:
@@ -99,6 +110,7 @@ def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig) -> EngineCo
 def load_and_start(artifact_path, config: RuntimeConfig) -> tuple[LoadedArtifact, EngineCore]:
     TRITON.install()       # every load counts Triton JIT compilations (the runtime must do none)
     warn_if_torch_uncached()
+    set_torch_threads(config.num_threads)
     loaded = load_artifact(artifact_path, enforce_eager=config.enforce_eager)
     start = time.perf_counter()
     core = start_engine_core(loaded, config)

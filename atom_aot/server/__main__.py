@@ -1,8 +1,9 @@
 """`python -m atom_aot.server ART [--host ...]` (also `atom-run ART serve ...`).
 
 Starts the engine process, loads the tokenizer meanwhile (from the artifact, no weights), then
-serves HTTP with uvicorn on the same event loop. A startup failure prints one paragraph and
-exits 2; stopping the server (Ctrl-C, SIGTERM) stops the engine too.
+serves HTTP with uvicorn on the same event loop. Exit status: 0 after a drained stop (SIGTERM,
+SIGINT); 2 for a startup failure, printed as one paragraph; 3 when the engine process died
+while serving (lifecycle.py).
 """
 from __future__ import annotations
 
@@ -23,17 +24,12 @@ def main(argv=None) -> int:
 
 async def serve(args) -> int:
     from atom_aot.artifact.reader import Artifact
-    from atom_aot.server.args import runtime_config
-    config = runtime_config(args)               # a bad engine flag fails first, with its reason
+    from atom_aot.server.args import check_against_artifact, runtime_config, server_options
+    config, options = runtime_config(args), server_options(args)   # a bad flag fails first, with its reason
     artifact = Artifact.open(args.artifact)     # before the heavy imports: a wrong path fails at once
-    import uvicorn
-
+    check_against_artifact(config, artifact.manifest)
     from atom_aot.runtime.tokenizer import load_tokenizer
-    from atom_aot.server.app import build_app
-    from atom_aot.server.async_engine import AsyncEngine
     from atom_aot.server.engine_client import EngineClient
-    from atom_aot.server.metrics import ServerMetrics
-    from atom_aot.server.state import ServerState
 
     logging.getLogger("atom_aot").setLevel(args.log_level.upper())
     listener = _listen(args.host, args.port)    # a taken port fails now, not after loading the model
@@ -41,20 +37,30 @@ async def serve(args) -> int:
     try:
         tokenizer = asyncio.create_task(asyncio.to_thread(load_tokenizer, artifact.member_dir("tokenizer")))
         info = await client.start(timeout=args.startup_timeout)
-        metrics = ServerMetrics()
-        state = ServerState(engine=AsyncEngine(client, await tokenizer, metrics), tokenizer=await tokenizer,
-                            info=info, model_name=args.served_model_name or artifact.manifest.model.name,
-                            metrics=metrics, api_key=args.api_key)
-        app = build_app(state, args.max_request_body_bytes)
-        server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                               timeout_graceful_shutdown=5, loop="none"))
-        log.info("serving %r (%s, max_model_len %d) on http://%s:%d", state.model_name, info.execution,
-                 info.max_model_len, args.host, args.port)
-        await server.serve(sockets=[listener])
+        return await _serve_http(args, options, artifact, client, info, await tokenizer, listener)
     finally:
         await client.shutdown()
         listener.close()
-    return 0
+
+
+async def _serve_http(args, options, artifact, client, info, tokenizer, listener: socket.socket) -> int:
+    """Serve until a signal's drain ends or the engine dies; returns the exit status."""
+    from atom_aot.server.app import build_app
+    from atom_aot.server.async_engine import AsyncEngine
+    from atom_aot.server.lifecycle import Lifecycle, QuietServer, uvicorn_config
+    from atom_aot.server.metrics import ServerMetrics
+    from atom_aot.server.state import ServerState
+    metrics = ServerMetrics()
+    engine = AsyncEngine(client, tokenizer, metrics, options.max_queued_seqs, options.stalled_stream_timeout)
+    state = ServerState(engine=engine, tokenizer=tokenizer, info=info, options=options, metrics=metrics,
+                        model_name=args.served_model_name or artifact.manifest.model.name, api_key=args.api_key)
+    server = QuietServer(uvicorn_config(build_app(state, args.max_request_body_bytes), args.host, args.port,
+                                       args.log_level))
+    log.info("serving %r (%s, max_model_len %d) on http://%s:%d", state.model_name, info.execution,
+             info.max_model_len, args.host, args.port)
+    with Lifecycle(state, server, options.shutdown_timeout).running() as lifecycle:
+        await server.serve(sockets=[listener])
+    return lifecycle.exit_code
 
 
 def _listen(host: str, port: int) -> socket.socket:

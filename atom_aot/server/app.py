@@ -1,29 +1,26 @@
 """The FastAPI app: routes only. Each route checks, then hands over to its serving module."""
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from typing import TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from atom_aot.server.engine_client import CallRejected, EngineCallError, EngineDeadError
-from atom_aot.server.errors import APIError, bad_request, engine_unavailable, install_error_handlers
+from atom_aot.server.errors import APIError, bad_request, engine_unavailable, install_error_handlers, shutting_down
 from atom_aot.server.guards import DEFAULT_MAX_BODY_BYTES, BodySizeLimit, api_key_check
-from atom_aot.server.messages import EngineRequest, GetStats, Ping, StartProfile, StopProfile
+from atom_aot.server.messages import EngineRequest, StartProfile, StopProfile
 from atom_aot.server.metrics import CONTENT_TYPE
 from atom_aot.server.protocol import ChatCompletionRequest, CompletionRequest
 from atom_aot.server.serving_chat import create_chat_completion
 from atom_aot.server.serving_completions import create_completion
 from atom_aot.server.state import ServerState
 
-STATS_TIMEOUT_S = 10.0
 R = TypeVar("R")
 
 
 def build_app(state: ServerState, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
-    app = FastAPI(title="atom-aot", docs_url=None, redoc_url=None, openapi_url=None, lifespan=_lifespan)
+    app = FastAPI(title="atom-aot", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = state
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
@@ -32,38 +29,40 @@ def build_app(state: ServerState, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) 
     return app
 
 
-@contextlib.asynccontextmanager
-async def _lifespan(app: FastAPI):
-    """The engine stops with the app (uvicorn re-raises SIGTERM right after, so not later)."""
-    yield
-    await app.state.server.engine.client.shutdown()
-
-
 def _state(request: Request) -> ServerState:
     return request.app.state.server
 
 
 def _open_routes() -> APIRouter:
-    """Routes a load balancer or a scraper calls: no API key."""
+    """Routes a supervisor, a load balancer or a scraper calls: no API key, and none waits for the
+    engine (they read what its process sentinel and heartbeats said)."""
     router = APIRouter()
 
-    @router.get("/health")
     async def health(request: Request):
-        state = _state(request)
-        try:
-            await state.engine.client.call(Ping(), timeout=state.health_timeout_s)
-        except (EngineDeadError, EngineCallError, asyncio.TimeoutError):
-            raise engine_unavailable("the engine does not answer") from None
+        """Liveness: the engine process runs (a long step does not make it fail)."""
+        if not _state(request).engine.client.status().alive:
+            raise engine_unavailable("the engine process exited")
         return {"status": "ok"}
+
+    router.add_api_route("/health", health, methods=["GET"])
+    router.add_api_route("/ping", health, methods=["GET"])
+
+    @router.get("/ready")
+    async def ready(request: Request):
+        """Readiness: the engine is up and loaded, and the server is not shutting down."""
+        state = _state(request)
+        status = state.engine.client.status()
+        if not status.alive:
+            raise engine_unavailable("the engine process exited")
+        if state.draining:
+            raise shutting_down()
+        return {"status": "ready", "engine_steps": status.heartbeat.steps if status.heartbeat else 0,
+                "heartbeat_age_s": status.heartbeat_age_s, "queued_seqs": state.engine.num_queued_seqs}
 
     @router.get("/metrics")
     async def metrics(request: Request):
         state = _state(request)
-        try:
-            stats = await state.engine.client.call(GetStats(), timeout=STATS_TIMEOUT_S)
-        except (EngineDeadError, EngineCallError, asyncio.TimeoutError):
-            stats = None
-        return Response(state.metrics.render(stats), media_type=CONTENT_TYPE)
+        return Response(state.metrics.render(state.engine.client.status()), media_type=CONTENT_TYPE)
 
     return router
 

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import argparse
 
+from atom_aot.artifact.manifest import Manifest
 from atom_aot.config_flags import add_arguments, from_namespace
+from atom_aot.errors import StartupError
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.server.guards import DEFAULT_MAX_BODY_BYTES
+from atom_aot.server.options import ServerOptions
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -25,6 +28,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                       "traces go to DIR/rank_<r>/")
     http.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     http.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for the engine")
+    add_arguments(p.add_argument_group("limits and timeouts"), ServerOptions)
     add_arguments(p.add_argument_group("engine"), RuntimeConfig)
     args = p.parse_args(argv)
     if args.max_request_body_bytes < 1024:
@@ -35,3 +39,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
     """The engine's RuntimeConfig from the flags (raises ValueError with the reason)."""
     return from_namespace(RuntimeConfig, args)
+
+
+def server_options(args: argparse.Namespace) -> ServerOptions:
+    """The server's limits and timeouts from the flags (raises ValueError with the reason)."""
+    return from_namespace(ServerOptions, args)
+
+
+def check_against_artifact(config: RuntimeConfig, manifest: Manifest) -> None:
+    """Engine flags the artifact cannot honour fail here, before the engine loads: never a silent clamp."""
+    limit = manifest.numerics.max_model_len
+    if config.max_model_len is not None and config.max_model_len > limit:
+        raise StartupError(f"--max-model-len {config.max_model_len} is above this artifact's limit of {limit} "
+                           f"tokens (fixed when it was built). Pass at most {limit}, or build an artifact with "
+                           f"atom-build --max-model-len {config.max_model_len}.")

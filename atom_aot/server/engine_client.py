@@ -3,7 +3,8 @@
 Transport only. Requests go out through a plain PUSH socket (sends never block: no high-water
 mark, so an abort can be sent from a `finally` of a cancelled task); replies and outputs come
 back on an asyncio PULL socket read by one task. A death is seen at once through the
-process's sentinel, not by polling.
+process's sentinel, not by polling; the engine's heartbeats are kept as they come, so what
+liveness and /metrics report never waits for the engine.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import multiprocessing
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -24,8 +26,8 @@ from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.outputs import CoreOutput
 from atom_aot.errors import StartupError
 from atom_aot.server.engine_process import run_engine_process
-from atom_aot.server.messages import (Call, EngineInfo, EngineRequest, Outputs, Ready, Reply, Shutdown, StartupFailed,
-                                      decode, encode)
+from atom_aot.server.messages import (Call, EngineInfo, EngineRequest, Heartbeat, Outputs, Ready, Reply, Shutdown,
+                                      StartupFailed, decode, encode)
 
 log = logging.getLogger("atom_aot.server")
 R = TypeVar("R")
@@ -49,6 +51,14 @@ class EngineCallError(Exception):
     """The engine failed to answer a request (a bug, not the caller's fault)."""
 
 
+@dataclass(frozen=True)
+class EngineStatus:
+    """What the front end knows of the engine right now, without asking it."""
+    alive: bool                        # the engine process is running
+    heartbeat: Heartbeat | None        # the latest one (None before the first)
+    heartbeat_age_s: float | None      # seconds since it came
+
+
 class EngineClient:
     def __init__(self, artifact_path: str, config: RuntimeConfig, profiler_dir: str | None = None,
                  log_level: str = "info"):
@@ -69,6 +79,9 @@ class EngineClient:
         self._reader: asyncio.Task | None = None
         self._on_outputs: Callable[[list[CoreOutput]], None] = lambda outputs: None
         self._on_death: Callable[[], None] = lambda: None
+        self.exited = asyncio.Event()      # set when the engine process is seen to exit
+        self._heartbeat: Heartbeat | None = None
+        self._heartbeat_at = 0.0
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self, timeout: float = 600.0) -> EngineInfo:
@@ -103,6 +116,11 @@ class EngineClient:
 
     def listen(self, on_outputs: Callable[[list[CoreOutput]], None], on_death: Callable[[], None]) -> None:
         self._on_outputs, self._on_death = on_outputs, on_death
+
+    def status(self) -> EngineStatus:
+        age = None if self._heartbeat is None else time.monotonic() - self._heartbeat_at
+        return EngineStatus(alive=self.process is not None and not self.dead, heartbeat=self._heartbeat,
+                            heartbeat_age_s=age)
 
     async def shutdown(self) -> None:
         """Ask the engine to stop, then make sure it did; release sockets and the ipc folder.
@@ -164,12 +182,15 @@ class EngineClient:
     async def _read(self) -> None:
         while True:
             self.receive(decode(await self._pull.recv()))
+            await asyncio.sleep(0)    # a backlog of messages is read without yielding: let HTTP run between
 
-    def receive(self, message: Outputs | Reply) -> None:
+    def receive(self, message: Outputs | Reply | Heartbeat) -> None:
         """Hand one message from the engine to whoever waits for it."""
         try:
             if isinstance(message, Outputs):
                 self._on_outputs(message.outputs)
+            elif isinstance(message, Heartbeat):
+                self._heartbeat, self._heartbeat_at = message, time.monotonic()
             elif isinstance(message, Reply):
                 future = self._calls.get(message.call_id)
                 if future is not None and not future.done():
@@ -181,9 +202,9 @@ class EngineClient:
         self._forget_process()
         self.dead = True
         self.process.join(1.0)
-        log.error("the engine process exited (code %s); generation endpoints now answer 503",
-                  self.process.exitcode)
+        log.error("the engine process exited (code %s)", self.process.exitcode)
         for future in self._calls.values():
             if not future.done():
                 future.set_exception(EngineDeadError("the engine process exited"))
         self._on_death()
+        self.exited.set()

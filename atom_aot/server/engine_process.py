@@ -1,8 +1,12 @@
 """The engine process: loads the artifact, then loops intake -> step -> send outputs.
 
 It owns the EngineCore and nothing else: no HTTP, no tokenizer. While requests are running it
-drains its inbox without waiting between steps; when idle it blocks on the inbox (waking now
-and then to notice a front end that went away, and exit with it).
+drains its inbox without waiting between steps; when idle it blocks on the inbox, waking every
+heartbeat to send one (the front end's liveness and /metrics read them) and to notice a front
+end that went away, and exit with it.
+
+This module does not import torch: the process sets how OpenMP threads wait before torch
+loads (runtime/threads.py says why).
 """
 from __future__ import annotations
 
@@ -12,26 +16,30 @@ import signal
 import sys
 import time
 import traceback
+from typing import TYPE_CHECKING
 
 import zmq
 
-from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.errors import ContextLengthError, RequestError
-from atom_aot.runtime.engine_core import EngineCore
-from atom_aot.server.messages import (Abort, Added, AddRequests, Call, EngineInfo, EngineStats, Failure, GetStats,
-                                      Outputs, Ping, Pong, ProfileStarted, ProfileStopped, Ready, Reply, Shutdown,
+from atom_aot.runtime.config import RuntimeConfig
+from atom_aot.runtime.threads import prefer_passive_openmp_wait
+from atom_aot.server.messages import (HEARTBEAT_S, Abort, Added, AddRequests, Call, EngineInfo, EngineStats, Failure,
+                                      Heartbeat, Outputs, ProfileStarted, ProfileStopped, Ready, Reply, Shutdown,
                                       StartProfile, StartupFailed, StopProfile, decode, encode)
 from atom_aot.server.profiler import ProfilerError, TorchProfiler
 
+if TYPE_CHECKING:
+    from atom_aot.runtime.engine_core import EngineCore
+
 log = logging.getLogger("atom_aot.engine")
 
-IDLE_POLL_MS = 1000          # how often an idle engine checks that its front end is alive
 PARENT_CHECK_S = 1.0
 
 
 def run_engine_process(artifact_path: str, config: RuntimeConfig, inputs_addr: str, outputs_addr: str,
                        profiler_dir: str | None, log_level: str = "info") -> None:
     """Entry point of the spawned process."""
+    prefer_passive_openmp_wait()
     _install_signal_handlers()
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     context = zmq.Context()
@@ -95,10 +103,11 @@ class EngineLoop:
         self.outbox = outbox
         self.profiler = profiler
         self.running = True
+        self.steps = 0
         self._parent_checked = time.monotonic()
+        self._last_heartbeat = 0.0
         # request type -> handler returning that type's reply (tests/test_engine_messages.py: every type is here)
-        self._handlers = {AddRequests: self._add, GetStats: self._stats, Ping: lambda _: Pong(),
-                          StartProfile: lambda _: ProfileStarted(self.profiler.start()),
+        self._handlers = {AddRequests: self._add, StartProfile: lambda _: ProfileStarted(self.profiler.start()),
                           StopProfile: lambda _: ProfileStopped(self.profiler.stop())}
 
     def run(self) -> None:
@@ -107,15 +116,26 @@ class EngineLoop:
             self._loop()
 
     def _loop(self) -> None:
+        self._heartbeat()                 # the first, right after Ready
         while self.running:
-            self._intake(block=not self.core.has_unfinished())
+            busy = self.core.has_unfinished()
+            self._intake(block=not busy)
             if self.running and self.core.has_unfinished():
                 outputs = self.core.step()
+                self.steps += 1
                 if outputs:
                     self.outbox.send(encode(Outputs(outputs)))
+            self._heartbeat(went_idle=busy and not self.core.has_unfinished())
+
+    def _heartbeat(self, went_idle: bool = False) -> None:
+        """Every HEARTBEAT_S, and at once when the engine goes idle (so idle numbers are exact)."""
+        now = time.monotonic()
+        if went_idle or now - self._last_heartbeat >= HEARTBEAT_S:
+            self._last_heartbeat = now
+            self.outbox.send(encode(Heartbeat(self.steps, self._stats())))
 
     def _intake(self, block: bool) -> None:
-        if not self.inbox.poll(IDLE_POLL_MS if block else 0):
+        if not self.inbox.poll(int(HEARTBEAT_S * 1000) if block else 0):
             self._check_parent()
             return
         while self.running:
@@ -154,7 +174,7 @@ class EngineLoop:
             self.core.add_request(r.prompt_token_ids, r.params, r.request_id, r.arrival_time)
         return Added(len(request.requests))
 
-    def _stats(self, _: GetStats) -> EngineStats:
+    def _stats(self) -> EngineStats:
         from atom_aot.runtime.compile_counter import compile_counts
         return EngineStats(self.core.stats(), compile_counts())
 

@@ -18,26 +18,29 @@ log = logging.getLogger("atom_aot.server")
 # status -> the OpenAI error type that goes with it
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
-               500: "server_error", 503: "server_error"}
+               408: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+OVERLOADED_RETRY_AFTER_S = 1
+MAX_SHOWN_INPUT_CHARS = 80
 
 
 class APIError(Exception):
     """An error the client is told about, already in OpenAI's terms."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 error_type: str | None = None):
+                 error_type: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
         self.type = error_type or ERROR_TYPES.get(status, "invalid_request_error")
+        self.headers = headers
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -48,9 +51,27 @@ def engine_unavailable(why: str = "the engine process is not running") -> APIErr
     return APIError(503, f"{why}; the server cannot generate until it is restarted", code="engine_unavailable")
 
 
+def shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down and takes no new requests; retry on another replica or "
+                         "once it is back", code="server_shutting_down")
+
+
+def overloaded(queued: int, asked: int, limit: int) -> APIError:
+    return APIError(429, f"the engine is full: it holds {queued} sequences and this request adds {asked}, over the "
+                         f"limit of {limit} (--max-queued-seqs); retry after {OVERLOADED_RETRY_AFTER_S}s",
+                    code="overloaded", headers={"Retry-After": str(OVERLOADED_RETRY_AFTER_S)})
+
+
+def stream_stalled(timeout: float) -> APIError:
+    return APIError(408, f"the client left this response unread for more than {timeout:.0f}s while output waited "
+                         f"(--stalled-stream-timeout), so its requests were aborted", code="stream_stalled")
+
+
 def validation_error(exc: RequestValidationError) -> APIError:
-    """The first pydantic complaint, in words a client understands, with the field as `param`."""
-    errors = exc.errors()
+    """The first pydantic complaint, in words a client understands, with the field as `param`. A
+    union's members each complain; one that is not "wrong type" says more (a text part's bad text
+    beats "content should be a string")."""
+    errors = sorted(exc.errors(), key=lambda e: str(e.get("type", "")).endswith("_type"))
     if not errors:
         return bad_request("invalid request")
     first = errors[0]
@@ -64,12 +85,17 @@ def validation_error(exc: RequestValidationError) -> APIError:
     if kind in ("model_attributes_type", "model_type") and not loc:
         hint = " (send Content-Type: application/json)" if isinstance(first.get("input"), (str, bytes)) else ""
         return bad_request(f"the request body must be a JSON object{hint}", code="invalid_json")
+    if kind == "unsupported_field":      # protocol.py: a field this endpoint does not take
+        ctx = first["ctx"]
+        return bad_request(ctx["message"], param=".".join([*loc, ctx["field"]]), code=ctx["code"])
     param = ".".join(loc) or None
     message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     if param:
         message = f"{param}: {message}"
-    if kind != "missing" and "input" in first and not isinstance(first["input"], (dict, list)):
-        message += f" (got {first['input']!r})"
+    shown = repr(first.get("input"))
+    if kind != "missing" and "input" in first and not isinstance(first["input"], (dict, list)) and \
+            len(shown) <= MAX_SHOWN_INPUT_CHARS:
+        message += f" (got {shown})"
     return bad_request(message, param=param, code="missing_field" if kind == "missing" else "invalid_value")
 
 

@@ -2,8 +2,9 @@
 
 Both processes are ours and trust each other, so messages are these dataclasses, pickled. The
 front end PUSHes `Call` (one `EngineRequest`), `Abort` or `Shutdown` to the engine; the engine
-PUSHes `Ready` or `StartupFailed` once, then `Reply` (one per `Call`) and `Outputs` (one per
-step that produced tokens). Token ids only: text never crosses this boundary.
+PUSHes `Ready` or `StartupFailed` once, then `Reply` (one per `Call`), `Outputs` (one per step
+that produced tokens) and a `Heartbeat` every HEARTBEAT_S, busy or idle, so that liveness and
+/metrics never wait for an answer. Token ids only: text never crosses this boundary.
 
 Each request type names its reply type (`EngineRequest[R]`), so `EngineClient.call(request)`
 returns an R, and the engine answers through a table from request type to handler.
@@ -18,6 +19,8 @@ from atom_aot.runtime.outputs import CoreOutput, CoreStats
 from atom_aot.runtime.sampling_params import SamplingParams
 
 R = TypeVar("R")
+
+HEARTBEAT_S = 0.5        # the engine's heartbeat period (a step longer than this delays one)
 
 
 class EngineRequest(Generic[R]):
@@ -42,27 +45,6 @@ class Added:
 class AddRequests(EngineRequest[Added]):
     """All or none: the engine checks every request before it queues any (the n choices of one call)."""
     requests: list[NewRequest]
-
-
-@dataclass
-class EngineStats:
-    core: CoreStats
-    compile_counts: dict[str, int]   # compilations in the engine process since it started (must stay 0)
-
-
-@dataclass
-class GetStats(EngineRequest[EngineStats]):
-    pass
-
-
-@dataclass
-class Pong:
-    pass
-
-
-@dataclass
-class Ping(EngineRequest[Pong]):
-    pass
 
 
 @dataclass
@@ -144,6 +126,19 @@ class Reply:
 @dataclass
 class Outputs:
     outputs: list[CoreOutput]
+
+
+@dataclass
+class EngineStats:
+    core: CoreStats
+    compile_counts: dict[str, int]   # compilations in the engine process since it started (must stay 0)
+
+
+@dataclass
+class Heartbeat:
+    """The engine is alive and has taken `steps` steps; the numbers /metrics shows."""
+    steps: int
+    stats: EngineStats
 
 
 def encode(message) -> bytes:

@@ -1,8 +1,8 @@
 """GET /metrics: Prometheus text from a registry of this server's own (no global registry).
 
 Request timings are observed in the front end as requests finish. Engine state (queues, KV
-blocks, prefix cache, token counters) is read from the engine at scrape time and exposed as
-it is, through a collector, so the numbers are never out of sync with the engine.
+blocks, prefix cache, token counters) is the latest the engine pushed with its heartbeat (at
+most HEARTBEAT_S old while it steps), so a scrape never waits for the engine.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from atom_aot.runtime.output_processor import RequestOutput
-from atom_aot.server.messages import EngineStats
+from atom_aot.server.engine_client import EngineStatus
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96)
@@ -38,18 +38,23 @@ ENGINE_COUNTERS = {
 
 
 class EngineStatsCollector:
-    """Exposes the last engine stats snapshot (set just before each scrape)."""
+    """Exposes the engine status given just before each scrape."""
 
     def __init__(self):
-        self.stats: EngineStats | None = None
+        self.status: EngineStatus | None = None
 
     def collect(self):
-        alive = GaugeMetricFamily("atom_engine_alive", "1 while the engine process answers")
-        alive.add_metric([], 0 if self.stats is None else 1)
+        status = self.status
+        alive = GaugeMetricFamily("atom_engine_alive", "1 while the engine process runs")
+        alive.add_metric([], 1 if status is not None and status.alive else 0)
         yield alive
-        if self.stats is None:
+        if status is None or not status.alive or status.heartbeat is None:
             return
-        stats = with_derived(asdict(self.stats.core))
+        yield GaugeMetricFamily("atom_engine_heartbeat_age_seconds", "Seconds since the engine's last heartbeat "
+                                "(grows during a long step)", value=status.heartbeat_age_s)
+        yield CounterMetricFamily("atom_engine_steps", "Engine steps taken", value=status.heartbeat.steps)
+        engine = status.heartbeat.stats
+        stats = with_derived(asdict(engine.core))
         for key, (name, doc) in ENGINE_GAUGES.items():
             yield GaugeMetricFamily(name, doc, value=stats[key])
         for key, (name, doc) in ENGINE_COUNTERS.items():
@@ -57,7 +62,7 @@ class EngineStatsCollector:
         compilations = GaugeMetricFamily("atom_runtime_compilations",
                                          "Compilations in the engine process since start (must stay 0)",
                                          labels=["kind"])
-        for kind, count in self.stats.compile_counts.items():
+        for kind, count in engine.compile_counts.items():
             compilations.add_metric([kind], count)
         yield compilations
 
@@ -104,7 +109,7 @@ class ServerMetrics:
     def aborted(self, count: int) -> None:
         self.aborted_requests.inc(count)
 
-    def render(self, engine_stats: EngineStats | None) -> bytes:
-        """Prometheus text; `engine_stats` None means the engine did not answer."""
-        self.engine.stats = engine_stats
+    def render(self, status: EngineStatus) -> bytes:
+        """Prometheus text, with the engine as `status` says it is."""
+        self.engine.status = status
         return generate_latest(self.registry)

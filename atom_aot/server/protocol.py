@@ -1,22 +1,108 @@
 """The request bodies of the OpenAI API, as strict pydantic models.
 
 Strict: a string where a number belongs is a 400, not a silent conversion. Ranges are checked
-here so the message names the field; what depends on the loaded model (its name, its context
-length, its vocabulary) is checked where the model is known (`serving_common`).
-Unknown fields are ignored, as OpenAI-compatible servers do.
+here so the message names the field; what depends on the loaded model or on the server's limits
+(its name, context length and vocabulary; how many prompts and choices) is checked where they
+are known (`serving_common`).
+
+Each model's fields are what its endpoint accepts; any other field is refused by name, never
+dropped: those in NOT_IMPLEMENTED with the reason, all others as unknown. Every string must be
+valid Unicode: JSON can carry a lone UTF-16 surrogate (`"\\ud800"`), which no tokenizer encodes.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator,
+                      model_validator)
+from pydantic_core import PydanticCustomError
 
 MAX_TOP_LOGPROBS = 20
-MAX_N = 128
 MAX_STOP_STRINGS = 16
 
+
+@dataclass(frozen=True)
+class Unimplemented:
+    """A field of OpenAI's API (or of other OpenAI-compatible servers) that this server lacks."""
+    why: str                 # what is missing, and what the client can do
+    no_ops: tuple = ()       # values besides null that ask for nothing, so they are accepted
+
+    def asks_nothing(self, value) -> bool:
+        return value is None or any(type(value) is type(v) and value == v for v in self.no_ops)
+
+
+_TOOLS = "tool and function calling are not implemented"
+_STRUCTURED = "structured output (JSON mode, JSON schema, guided decoding) is not implemented"
+_PENALTIES = "sampling penalties are not implemented; leave the field out (or at its neutral value)"
+
+# To implement one: add the field to the request model(s) below and delete its row here.
+NOT_IMPLEMENTED: dict[str, Unimplemented] = {
+    "response_format": Unimplemented(_STRUCTURED, ({"type": "text"},)),
+    "guided_json": Unimplemented(_STRUCTURED),
+    "guided_regex": Unimplemented(_STRUCTURED),
+    "guided_choice": Unimplemented(_STRUCTURED),
+    "guided_grammar": Unimplemented(_STRUCTURED),
+    "tools": Unimplemented(_TOOLS, ([],)),
+    "tool_choice": Unimplemented(_TOOLS, ("none",)),
+    "parallel_tool_calls": Unimplemented(_TOOLS, (True, False)),
+    "functions": Unimplemented(_TOOLS, ([],)),
+    "function_call": Unimplemented(_TOOLS, ("none",)),
+    "tool_calls": Unimplemented(_TOOLS, ([],)),
+    "tool_call_id": Unimplemented(_TOOLS),
+    "logit_bias": Unimplemented("logit_bias is not implemented", ({},)),
+    "presence_penalty": Unimplemented(_PENALTIES, (0, 0.0)),
+    "frequency_penalty": Unimplemented(_PENALTIES, (0, 0.0)),
+    "repetition_penalty": Unimplemented(_PENALTIES, (1, 1.0)),
+    "best_of": Unimplemented("best_of is not implemented; ask for n choices and pick one yourself", (1,)),
+    "use_beam_search": Unimplemented("beam search is not implemented", (False,)),
+    "suffix": Unimplemented("suffix (fill in the middle) is not implemented", ("",)),
+    "min_tokens": Unimplemented("min_tokens is not implemented", (0,)),
+    "modalities": Unimplemented("only text output is implemented", (["text"],)),
+    "audio": Unimplemented("only text output is implemented"),
+    "prediction": Unimplemented("predicted outputs are not implemented"),
+    "reasoning_effort": Unimplemented("reasoning controls are not implemented"),
+    "continuous_usage_stats": Unimplemented("usage on every chunk is not implemented; include_usage sends it "
+                                            "once, in the last chunk", (False,)),
+}
+
+
+def valid_unicode(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"not valid Unicode: a lone UTF-16 surrogate (\\u{ord(text[e.start]):04x}) at character "
+                         f"{e.start}; send UTF-8 text (in JSON, a \\u escape of a surrogate must be one of a "
+                         f"high-low pair)") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(valid_unicode)]
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_accepted_fields(cls, data):
+        """The model's fields are the accepted ones: refuse the others by name (see NOT_IMPLEMENTED)."""
+        if not isinstance(data, dict):
+            return data
+        extra = [name for name in data if name not in cls.model_fields]
+        for name in extra:
+            row = NOT_IMPLEMENTED.get(name)
+            if row is None:
+                raise _refusal(name, "unknown_parameter",
+                               f"{name}: unknown field; this object takes {', '.join(cls.model_fields)}")
+            if not row.asks_nothing(data[name]):
+                raise _refusal(name, "unsupported_parameter", f"{name} is not supported by this server: {row.why}")
+        return {k: v for k, v in data.items() if k not in extra} if extra else data
+
+
+def _refusal(field: str, code: str, message: str) -> PydanticCustomError:
+    """errors.validation_error turns this into a 400 whose param is the field."""
+    return PydanticCustomError("unsupported_field", "{message}", {"field": field, "code": code, "message": message})
 
 
 class StreamOptions(_Strict):
@@ -25,7 +111,7 @@ class StreamOptions(_Strict):
 
 class SamplingFields(_Strict):
     """What both endpoints take."""
-    model: str
+    model: Text
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     top_k: Annotated[int, Field(ge=-1)] | None = None
@@ -37,10 +123,8 @@ class SamplingFields(_Strict):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     seed: Annotated[int, Field(ge=-(2 ** 63), le=2 ** 63 - 1)] | None = None   # int64, as OpenAI
-    n: Annotated[int, Field(ge=1, le=MAX_N)] | None = 1
-    presence_penalty: float | None = 0.0
-    frequency_penalty: float | None = 0.0
-    user: str | None = None
+    n: Annotated[int, Field(ge=1)] | None = 1       # the upper bound is a server option (--max-n)
+    user: Text | None = None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -53,13 +137,8 @@ class SamplingFields(_Strict):
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(strings)}")
         if any(s == "" for s in strings):
             raise ValueError("stop strings must not be empty")
-        return value
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _penalty(cls, value):
-        if value:
-            raise ValueError("presence/frequency penalties are not supported by this server; send 0 or omit it")
+        for s in strings:
+            valid_unicode(s)
         return value
 
     @field_validator("stream_options")
@@ -80,13 +159,13 @@ class SamplingFields(_Strict):
 
 class TextPart(_Strict):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
+    content: Text | list[TextPart] | None = None
+    name: Text | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -136,7 +215,6 @@ class CompletionRequest(SamplingFields):
     prompt: Any
     echo: bool | None = False
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
-    suffix: str | None = None
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -147,8 +225,6 @@ class CompletionRequest(SamplingFields):
     def _checks(self):
         if self.max_tokens == 0 and not self.echo:
             raise ValueError("max_tokens must be >= 1 (0 is allowed only with echo=true, to score the prompt)")
-        if self.suffix:
-            raise ValueError("suffix is not supported by this server")
         return self
 
 
@@ -157,12 +233,17 @@ def normalize_prompt(value) -> list[str | list[int]]:
     prompts, each a string or a token-id list."""
     shape = "prompt must be a string, a list of strings, a list of token ids or a list of token-id lists"
     if isinstance(value, str):
-        return [value]
+        return [valid_unicode(value)]
     if not isinstance(value, list) or not value:
         raise ValueError(shape + (" (got an empty list)" if value == [] else ""))
     if all(_is_token_id(t) for t in value):
         return [list(value)]
     if all(isinstance(p, str) for p in value):
+        for i, p in enumerate(value):
+            try:
+                valid_unicode(p)
+            except ValueError as e:
+                raise ValueError(f"prompt {i}: {e}") from None
         return list(value)
     if all(isinstance(p, list) and p and all(_is_token_id(t) for t in p) for p in value):
         return [list(p) for p in value]

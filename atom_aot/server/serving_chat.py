@@ -9,8 +9,7 @@ from fastapi.responses import JSONResponse, Response
 
 from atom_aot.runtime.tokenizer import apply_chat_template, encode_prompt
 from atom_aot.server.async_engine import RequestGroup
-from atom_aot.server.engine_client import EngineDeadError
-from atom_aot.server.errors import bad_request, engine_unavailable
+from atom_aot.server.errors import APIError, bad_request
 from atom_aot.server.logprobs import chat_logprobs
 from atom_aot.server.protocol import ChatCompletionRequest
 from atom_aot.server.responses import DONE, Envelope, StreamResponse, envelope, sse, sse_error, usage
@@ -76,6 +75,6 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, group: Request
             completion_tokens = sum(len(f.token_ids) for f in finals)
             cached = max(f.num_cached_tokens for f in finals)
             yield sse(env.wrap([], usage(num_prompt_tokens, completion_tokens, cached, finals)))
-    except EngineDeadError:
-        yield sse_error(engine_unavailable("the engine process exited while the request was running"))
+    except APIError as error:       # the engine died, the server is shutting down, or the reader stalled
+        yield sse_error(error)
     yield DONE

@@ -12,24 +12,46 @@ from atom_aot.runtime.outputs import TokenLogprobs
 from atom_aot.runtime.sampling_params import SamplingParams
 from atom_aot.server.async_engine import RequestGroup
 from atom_aot.server.engine_client import CallRejected, EngineDeadError
-from atom_aot.server.errors import bad_request, engine_unavailable
+from atom_aot.server.errors import APIError, bad_request, engine_unavailable, shutting_down
+from atom_aot.server.options import ServerOptions, flag_of
 from atom_aot.server.protocol import SamplingFields
 from atom_aot.server.state import ServerState
 
 
-def check_request(state: ServerState, req: SamplingFields) -> None:
+def check_request(state: ServerState, req: SamplingFields, num_prompts: int = 1) -> None:
+    """What does not depend on the prompts' text: the server's state and limits, the model name."""
+    if state.draining:
+        raise shutting_down()
     if state.engine.dead:
         raise engine_unavailable()
     if req.model != state.model_name:
         raise bad_request(f"model {req.model!r} is not served here; this server serves {state.model_name!r} "
                           f"(see GET /v1/models)", param="model", code="model_not_found")
+    check_limits(state.options, num_prompts, req.n or 1)
+    check_token_ids(state, req.stop_token_ids or [], param="stop_token_ids")
 
 
-def check_token_ids(state: ServerState, token_ids: list[int]) -> None:
+def check_limits(options: ServerOptions, num_prompts: int, n: int) -> None:
+    if num_prompts > options.max_prompts_per_request:
+        raise _over_limit(f"this request has {num_prompts} prompts", options.max_prompts_per_request,
+                          "max_prompts_per_request", "prompt")
+    if n > options.max_n:
+        raise _over_limit(f"n is {n}", options.max_n, "max_n", "n")
+    if num_prompts * n > options.max_seqs_per_request:
+        raise _over_limit(f"this request starts {num_prompts} x {n} = {num_prompts * n} sequences (prompts x n)",
+                          options.max_seqs_per_request, "max_seqs_per_request", "n")
+
+
+def _over_limit(what: str, limit: int, option: str, param: str) -> APIError:
+    return bad_request(f"{what}, over this server's limit of {limit} ({flag_of(option)} raises it)", param=param,
+                       code="limit_exceeded")
+
+
+def check_token_ids(state: ServerState, token_ids: list[int], param: str = "prompt") -> None:
     vocab = state.info.vocab_size
     bad = next((t for t in token_ids if t >= vocab), None)
     if bad is not None:
-        raise bad_request(f"token id {bad} is outside the vocabulary (0..{vocab - 1})", param="prompt",
+        raise bad_request(f"token id {bad} is outside the vocabulary (0..{vocab - 1})", param=param,
                           code="invalid_value")
 
 
@@ -53,7 +75,8 @@ def choice_params(req: SamplingFields, max_tokens: int | None, logprobs: int | N
 
 async def submit(state: ServerState, api_id: str, prompts: list[list[int]], params: list[SamplingParams],
                  arrival_time: float) -> RequestGroup:
-    """Queue one engine request per (prompt, choice); the engine's refusal becomes a 400."""
+    """Queue one engine request per (prompt, choice); the engine's refusal becomes a 400 (a full
+    engine a 429, a server shutting down a 503)."""
     ids = [f"{api_id}-{i}" for i in range(len(prompts))]
     try:
         return await state.engine.submit(ids, prompts, params, arrival_time)
@@ -82,12 +105,10 @@ class ChoiceResult:
 
 
 async def collect(group: RequestGroup) -> list[ChoiceResult]:
+    """Every choice's result (raises the group's APIError if it was stopped)."""
     results = [ChoiceResult() for _ in group.request_ids]
-    try:
-        async for index, update in group:
-            results[index].add(update)
-    except EngineDeadError:
-        raise engine_unavailable("the engine process exited while the request was running") from None
+    async for index, update in group:
+        results[index].add(update)
     return results
 
 

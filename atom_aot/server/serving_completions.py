@@ -17,8 +17,7 @@ from atom_aot.runtime.output_processor import RequestOutput
 from atom_aot.runtime.outputs import TokenLogprobs
 from atom_aot.runtime.tokenizer import encode_prompt
 from atom_aot.server.async_engine import RequestGroup
-from atom_aot.server.engine_client import EngineDeadError
-from atom_aot.server.errors import engine_unavailable
+from atom_aot.server.errors import APIError
 from atom_aot.server.logprobs import completion_logprobs
 from atom_aot.server.protocol import CompletionRequest
 from atom_aot.server.responses import DONE, Envelope, StreamResponse, envelope, sse, sse_error, usage
@@ -65,7 +64,7 @@ class Plan:
 
 async def create_completion(state: ServerState, req: CompletionRequest, request: Request) -> Response:
     arrival = time.perf_counter()
-    check_request(state, req)
+    check_request(state, req, num_prompts=len(req.prompt))
     plan = Plan([_encode(state, p, req.echo) for p in req.prompt], req.n or 1, req.max_tokens == 0)
     prompt_logprobs = req.logprobs if req.echo and req.logprobs is not None else None
     engine_prompts, params = [], []
@@ -153,6 +152,6 @@ async def _stream(state: ServerState, req: CompletionRequest, plan: Plan, group:
                                  "finish_reason": _finish_reason(plan, update.finish_reason)}]))
         if req.include_usage:
             yield sse(env.wrap([], _usage(plan, finals)))
-    except EngineDeadError:
-        yield sse_error(engine_unavailable("the engine process exited while the request was running"))
+    except APIError as error:       # the engine died, the server is shutting down, or the reader stalled
+        yield sse_error(error)
     yield DONE

@@ -8,6 +8,7 @@ from atom_aot.server.async_engine import AsyncEngine
 from atom_aot.server.logprobs import TokenRenderer
 from atom_aot.server.messages import EngineInfo
 from atom_aot.server.metrics import ServerMetrics
+from atom_aot.server.options import ServerOptions
 
 
 @dataclass
@@ -17,8 +18,9 @@ class ServerState:
     info: EngineInfo
     model_name: str
     metrics: ServerMetrics
+    options: ServerOptions = field(default_factory=ServerOptions)
     api_key: str | None = None
-    health_timeout_s: float = 10.0
+    draining: bool = False           # set on SIGTERM/SIGINT: new requests get 503, /ready says not ready
     created: int = field(default_factory=lambda: int(time.time()))
     renderer: TokenRenderer = field(init=False)
 
