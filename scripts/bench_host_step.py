@@ -77,21 +77,9 @@ def decoding_engine(args):
     return scheduler, runner
 
 
-def bench_prepare_inputs(args) -> dict:
-    scheduler, runner = decoding_engine(args)
-    seconds = []
-    for step in range(args.warm_steps + args.steps):
-        batch = scheduler.schedule()
-        assert not batch.is_prefill and len(batch.seqs) == args.batch
-        start = time.perf_counter()
-        runner.prepare_inputs(batch)
-        if step >= args.warm_steps:
-            seconds.append(time.perf_counter() - start)
-        scheduler.update(batch, [TOKEN] * args.batch)
-    return {"batch": args.batch, "context": args.input_len, "block_size": BLOCK_SIZE, **summary(seconds)}
-
-
-def bench_prepare_inputs_async(args) -> dict:
+def bench_prepare_inputs(args, async_order: bool = False) -> dict:
+    """prepare_inputs per decode step; async_order: each step's results are read one step later and
+    its decode tokens come from the previous step's sampled tensor, as with async scheduling."""
     scheduler, runner = decoding_engine(args)
     sampled = torch.full((args.batch,), TOKEN, dtype=torch.int64)
     previous, seconds = None, []
@@ -102,6 +90,9 @@ def bench_prepare_inputs_async(args) -> dict:
         runner.prepare_inputs(batch)
         if step >= args.warm_steps:
             seconds.append(time.perf_counter() - start)
+        if not async_order:
+            scheduler.update(batch, [TOKEN] * args.batch)
+            continue
         runner.inputs.remember_sampled(sampled)      # what launching the step leaves for the next
         if previous is not None:
             scheduler.update(previous, [TOKEN] * args.batch)
@@ -145,7 +136,8 @@ def bench_output_processing(args) -> dict:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    sections = {"prepare_inputs": bench_prepare_inputs, "prepare_inputs_async": bench_prepare_inputs_async,
+    sections = {"prepare_inputs": bench_prepare_inputs,
+                "prepare_inputs_async": lambda a: bench_prepare_inputs(a, async_order=True),
                 "output_processing": bench_output_processing}
     result = {"torch": torch.__version__, "threads": torch.get_num_threads()}
     for name in args.sections.split(","):
