@@ -318,7 +318,6 @@ def _bad_cases():
         ("invalid json", "POST", COMP, b"{not json", {}, 400, "invalid_json"),
         ("body is a list", "POST", COMP, [1, 2], {}, 400, "invalid_json"),
         ("empty body", "POST", CHAT, b"", {}, 400, "invalid_json"),
-        ("missing model", "POST", COMP, {"prompt": "hi"}, {}, 400, "missing_field"),
         ("unknown model", "POST", COMP, {**c(), "model": "gpt-9"}, {}, 400, "model_not_found"),
         ("unknown model chat", "POST", CHAT, {**m(), "model": "gpt-9"}, {}, 400, "model_not_found"),
         ("model not a string", "POST", COMP, {**c(), "model": 7}, {}, 400, "invalid_value"),

@@ -12,9 +12,12 @@ from atom_aot.server.guards import DEFAULT_MAX_BODY_BYTES, BodySizeLimit, api_ke
 from atom_aot.server.messages import EngineRequest, StartProfile, StopProfile
 from atom_aot.server.metrics import CONTENT_TYPE
 from atom_aot.server.protocol import ChatCompletionRequest, CompletionRequest
+from atom_aot.server.request_ids import RequestIdHeader
 from atom_aot.server.serving_chat import create_chat_completion
 from atom_aot.server.serving_completions import create_completion
+from atom_aot.server.serving_tokenization import detokenize, tokenize, tokenizer_info
 from atom_aot.server.state import ServerState
+from atom_aot.version import __version__
 
 R = TypeVar("R")
 
@@ -24,6 +27,7 @@ def build_app(state: ServerState, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) 
     app.state.server = state
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    app.add_middleware(RequestIdHeader)      # outermost: a 413 carries the id too
     app.include_router(_open_routes())
     app.include_router(_guarded_routes(), dependencies=[Depends(api_key_check(state.api_key))])
     return app
@@ -84,6 +88,22 @@ def _guarded_routes() -> APIRouter:
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         return await create_completion(_state(request), body, request)
+
+    @router.post("/tokenize")
+    async def tokenize_route(request: Request):
+        return await tokenize(_state(request), request)
+
+    @router.post("/detokenize")
+    async def detokenize_route(request: Request):
+        return await detokenize(_state(request), request)
+
+    @router.get("/tokenizer_info")
+    async def tokenizer_info_route(request: Request):
+        return tokenizer_info(_state(request))
+
+    @router.get("/version")
+    async def version():
+        return {"version": __version__}
 
     @router.post("/start_profile")
     async def start_profile(request: Request):

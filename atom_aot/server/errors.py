@@ -120,7 +120,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return APIError(500, f"internal server error ({type(exc).__name__}); the server keeps running").response()
+        response = APIError(500, f"internal server error ({type(exc).__name__}); the server keeps running").response()
+        request_id = getattr(request.state, "request_id", None)   # this response bypasses the id middleware
+        if request_id is not None:
+            response.headers["x-request-id"] = request_id.value
+        return response
 
 
 def _http_error(request: Request, exc: StarletteHTTPException) -> APIError:

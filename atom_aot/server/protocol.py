@@ -110,8 +110,8 @@ class StreamOptions(_Strict):
 
 
 class SamplingFields(_Strict):
-    """What both endpoints take."""
-    model: Text
+    """What both endpoints take. `model` may be left out: it then means the served model (as vLLM)."""
+    model: Text | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     top_k: Annotated[int, Field(ge=-1)] | None = None
@@ -190,11 +190,25 @@ class ChatMessage(_Strict):
 
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    prompt: None = None      # ATOM's alias of `messages`, moved there before validation (see below)
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool | None = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     add_generation_prompt: bool | None = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prompt_means_messages(cls, data):
+        """ATOM's chat endpoint takes `prompt` for `messages`: a list of messages, or a string that
+        is one user message."""
+        if not isinstance(data, dict) or data.get("prompt") is None:
+            return data
+        if "messages" in data:
+            raise _refusal("prompt", "invalid_value", "prompt: send messages or prompt (its alias), not both")
+        prompt = data["prompt"]
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        return {**{k: v for k, v in data.items() if k != "prompt"}, "messages": messages}
 
     @field_validator("top_logprobs")
     @classmethod
@@ -262,3 +276,25 @@ def _flatten(value):
             yield from item
         else:
             yield item
+
+
+class TokenizeTextRequest(_Strict):
+    """POST /tokenize with a prompt (vLLM's TokenizeCompletionRequest)."""
+    model: Text | None = None
+    prompt: Text
+    add_special_tokens: bool | None = True
+    return_token_strs: bool | None = False
+
+
+class TokenizeChatRequest(_Strict):
+    """POST /tokenize with messages, rendered by the chat template as chat completions does."""
+    model: Text | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    add_generation_prompt: bool | None = True
+    add_special_tokens: bool | None = False      # the template already wrote them
+    return_token_strs: bool | None = False
+
+
+class DetokenizeRequest(_Strict):
+    model: Text | None = None
+    tokens: TokenIds

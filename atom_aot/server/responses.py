@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from dataclasses import dataclass
 
 from fastapi.responses import StreamingResponse
@@ -12,6 +11,7 @@ from fastapi.responses import StreamingResponse
 from atom_aot.runtime.output_processor import RequestOutput
 from atom_aot.server.async_engine import RequestGroup
 from atom_aot.server.errors import APIError
+from atom_aot.server.request_ids import RequestId
 from atom_aot.server.state import ServerState
 
 DONE = "data: [DONE]\n\n"
@@ -49,8 +49,10 @@ class Envelope:
         return body
 
 
-def envelope(state: ServerState, prefix: str, kind: str, include_usage: bool = False) -> Envelope:
-    return Envelope(f"{prefix}-{uuid.uuid4().hex}", kind, int(time.time()), state.model_name,
+def envelope(state: ServerState, prefix: str, kind: str, request_id: RequestId,
+             include_usage: bool = False) -> Envelope:
+    """The id is `<prefix>-<x-request-id>`, the client's id or a generated one."""
+    return Envelope(f"{prefix}-{request_id.value}", kind, int(time.time()), state.model_name,
                     f"atom-{state.info.build_key[:12]}", include_usage)
 
 

@@ -11,7 +11,8 @@ from atom_aot.runtime.tokenizer import apply_chat_template, encode_prompt
 from atom_aot.server.async_engine import RequestGroup
 from atom_aot.server.errors import APIError, bad_request
 from atom_aot.server.logprobs import chat_logprobs
-from atom_aot.server.protocol import ChatCompletionRequest
+from atom_aot.server.protocol import ChatCompletionRequest, ChatMessage
+from atom_aot.server.request_ids import request_id_of
 from atom_aot.server.responses import DONE, Envelope, StreamResponse, envelope, sse, sse_error, usage
 from atom_aot.server.serving_common import (ChoiceResult, check_request, choice_params, collect_unless_disconnected,
                                             submit)
@@ -24,9 +25,10 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     prompt_ids = encode_messages(state, req)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = choice_params(req, req.requested_max_tokens, logprobs)
-    env = envelope(state, "chatcmpl", "chat.completion.chunk" if req.stream else "chat.completion",
+    rid = request_id_of(request)
+    env = envelope(state, "chatcmpl", "chat.completion.chunk" if req.stream else "chat.completion", rid,
                    req.include_usage)
-    group = await submit(state, env.id, [prompt_ids] * len(params), params, arrival)
+    group = await submit(state, rid.engine_base(env.id), [prompt_ids] * len(params), params, arrival)
     if req.stream:
         return StreamResponse(_stream(state, req, group, env, len(prompt_ids)), group)
     results = await collect_unless_disconnected(request, group)
@@ -36,13 +38,17 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
 
 
 def encode_messages(state: ServerState, req: ChatCompletionRequest) -> list[int]:
-    messages = [m.as_template_input() for m in req.messages]
+    return encode_prompt(state.tokenizer, render_messages(state, req.messages, req.add_generation_prompt),
+                         chat_templated=True)
+
+
+def render_messages(state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool | None) -> str:
+    """The chat template's text for `messages` (a template error is the client's 400)."""
     try:
-        text = apply_chat_template(state.tokenizer, messages,
-                                   add_generation_prompt=req.add_generation_prompt is not False)
+        return apply_chat_template(state.tokenizer, [m.as_template_input() for m in messages],
+                                   add_generation_prompt=add_generation_prompt is not False)
     except (ValueError, jinja2.TemplateError) as e:
         raise bad_request(f"the chat template could not render these messages: {e}", param="messages") from None
-    return encode_prompt(state.tokenizer, text, chat_templated=True)
 
 
 def _response(state: ServerState, req: ChatCompletionRequest, env: Envelope, results: list[ChoiceResult],
@@ -57,20 +63,24 @@ def _response(state: ServerState, req: ChatCompletionRequest, env: Envelope, res
 
 async def _stream(state: ServerState, req: ChatCompletionRequest, group: RequestGroup, env: Envelope,
                   num_prompt_tokens: int):
+    """The `{"role": "assistant"}` chunks are sent with the engine's first output, not before the
+    prefill: benchmark clients (vLLM's, ATOM's) start the first-token clock on the first chunk."""
     finals = [None] * len(group.request_ids)
+    roles = "".join(sse(env.wrap([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                   "finish_reason": None}])) for i in range(len(group.request_ids)))
     try:
-        for i in range(len(group.request_ids)):
-            yield sse(env.wrap([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                 "finish_reason": None}]))
         async for index, update in group:
+            head, roles = roles, ""     # the role chunks go with the first output, in the same write
             if update.finished:
                 finals[index] = update
             if not (update.delta_text or update.finished or (req.logprobs and update.logprobs)):
+                if head:
+                    yield head
                 continue      # text held back (a partial character, a possible stop string)
             choice = {"index": index, "delta": {"content": update.delta_text} if update.delta_text else {},
                       "logprobs": chat_logprobs(state.renderer, update.logprobs) if req.logprobs else None,
                       "finish_reason": update.finish_reason}
-            yield sse(env.wrap([choice]))
+            yield head + sse(env.wrap([choice]))
         if req.include_usage:
             completion_tokens = sum(len(f.token_ids) for f in finals)
             cached = max(f.num_cached_tokens for f in finals)

@@ -19,16 +19,22 @@ from atom_aot.server.state import ServerState
 
 
 def check_request(state: ServerState, req: SamplingFields, num_prompts: int = 1) -> None:
-    """What does not depend on the prompts' text: the server's state and limits, the model name."""
+    """What does not depend on the prompts' text: the server's state and limits, the model name
+    (none means the served model)."""
     if state.draining:
         raise shutting_down()
     if state.engine.dead:
         raise engine_unavailable()
-    if req.model != state.model_name:
-        raise bad_request(f"model {req.model!r} is not served here; this server serves {state.model_name!r} "
-                          f"(see GET /v1/models)", param="model", code="model_not_found")
+    check_model(state, req.model)
     check_limits(state.options, num_prompts, req.n or 1)
     check_token_ids(state, req.stop_token_ids or [], param="stop_token_ids")
+
+
+def check_model(state: ServerState, model: str | None) -> None:
+    """None (the field left out) means the served model, as in vLLM."""
+    if model is not None and model != state.model_name:
+        raise bad_request(f"model {model!r} is not served here; this server serves {state.model_name!r} "
+                          f"(see GET /v1/models)", param="model", code="model_not_found")
 
 
 def check_limits(options: ServerOptions, num_prompts: int, n: int) -> None:

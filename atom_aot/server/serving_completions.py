@@ -20,6 +20,7 @@ from atom_aot.server.async_engine import RequestGroup
 from atom_aot.server.errors import APIError
 from atom_aot.server.logprobs import completion_logprobs
 from atom_aot.server.protocol import CompletionRequest
+from atom_aot.server.request_ids import request_id_of
 from atom_aot.server.responses import DONE, Envelope, StreamResponse, envelope, sse, sse_error, usage
 from atom_aot.server.serving_common import (ChoiceResult, check_request, check_token_ids, choice_params,
                                             collect_unless_disconnected, submit)
@@ -72,8 +73,9 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
         max_tokens = _max_tokens(state, req, len(prompt.token_ids))
         params += choice_params(req, max_tokens, req.logprobs, prompt_logprobs)
         engine_prompts += [prompt.token_ids] * plan.n
-    env = envelope(state, "cmpl", "text_completion", req.include_usage)
-    group = await submit(state, env.id, engine_prompts, params, arrival)
+    rid = request_id_of(request)
+    env = envelope(state, "cmpl", "text_completion", rid, req.include_usage)
+    group = await submit(state, rid.engine_base(env.id), engine_prompts, params, arrival)
     if req.stream:
         return StreamResponse(_stream(state, req, plan, group, env), group)
     results = await collect_unless_disconnected(request, group)

@@ -22,6 +22,7 @@ class ServerState:
     api_key: str | None = None
     draining: bool = False           # set on SIGTERM/SIGINT: new requests get 503, /ready says not ready
     created: int = field(default_factory=lambda: int(time.time()))
+    tokenizer_config: dict | None = None     # read from the artifact on the first GET /tokenizer_info
     renderer: TokenRenderer = field(init=False)
 
     def __post_init__(self):

@@ -1,0 +1,79 @@
+"""vLLM's tokenizer routes: POST /tokenize, POST /detokenize, GET /tokenizer_info.
+
+Benchmark and eval clients call them to count prompt tokens the way the server does, so
+/tokenize takes the same two inputs as the generation endpoints (a prompt, or messages through
+the chat template) and encodes them the same way.
+"""
+from __future__ import annotations
+
+import json
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+
+from atom_aot.server.errors import bad_request
+from atom_aot.server.protocol import DetokenizeRequest, TokenizeChatRequest, TokenizeTextRequest
+from atom_aot.server.serving_chat import render_messages
+from atom_aot.server.serving_common import check_model, check_token_ids
+from atom_aot.server.state import ServerState
+
+PATH_FIELDS = ("vocab_file", "merges_file", "tokenizer_file")    # where the files were, on the build machine
+
+
+async def tokenize(state: ServerState, request: Request) -> dict:
+    """`{"prompt"}` or `{"messages"}` -> `{"count", "max_model_len", "tokens", "token_strs"}`."""
+    body = await _json_body(request)
+    has_messages = isinstance(body, dict) and "messages" in body
+    req = _parse(TokenizeChatRequest if has_messages else TokenizeTextRequest, body)
+    check_model(state, req.model)
+    if isinstance(req, TokenizeChatRequest):
+        text = render_messages(state, req.messages, req.add_generation_prompt)
+    else:
+        text = req.prompt
+    tokens = state.tokenizer(text, add_special_tokens=bool(req.add_special_tokens)).input_ids
+    token_strs = state.tokenizer.convert_ids_to_tokens(tokens) if req.return_token_strs else None
+    return {"count": len(tokens), "max_model_len": state.info.max_model_len, "tokens": tokens,
+            "token_strs": token_strs}
+
+
+async def detokenize(state: ServerState, request: Request) -> dict:
+    """`{"tokens"}` -> `{"prompt"}` (special tokens kept, as vLLM)."""
+    req = _parse(DetokenizeRequest, await _json_body(request))
+    check_model(state, req.model)
+    check_token_ids(state, req.tokens, param="tokens")
+    return {"prompt": state.tokenizer.decode(req.tokens)}
+
+
+def tokenizer_info(state: ServerState) -> dict:
+    """The tokenizer's config as transformers reads it (tokenizer_config.json with the special-token
+    map and chat template files merged in), as vLLM's /tokenizer_info returns it."""
+    if state.tokenizer_config is None:
+        from atom_aot.artifact.reader import Artifact
+        from atom_aot.runtime.fast_tokenizer import read_tokenizer_config
+        folder = Artifact.open(state.engine.client.artifact_path).member_dir("tokenizer")
+        state.tokenizer_config = read_tokenizer_config(folder)
+    info = {k: v for k, v in state.tokenizer_config.items() if k not in PATH_FIELDS}
+    info.update(state.tokenizer.special_tokens_map)       # the named special tokens, as plain strings
+    info["tokenizer_class"] = info.get("tokenizer_class") or type(state.tokenizer).__name__
+    info.setdefault("model_max_length", state.info.max_model_len)
+    info["chat_template"] = state.tokenizer.chat_template
+    return info
+
+
+async def _json_body(request: Request):
+    raw = await request.body()
+    if not raw:
+        raise bad_request("the request body is missing: send a JSON object", code="invalid_json")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise bad_request(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+
+
+def _parse(model, body):
+    """`model` from the body; a complaint becomes the same 400 a typed route body gives."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        raise RequestValidationError(e.errors()) from None
