@@ -15,8 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-from factories import make_tokenizer
-from test_server_flow import engine_of
+from test_server_flow import engine_of, tokenizer  # noqa: F401 (tokenizer: a fixture)
 from test_server_support import API_KEY, ServerProcess
 
 from atom_aot.runtime.outputs import CoreOutput
@@ -94,18 +93,20 @@ def test_chat_stream_first_chunk_waits_for_the_first_token(client, root, model_n
         assert chunks[0].choices[0].delta.role == "assistant"
 
 
-def test_role_chunks_go_out_with_the_first_engine_output(tmp_path):
+def _state(engine, tokenizer) -> ServerState:
+    """A server state on a fake engine (tests/test_server_flow.py), for in-process checks."""
+    info = EngineInfo(max_model_len=64, vocab_size=100, block_size=16, num_kv_blocks=8, execution="eager",
+                      build_key="k")
+    return ServerState(engine=engine, tokenizer=tokenizer, info=info, model_name="m", metrics=ServerMetrics())
+
+
+def test_role_chunks_go_out_with_the_first_engine_output(tokenizer):  # noqa: F811
     """Without a token, the stream yields nothing; the first output brings every choice's role
     chunk and its text in one write."""
-    make_tokenizer(tmp_path)
-    from atom_aot.runtime.tokenizer import load_tokenizer
-    tokenizer = load_tokenizer(tmp_path)
 
     async def run():
         engine, fake = engine_of(tokenizer)
-        info = EngineInfo(max_model_len=64, vocab_size=100, block_size=16, num_kv_blocks=8, execution="eager",
-                          build_key="k")
-        state = ServerState(engine=engine, tokenizer=tokenizer, info=info, model_name="m", metrics=ServerMetrics())
+        state = _state(engine, tokenizer)
         req = ChatCompletionRequest.model_validate({"messages": USER, "stream": True, "n": 2})
         env = envelope(state, "chatcmpl", "chat.completion.chunk", RequestId("r", True))
         group = await engine.submit(["a", "b"], [[1, 2], [1, 2]], [SamplingParams(max_tokens=4)] * 2, 0.0)
@@ -248,6 +249,21 @@ def test_x_request_id_on_streams_and_errors(server, client, model_name):
         assert response.status_code == status and response.headers["x-request-id"] == f"e-{status}"
     unauthorized = httpx.get(f"{server.url}/v1/models", headers={"x-request-id": "no-key"})
     assert unauthorized.status_code == 401 and unauthorized.headers["x-request-id"] == "no-key"
+
+
+def test_x_request_id_on_a_500(tokenizer):  # noqa: F811
+    """A bug's 500 is sent by Starlette's outermost middleware, past ours: it carries the id too."""
+    from fastapi.testclient import TestClient
+
+    from atom_aot.server.app import build_app
+    engine, _ = engine_of(tokenizer)
+    app = build_app(_state(engine, tokenizer))
+
+    async def broken():
+        raise RuntimeError("a bug")
+    app.add_api_route("/broken", broken)
+    response = TestClient(app, raise_server_exceptions=False).get("/broken", headers={"x-request-id": "bug-1"})
+    assert response.status_code == 500 and response.headers["x-request-id"] == "bug-1"
 
 
 @pytest.mark.parametrize("value", ["a" * 129, "has space", "tab\tin"])
