@@ -190,6 +190,7 @@ def test_detokenize_inverts_tokenize(root):
 @pytest.mark.parametrize("path, body, code, param", [
     ("/tokenize", {"prompt": "hi", "model": "gpt-9"}, "model_not_found", "model"),
     ("/tokenize", {}, "missing_field", "prompt"),
+    ("/tokenize", {"prompt": "hi", "messages": USER}, "invalid_value", "prompt"),
     ("/tokenize", {"messages": []}, "invalid_value", "messages"),
     ("/tokenize", {"prompt": "hi", "tools": [{"type": "function"}]}, "unsupported_parameter", "tools"),
     ("/tokenize", {"prompt": "hi", "color": 1}, "unknown_parameter", "color"),

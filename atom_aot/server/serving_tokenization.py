@@ -25,6 +25,8 @@ async def tokenize(state: ServerState, request: Request) -> dict:
     """`{"prompt"}` or `{"messages"}` -> `{"count", "max_model_len", "tokens", "token_strs"}`."""
     body = await _json_body(request)
     has_messages = isinstance(body, dict) and "messages" in body
+    if has_messages and "prompt" in body:
+        raise bad_request("send prompt or messages, not both", param="prompt", code="invalid_value")
     req = _parse(TokenizeChatRequest if has_messages else TokenizeTextRequest, body)
     check_model(state, req.model)
     if isinstance(req, TokenizeChatRequest):
