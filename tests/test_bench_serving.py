@@ -188,7 +188,7 @@ def test_chat_template_on_completions(server, tiny_llama_eager_artifact, tmp_pat
 
 def test_profile_brackets_the_run(server, tiny_llama_eager_artifact, tmp_path, api_key, profile_dir):
     run_bench(server, tiny_llama_eager_artifact, tmp_path, "--profile", "--num-prompts", "2")
-    assert len(list((profile_dir / "rank_0").glob("*.json"))) == 1
+    assert len(list((profile_dir / "rank_0").glob("*.json.gz"))) == 1
 
 
 def test_failed_requests_are_reported_not_hidden(server, tiny_llama_eager_artifact, tmp_path, monkeypatch):
