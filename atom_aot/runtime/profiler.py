@@ -44,9 +44,13 @@ class TorchProfiler:
         self.verbs = verbs
         self._profile = None
 
+    @property
+    def enabled(self) -> bool:
+        return self.out_dir is not None
+
     def start(self) -> str:
         """Starts tracing; returns the folder the trace will go to."""
-        if self.out_dir is None:
+        if not self.enabled:
             raise ProfilerError(f"profiling is off: {self.verbs.enable}")
         if self._profile is not None:
             raise ProfilerError(f"the profiler is already running: {self.verbs.stop} first")
