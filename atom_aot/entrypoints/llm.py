@@ -43,7 +43,9 @@ class LLMEngine(ArtifactEngine):
             refuse_build_options(model, build)
             artifact = Path(model)
         else:
-            artifact = build_into_cache(model, build, config.max_model_len)["path"]
+            result = build_into_cache(model, build, config.max_model_len)
+            log.info("artifact %s (%s)", result["path"], "cached" if result["cached"] else "built")
+            artifact = result["path"]
         traces = torch_profiler_dir or profiler.dir_from_env()
         super().__init__(artifact, config, profiler.TorchProfiler(traces, more=profiler.more_from_env()))
 
@@ -67,6 +69,4 @@ def build_into_cache(model: str | None, build: dict, max_model_len: int | None) 
     from atom_aot.build.isolated import build_cached
     cache_dir = Path(build.pop("cache_dir", None) or default_cache_dir())
     config = BuildConfig(arch=detect_arch(), max_model_len=max_model_len, **build)
-    result = build_cached(model, config, cache_dir)
-    log.info("artifact %s (%s)", result["path"], "cached" if result["cached"] else "built")
-    return result
+    return build_cached(model, config, cache_dir)

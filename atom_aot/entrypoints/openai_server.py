@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else list(argv))
 
     def run() -> int:
+        logging.getLogger("atom_aot").setLevel(args.log_level.upper())
         args.artifact = resolve_artifact(args)
         return asyncio.run(serve(args))
     return run_cli(run)
