@@ -29,14 +29,16 @@ def cli_fields(cls) -> list[dataclasses.Field]:
 
 
 def add_arguments(parser: argparse.ArgumentParser | Any, cls, defaults: dict | None = None,
-                  exclude: tuple[str, ...] = ()) -> None:
+                  exclude: tuple[str, ...] = (), underscore_aliases: bool = False) -> None:
     """Add one option per flagged field of `cls` (defaults may be overridden per tool; a tool that
-    spells a field its own way excludes it and adds its own option)."""
+    spells a field its own way excludes it and adds its own option). underscore_aliases: also
+    accept `--kv_cache_dtype` for `--kv-cache-dtype` (ATOM's and vLLM's older spelling)."""
     defaults = defaults or {}
     for f in cli_fields(cls):
         if f.name in exclude:
             continue
         meta = f.metadata["cli"]
+        names = _with_underscore_aliases(meta["flags"]) if underscore_aliases else meta["flags"]
         default = defaults.get(f.name, f.default)
         kwargs: dict[str, Any] = {"dest": f.name, "help": meta["help"], "default": default}
         if isinstance(f.default, bool) and meta["parse"] is None:
@@ -44,14 +46,19 @@ def add_arguments(parser: argparse.ArgumentParser | Any, cls, defaults: dict | N
                 parser.add_argument(meta["negate"], dest=f.name, action="store_false", help=meta["help"],
                                     default=default)
                 continue
-            parser.add_argument(*meta["flags"], action="store_true", **kwargs)
+            parser.add_argument(*names, action="store_true", **kwargs)
             continue
         if meta["choices"] is not None:
             kwargs["choices"] = meta["choices"]
         kwargs["type"] = _argument_type(meta["parse"]) if meta["parse"] else _scalar_type(f)
         if default is not None:
             kwargs["help"] += f" (default: {meta['render'](default) if meta['render'] else default})"
-        parser.add_argument(*meta["flags"], **kwargs)
+        parser.add_argument(*names, **kwargs)
+
+
+def _with_underscore_aliases(names: tuple[str, ...]) -> tuple[str, ...]:
+    aliases = tuple("--" + n[2:].replace("-", "_") for n in names if n.startswith("--") and "-" in n[2:])
+    return names + aliases
 
 
 def from_namespace(cls, args: argparse.Namespace, **overrides):

@@ -100,6 +100,25 @@ class TestDatasets:
         again = datasets.sample_random(tokenizer, 20, 40, 8, 0.25, 5, seed=3)
         assert again == requests
 
+    def test_atom_range_ratio_draws_from_r_times_len_to_len(self, tokenizer):
+        requests = datasets.sample_random(tokenizer, 30, input_len=40, output_len=8, range_ratio=0.5, seed=1,
+                                          range_mode="atom")
+        assert all(4 <= r.expected_output_len <= 8 for r in requests)
+        assert len({r.expected_output_len for r in requests}) > 1
+        fixed = datasets.sample_random(tokenizer, 10, 40, 8, 1.0, seed=1, range_mode="atom")
+        assert {r.expected_output_len for r in fixed} == {8}
+
+    @pytest.mark.parametrize("ratio, mode, bounds", [(0.5, "atom", (20, 40)), (1.0, "atom", (40, 40)),
+                                                     (0.0, "atom", (1, 40)), (0.25, "vllm", (30, 50)),
+                                                     (0.0, "vllm", (40, 40))])
+    def test_length_bounds(self, ratio, mode, bounds):
+        assert datasets.length_bounds(40, ratio, mode) == bounds
+
+    @pytest.mark.parametrize("ratio, mode", [(1.0, "vllm"), (1.5, "atom"), (-0.1, "atom")])
+    def test_ratios_outside_the_modes_range_are_refused(self, ratio, mode):
+        with pytest.raises(ValueError, match="--random-range-ratio"):
+            datasets.length_bounds(40, ratio, mode)
+
     def test_sharegpt_takes_first_turns_and_filters(self, tokenizer, tmp_path):
         convs = [{"conversations": [{"from": "human", "value": f"Tell me about item {i} and its history please"},
                                     {"from": "gpt", "value": "It is a fine item with a long story " * (i + 1)}]}
@@ -188,10 +207,34 @@ def test_chat_template_on_completions(server, tiny_llama_eager_artifact, tmp_pat
 
 def test_profile_brackets_the_run(server, tiny_llama_eager_artifact, tmp_path, api_key, profile_dir):
     run_bench(server, tiny_llama_eager_artifact, tmp_path, "--profile", "--num-prompts", "2")
-    assert len(list((profile_dir / "rank_0").glob("*.json"))) == 1
+    assert len(list((profile_dir / "rank_0").glob("*.json.gz"))) == 1
 
 
 def test_failed_requests_are_reported_not_hidden(server, tiny_llama_eager_artifact, tmp_path, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "wrong-key")
     with pytest.raises(RuntimeError, match="401"):
         run_bench(server, tiny_llama_eager_artifact, tmp_path)
+
+
+class TestFlags:
+    def test_range_ratio_defaults_to_fixed_lengths_in_either_mode(self):
+        assert serving.parse_args([]).random_range_ratio == 1.0
+        vllm = serving.parse_args(["--random-range-mode", "vllm"])
+        assert (vllm.random_range_mode, vllm.random_range_ratio) == ("vllm", 0.0)
+
+    def test_range_ratio_out_of_range_is_refused(self, capsys):
+        with pytest.raises(SystemExit):
+            serving.parse_args(["--random-range-mode", "vllm", "--random-range-ratio", "1.0"])
+        assert "[0, 1) with --random-range-mode vllm" in capsys.readouterr().err
+
+    @pytest.mark.parametrize("backend", ["lmdeploy", "scalellm", "sglang", "openai", "vllm"])
+    def test_atoms_completions_backends_send_completions(self, backend):
+        assert serving.server_urls(serving.parse_args(["--backend", backend]))[1].endswith("/v1/completions")
+
+    @pytest.mark.parametrize("backend, protocol", [("tgi", "generate_stream"), ("tensorrt-llm", "Triton"),
+                                                   ("deepspeed-mii", "MII"), ("nope", "unknown")])
+    def test_other_backends_are_refused_by_name(self, backend, protocol, capsys):
+        with pytest.raises(SystemExit):
+            serving.parse_args(["--backend", backend])
+        err = capsys.readouterr().err
+        assert backend in err and protocol in err

@@ -562,7 +562,7 @@ def test_profiler_writes_a_trace_per_rank(server, client, model_name, profiler_d
     client.completions.create(model=model_name, prompt="profile me", max_tokens=3, temperature=0)
     stopped = http(server, "POST", "/stop_profile")
     assert stopped.status_code == 200, stopped.text
-    traces = list((profiler_dir / "rank_0").glob("*.json"))
+    traces = list((profiler_dir / "rank_0").glob("*.json.gz"))
     assert len(traces) == 1 and traces[0].stat().st_size > 0
     assert http(server, "POST", "/stop_profile").status_code == 400
 

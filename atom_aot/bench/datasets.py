@@ -29,18 +29,35 @@ def chat_wrap(tokenizer, prompt: str) -> str:
                                          tokenize=False)
 
 
+RANGE_MODES = ("atom", "vllm")
+
+
+def length_bounds(length: int, range_ratio: float, range_mode: str) -> tuple[int, int]:
+    """The inclusive range lengths are drawn from. atom (ATOM's and vLLM's older benchmark):
+    [r * len, len], 1.0 = fixed; vllm (vLLM's newer one): [len * (1 - r), len * (1 + r)], 0 = fixed."""
+    if range_mode == "atom":
+        if not 0 <= range_ratio <= 1:
+            raise ValueError(f"--random-range-ratio must be in [0, 1] (lengths in [r*len, len]), got {range_ratio}")
+        low, high = int(length * range_ratio), length
+    elif range_mode == "vllm":
+        if not 0 <= range_ratio < 1:
+            raise ValueError(f"--random-range-ratio must be in [0, 1) with --random-range-mode vllm, got {range_ratio}")
+        low, high = int(length * (1 - range_ratio)), int(length * (1 + range_ratio))
+    else:
+        raise ValueError(f"--random-range-mode must be one of {', '.join(RANGE_MODES)}, got {range_mode!r}")
+    return max(1, low), max(1, high)
+
+
 def sample_random(tokenizer, num_requests: int, input_len: int, output_len: int, range_ratio: float = 0.0,
-                  prefix_len: int = 0, seed: int = 0) -> list[SampleRequest]:
-    """Prompts of random tokens (no special tokens): lengths uniform in input_len * [1 - r, 1 + r],
-    after a random prefix of `prefix_len` tokens that every prompt shares."""
-    if not 0 <= range_ratio < 1:
-        raise ValueError(f"--random-range-ratio must be in [0, 1), got {range_ratio}")
+                  prefix_len: int = 0, seed: int = 0, range_mode: str = "vllm") -> list[SampleRequest]:
+    """Prompts of random tokens (no special tokens), lengths uniform in `length_bounds`, after a
+    random prefix of `prefix_len` tokens that every prompt shares."""
+    input_low, input_high = length_bounds(input_len, range_ratio, range_mode)
+    output_low, output_high = length_bounds(output_len, range_ratio, range_mode)
     rng = np.random.default_rng(seed)
     allowed = np.array(sorted(set(range(tokenizer.vocab_size)) - set(tokenizer.all_special_ids)))
-    input_lens = rng.integers(int(input_len * (1 - range_ratio)), int(input_len * (1 + range_ratio)) + 1,
-                              size=num_requests)
-    output_lens = rng.integers(max(1, int(output_len * (1 - range_ratio))), int(output_len * (1 + range_ratio)) + 1,
-                               size=num_requests)
+    input_lens = rng.integers(input_low, input_high + 1, size=num_requests)
+    output_lens = rng.integers(output_low, output_high + 1, size=num_requests)
     prefix = allowed[rng.integers(0, len(allowed), size=prefix_len)].tolist()
     requests = []
     for n_in, n_out in zip(input_lens, output_lens):

@@ -22,13 +22,19 @@ from atom_aot.bench import datasets
 from atom_aot.bench.metrics import METRICS, format_table, parse_goodput, summarize
 from atom_aot.bench.request import RequestInput, RequestOutput, make_client, send_request
 
-BACKENDS = {"vllm": "/v1/completions", "openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}
+# ATOM's benchmark sends these backends' requests with its OpenAI completions code, so this one does too
+BACKENDS = {"vllm": "/v1/completions", "openai": "/v1/completions", "lmdeploy": "/v1/completions",
+            "scalellm": "/v1/completions", "sglang": "/v1/completions", "openai-chat": "/v1/chat/completions"}
+# ATOM's other backends, each with its own protocol that this benchmark does not speak
+OTHER_PROTOCOLS = {"tgi": "TGI's /generate_stream", "tensorrt-llm": "Triton's generate_stream",
+                   "deepspeed-mii": "DeepSpeed-MII's non-streaming /mii"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m atom_aot.bench.serving",
                                 description="Benchmark online serving latency and throughput.")
-    p.add_argument("--backend", default="vllm", choices=sorted(BACKENDS))
+    p.add_argument("--backend", default="vllm", help=f"one of {', '.join(sorted(BACKENDS))} (all but openai-chat "
+                   "send /v1/completions requests)")
     p.add_argument("--base-url", default=None, help="server URL, e.g. http://127.0.0.1:8000 (else --host/--port)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -56,6 +62,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--disable-tqdm", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    _check_backend(p, args.backend)
+    if args.random_range_ratio is None:
+        args.random_range_ratio = 1.0 if args.random_range_mode == "atom" else 0.0
+    try:
+        datasets.length_bounds(args.random_input_len, args.random_range_ratio, args.random_range_mode)
+    except ValueError as e:
+        p.error(str(e))
     if args.burstiness <= 0:
         p.error("--burstiness must be > 0")
     try:
@@ -68,13 +81,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def _check_backend(p: argparse.ArgumentParser, backend: str) -> None:
+    if backend in OTHER_PROTOCOLS:
+        p.error(f"--backend {backend}: its requests use {OTHER_PROTOCOLS[backend]} protocol, which this benchmark "
+                f"does not implement; atom-aot serves the OpenAI API, so use --backend vllm (or openai-chat)")
+    if backend not in BACKENDS:
+        p.error(f"--backend {backend!r} is unknown; choose from {', '.join(sorted(BACKENDS))}")
+
+
 def _add_dataset_args(p: argparse.ArgumentParser) -> None:
     d = p.add_argument_group("dataset")
     d.add_argument("--dataset-name", default="random", choices=("random", "sharegpt", "sonnet"))
     d.add_argument("--dataset-path", default=None, help="ShareGPT JSON or sonnet text file")
     d.add_argument("--random-input-len", type=int, default=1024)
     d.add_argument("--random-output-len", type=int, default=128)
-    d.add_argument("--random-range-ratio", type=float, default=0.0)
+    d.add_argument("--random-range-ratio", type=float, default=None, help="atom mode (default): lengths drawn "
+                   "from [r*len, len], default 1.0 = fixed; vllm mode: from [len*(1-r), len*(1+r)], default 0")
+    d.add_argument("--random-range-mode", default="atom", choices=datasets.RANGE_MODES,
+                   help="atom: ATOM's (and vLLM's older) meaning of --random-range-ratio; vllm: vLLM's newer one")
     d.add_argument("--random-prefix-len", type=int, default=0)
     d.add_argument("--sharegpt-output-len", type=int, default=None)
     d.add_argument("--sonnet-input-len", type=int, default=550)
@@ -93,7 +117,8 @@ def sample_requests(args, tokenizer) -> list[datasets.SampleRequest]:
                                       args.sonnet_output_len, args.sonnet_prefix_len,
                                       chat_formatted=args.backend != "openai-chat", seed=args.seed)
     requests = datasets.sample_random(tokenizer, args.num_prompts, args.random_input_len, args.random_output_len,
-                                      args.random_range_ratio, args.random_prefix_len, args.seed)
+                                      args.random_range_ratio, args.random_prefix_len, args.seed,
+                                      args.random_range_mode)
     if args.use_chat_template and args.backend != "openai-chat":
         requests = [_templated(tokenizer, r) for r in requests]
     return requests

@@ -3,7 +3,8 @@
 `model` may be an artifact (`.atom` file or folder) or a model (HF folder, GGUF file, or None for
 the embedded default); a model is built into the artifact cache first (in a child `atom-build`),
 so both run the runtime's artifact engine. Build options (dtype, quant, -tp, ...) apply only to a
-model: an artifact's were fixed when it was built.
+model: an artifact's were fixed when it was built. `torch_profiler_dir` (default: ATOM's
+`ATOM_TORCH_PROFILER_DIR`) enables `start_profile()` / `stop_profile()`.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from atom_aot.arch import detect_arch
 from atom_aot.artifact.build_options import BuildOptions
 from atom_aot.config_flags import to_argv
+from atom_aot.runtime import profiler
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.llm_engine import ArtifactEngine
 
@@ -31,7 +33,7 @@ def is_artifact(path: str | Path | None) -> bool:
 
 
 class LLMEngine(ArtifactEngine):
-    def __init__(self, model: str | None = None, **options):
+    def __init__(self, model: str | None = None, torch_profiler_dir: str | None = None, **options):
         unknown = set(options) - BUILD_OPTIONS - RuntimeConfig.field_names()
         if unknown:
             raise TypeError(f"unknown LLMEngine options: {', '.join(sorted(unknown))}")
@@ -41,8 +43,11 @@ class LLMEngine(ArtifactEngine):
             refuse_build_options(model, build)
             artifact = Path(model)
         else:
-            artifact = build_into_cache(model, build, config.max_model_len)
-        super().__init__(artifact, config)
+            result = build_into_cache(model, build, config.max_model_len)
+            log.info("artifact %s (%s)", result["path"], "cached" if result["cached"] else "built")
+            artifact = result["path"]
+        traces = torch_profiler_dir or profiler.dir_from_env()
+        super().__init__(artifact, config, profiler.TorchProfiler(traces, more=profiler.more_from_env()))
 
 
 def refuse_build_options(artifact: str | Path, build: dict) -> None:
@@ -56,13 +61,12 @@ def refuse_build_options(artifact: str | Path, build: dict) -> None:
                      f"the model folder and LLMEngine builds it.")
 
 
-def build_into_cache(model: str | None, build: dict, max_model_len: int | None) -> Path:
-    """The cached build of `model` for this machine, made first by a child atom-build if missing."""
+def build_into_cache(model: str | None, build: dict, max_model_len: int | None) -> dict:
+    """The cached build of `model` for this machine, made first by a child atom-build if missing:
+    {"path", "key", "cached", "seconds"}."""
     from atom_aot.build.cache import default_cache_dir
     from atom_aot.build.config import BuildConfig
     from atom_aot.build.isolated import build_cached
     cache_dir = Path(build.pop("cache_dir", None) or default_cache_dir())
     config = BuildConfig(arch=detect_arch(), max_model_len=max_model_len, **build)
-    result = build_cached(model, config, cache_dir)
-    log.info("artifact %s (%s)", result["path"], "cached" if result["cached"] else "built")
-    return result["path"]
+    return build_cached(model, config, cache_dir)

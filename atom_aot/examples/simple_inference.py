@@ -2,7 +2,10 @@
 offline API, their answers, and the throughput.
 
 `--model` may be an artifact, a HF folder or a GGUF (built into the artifact cache on first use);
-without it, the embedded default model (SmolLM2-135M-Instruct) is used.
+without it, the embedded default model (SmolLM2-135M-Instruct) is used. The defaults are ATOM's
+example's: its four prompts (one in Chinese), temperature 0.6, thinking on in the chat template
+(Qwen3's reads `enable_thinking`; others ignore it). With --torch-profiler-dir (or
+ATOM_TORCH_PROFILER_DIR) the generation runs under the torch profiler, as in ATOM's example.
 """
 from __future__ import annotations
 
@@ -10,8 +13,7 @@ import argparse
 import sys
 import time
 
-PROMPTS = ["Introduce yourself in one sentence.", "List all prime numbers within 20.",
-           "What is the capital of France?", "Write a haiku about the sea."]
+PROMPTS = ["introduce yourself", "list all prime numbers within 100", "1+2+3=?", "如何在一个月内增肌10公斤"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -19,7 +21,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="artifact, HF folder or GGUF (default: the embedded model)")
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction, default=True,
+                   help="passed to the chat template as enable_thinking (default: on, as in ATOM)")
+    p.add_argument("--torch-profiler-dir", default=None, help="profile the generation; gzipped trace under "
+                   "DIR/rank_0/ (default: $ATOM_TORCH_PROFILER_DIR, else no profiling)")
     p.add_argument("--enforce-eager", action="store_true", help="run the model module eagerly")
     p.add_argument("--max-model-len", type=int, default=None, help="default: the artifact's (for a model that "
                    "is built here, a value is part of the build key)")
@@ -27,15 +33,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def chat_prompts(engine, questions: list[str], enable_thinking: bool) -> list[str]:
+    return [engine.apply_chat_template([{"role": "user", "content": q}], enable_thinking=enable_thinking)
+            for q in questions]
+
+
 def main(argv=None) -> int:
     from atom_aot import LLMEngine, SamplingParams
     args = parse_args(argv)
-    engine = LLMEngine(model=args.model, enforce_eager=args.enforce_eager, max_model_len=args.max_model_len)
+    engine = LLMEngine(model=args.model, enforce_eager=args.enforce_eager, max_model_len=args.max_model_len,
+                       torch_profiler_dir=args.torch_profiler_dir)
     questions = args.prompts or PROMPTS
-    prompts = [engine.apply_chat_template([{"role": "user", "content": q}]) for q in questions]
+    prompts = chat_prompts(engine, questions, args.enable_thinking)
+    profiling = engine.profiler.enabled
+    if profiling:
+        engine.start_profile()
     start = time.perf_counter()
     outputs = engine.generate(prompts, SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens))
     elapsed = time.perf_counter() - start
+    if profiling:
+        print(f"trace: {engine.stop_profile()}")
     for question, out in zip(questions, outputs):
         print(f"--- {question}\n{out['text']}\n")
     tokens = sum(out["num_tokens_output"] for out in outputs)

@@ -11,14 +11,17 @@ from pathlib import Path
 
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.output_processor import OutputProcessor, RequestOutput, StreamCallback
+from atom_aot.runtime.profiler import TorchProfiler
 from atom_aot.runtime.sampling_params import SamplingParams
 from atom_aot.runtime.startup import load_and_start
 from atom_aot.runtime.tokenizer import apply_chat_template, encode_prompt, load_artifact_tokenizer
 
 
 class ArtifactEngine:
-    def __init__(self, artifact_path: str | Path, config: RuntimeConfig):
+    def __init__(self, artifact_path: str | Path, config: RuntimeConfig,
+                 profiler: TorchProfiler | None = None):
         self.config = config
+        self.profiler = profiler or TorchProfiler(None)
         self.artifact_path = Path(artifact_path)
         # The tokenizer (parsing tokenizer.json, ~0.5 s for large vocabularies) loads beside the model.
         with ThreadPoolExecutor(1) as pool:
@@ -28,8 +31,17 @@ class ArtifactEngine:
         self.output_processor = OutputProcessor(self.tokenizer, self._abort_stopped)
         self._request_ids = itertools.count()
 
-    def apply_chat_template(self, messages: list[dict]) -> str:
-        return apply_chat_template(self.tokenizer, messages)
+    def apply_chat_template(self, messages: list[dict], **template_options) -> str:
+        """`template_options` go to the template (e.g. enable_thinking=False for Qwen3's)."""
+        return apply_chat_template(self.tokenizer, messages, **template_options)
+
+    def start_profile(self) -> str:
+        """Start the torch profiler (needs a torch_profiler_dir); returns the trace's folder."""
+        return self.profiler.start()
+
+    def stop_profile(self) -> str:
+        """Stop the torch profiler; returns the gzipped trace written under <dir>/rank_0/."""
+        return self.profiler.stop()
 
     def add_request(self, prompt_or_tokens_list: list[str | list[int]],
                     sampling_params_list: SamplingParams | list[SamplingParams] | None = None,

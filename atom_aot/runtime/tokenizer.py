@@ -34,10 +34,12 @@ def load_artifact_tokenizer(artifact_path: Path):
     return tokenizer, time.perf_counter() - start
 
 
-def apply_chat_template(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> str:
+def apply_chat_template(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
+                        **template_options) -> str:
     if not tokenizer.chat_template:
         raise ValueError("this model's tokenizer has no chat template; send a plain prompt instead")
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                         **template_options)
 
 
 def encode_prompt(tokenizer, prompt: str | list[int], chat_templated: bool = False) -> list[int]:

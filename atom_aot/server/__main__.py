@@ -46,6 +46,7 @@ async def serve(args) -> int:
 async def _serve_http(args, options, artifact, client, info, tokenizer, listener: socket.socket) -> int:
     """Serve until a signal's drain ends or the engine dies; returns the exit status."""
     from atom_aot.server.app import build_app
+    from atom_aot.server.args import served_model_name
     from atom_aot.server.async_engine import AsyncEngine
     from atom_aot.server.lifecycle import Lifecycle, QuietServer, uvicorn_config
     from atom_aot.server.metrics import ServerMetrics
@@ -53,7 +54,7 @@ async def _serve_http(args, options, artifact, client, info, tokenizer, listener
     metrics = ServerMetrics()
     engine = AsyncEngine(client, tokenizer, metrics, options.max_queued_seqs, options.stalled_stream_timeout)
     state = ServerState(engine=engine, tokenizer=tokenizer, info=info, options=options, metrics=metrics,
-                        model_name=args.served_model_name or artifact.manifest.model.name, api_key=args.api_key)
+                        model_name=served_model_name(args, artifact.manifest), api_key=args.api_key)
     server = QuietServer(uvicorn_config(build_app(state, args.max_request_body_bytes), args.host, args.port,
                                        args.log_level))
     log.info("serving %r (%s, max_model_len %d) on http://%s:%d", state.model_name, info.execution,

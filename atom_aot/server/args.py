@@ -1,4 +1,5 @@
-"""Command-line flags of `atom-run ART serve` / `python -m atom_aot.server ART`."""
+"""Command-line flags of `atom-run ART serve` / `python -m atom_aot.server ART`; the serve entry
+that takes a model (atom_aot/entrypoints/openai_server.py) adds its build flags to the same ones."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +8,7 @@ from atom_aot.artifact.manifest import Manifest
 from atom_aot.config_flags import add_arguments, from_namespace
 from atom_aot.errors import StartupError
 from atom_aot.runtime.config import RuntimeConfig
+from atom_aot.runtime.profiler import dir_from_env
 from atom_aot.server.guards import DEFAULT_MAX_BODY_BYTES
 from atom_aot.server.options import ServerOptions
 
@@ -15,25 +17,42 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="atom-run ART serve",
                                 description="Serve an atom-aot artifact over an OpenAI-compatible HTTP API.")
     p.add_argument("artifact", help="a .atom file or an artifact folder")
+    add_server_arguments(p)
+    p.set_defaults(model=None)
+    return check_server_args(p, p.parse_args(argv))
+
+
+def add_server_arguments(p: argparse.ArgumentParser, underscore_aliases: bool = False) -> None:
+    """The HTTP, limits and engine flags, shared by both serve entries (underscore_aliases: also
+    ATOM's spellings, e.g. --max_model_len)."""
     http = p.add_argument_group("HTTP")
     http.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine "
                       "only; 0.0.0.0 exposes the server to the network)")
-    http.add_argument("--port", type=int, default=8000)
-    http.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* and the "
-                      "profiler routes")
-    http.add_argument("--served-model-name", default=None, help="the model name clients send (default: the "
-                      "artifact's model name)")
+    http.add_argument("--port", "--server-port", dest="port", type=int, default=8000)
+    http.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*, the "
+                      "tokenizer routes, /version and the profiler routes")
+    http.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model "
+                      "as given, else the artifact's model name)")
     http.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
-    http.add_argument("--torch-profiler-dir", default=None, help="enables /start_profile and /stop_profile; "
-                      "traces go to DIR/rank_<r>/")
+    http.add_argument("--torch-profiler-dir", default=dir_from_env(), help="enables /start_profile and "
+                      "/stop_profile; gzipped traces go to DIR/rank_<r>/ (default: $ATOM_TORCH_PROFILER_DIR; "
+                      "ATOM_PROFILER_MORE=1 also records stacks and memory)")
     http.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     http.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for the engine")
-    add_arguments(p.add_argument_group("limits and timeouts"), ServerOptions)
-    add_arguments(p.add_argument_group("engine"), RuntimeConfig)
-    args = p.parse_args(argv)
+    add_arguments(p.add_argument_group("limits and timeouts"), ServerOptions, underscore_aliases=underscore_aliases)
+    add_arguments(p.add_argument_group("engine"), RuntimeConfig, underscore_aliases=underscore_aliases)
+
+
+def check_server_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
     if args.max_request_body_bytes < 1024:
         p.error("--max-request-body-bytes must be >= 1024")
     return args
+
+
+def served_model_name(args: argparse.Namespace, manifest: Manifest) -> str:
+    """What clients send as `model`: --served-model-name, else --model exactly as the user passed it
+    (ATOM's and vLLM's default), else the name the artifact recorded."""
+    return args.served_model_name or args.model or manifest.model.name
 
 
 def runtime_config(args: argparse.Namespace) -> RuntimeConfig:

@@ -1,0 +1,77 @@
+"""`atom-run serve --model MODEL [build flags] [--port N]`, also `python -m
+atom_aot.entrypoints.openai_server ...`: ATOM's serve command line, run as written.
+
+The JIT path: the model (HF folder, GGUF, or none for the embedded default) is built into the
+artifact cache first, through a child atom-build exactly like `LLMEngine(model=...)`, or found
+there by its build key; then that artifact is served. `atom-run ART serve` skips the build
+lookup and stays the fast path. Given an artifact as --model, it is served as is.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from atom_aot.artifact.build_options import BuildOptions
+from atom_aot.config_flags import add_arguments, cli_fields
+
+log = logging.getLogger("atom_aot.server")
+
+# arch is this machine's; max_model_len is an engine flag that the build also takes (as LLMEngine does)
+NOT_BUILD_FLAGS = ("arch", "max_model_len")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    from atom_aot.server.args import add_server_arguments, check_server_args
+    p = argparse.ArgumentParser(prog="atom-run serve", description="Build a model into the artifact cache "
+                                "(or reuse its cached build) and serve it over an OpenAI-compatible HTTP API.")
+    p.add_argument("--model", default=None, help="HF folder, GGUF file or artifact (default: the embedded "
+                   "model); also the default served model name, as given")
+    build = p.add_argument_group("build (part of the build key)")
+    add_arguments(build, BuildOptions, exclude=NOT_BUILD_FLAGS, underscore_aliases=True)
+    build.add_argument("--cache-dir", "--cache_dir", dest="cache_dir", default=None,
+                       help="artifact cache (default: $ATOM_AOT_ARTIFACTS, else ./artifacts)")
+    add_server_arguments(p, underscore_aliases=True)
+    return check_server_args(p, p.parse_args(argv))
+
+
+def build_flags(args: argparse.Namespace) -> dict:
+    """The build options the user changed (the others keep the build's defaults)."""
+    changed = {f.name: getattr(args, f.name) for f in cli_fields(BuildOptions)
+               if f.name not in NOT_BUILD_FLAGS and getattr(args, f.name) != f.default}
+    return changed | ({"cache_dir": args.cache_dir} if args.cache_dir else {})
+
+
+def resolve_artifact(args: argparse.Namespace) -> str:
+    """The artifact to serve: --model itself if it is one, else its cached (or new) build."""
+    from atom_aot.entrypoints.llm import build_into_cache, is_artifact, refuse_build_options
+    from atom_aot.server.args import runtime_config, server_options
+    build = build_flags(args)
+    if is_artifact(args.model):
+        refuse_build_options(args.model, build)
+        log.info("serving the artifact %s given as --model (atom-run %s serve is the same)", args.model, args.model)
+        return args.model
+    config = runtime_config(args)
+    server_options(args)                   # a bad server flag fails now, not after a build
+    result = build_into_cache(args.model, build, config.max_model_len)
+    how = "reused the cached artifact" if result["cached"] else "built the artifact"
+    log.info("JIT path: %s %s for %s (build key %s); next time `atom-run %s serve` starts without the lookup",
+             how, result["path"], args.model or "the embedded model", result["key"], result["path"])
+    return str(result["path"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    from atom_aot.cli_util import run_cli
+    from atom_aot.server.__main__ import serve
+    args = parse_args(sys.argv[1:] if argv is None else list(argv))
+
+    def run() -> int:
+        logging.getLogger("atom_aot").setLevel(args.log_level.upper())
+        args.artifact = resolve_artifact(args)
+        return asyncio.run(serve(args))
+    return run_cli(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
