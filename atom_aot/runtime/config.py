@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from atom_aot.config_flags import flag
+from atom_aot.errors import StartupError
 
 DEFAULT_CPU_KV_BYTES = 1 << 30
 
@@ -51,6 +52,15 @@ class RuntimeConfig:
                  "scheduler_delay_factor", f"must be a number >= 0, got {self.scheduler_delay_factor!r}")
         _require(_is_number(self.gpu_memory_utilization) and 0 < self.gpu_memory_utilization <= 1,
                  "gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization!r}")
+
+    def served_max_model_len(self, artifact_limit: int) -> int:
+        """The artifact's limit, or a lower one asked for; a higher one is an error, never a silent clamp."""
+        if self.max_model_len is not None and self.max_model_len > artifact_limit:
+            raise StartupError(f"max_model_len / --max-model-len {self.max_model_len} is above this artifact's limit "
+                               f"of {artifact_limit} tokens (fixed when it was built). Ask for at most "
+                               f"{artifact_limit}, or build an artifact with atom-build --max-model-len "
+                               f"{self.max_model_len}.")
+        return self.max_model_len or artifact_limit
 
     @classmethod
     def field_names(cls) -> set[str]:

@@ -34,7 +34,7 @@ class SchedulerConfig:
     """The scheduler's view of the runtime config: exactly the values it reads."""
     max_num_seqs: int              # sequences in one batch
     max_num_batched_tokens: int    # tokens computed in one step; longer prompts are chunked
-    max_model_len: int             # prompt + output tokens of one sequence (the artifact's limit applied)
+    max_model_len: int             # prompt + output tokens of one sequence (at most the artifact's limit)
     scheduler_delay_factor: float  # wait this many last-prefill latencies to gather prompts
 
     def __post_init__(self):
@@ -43,7 +43,7 @@ class SchedulerConfig:
 
     @classmethod
     def from_runtime(cls, config: RuntimeConfig, max_model_len: int) -> SchedulerConfig:
-        """`max_model_len`: the one the engine serves (the config's, capped by the artifact's)."""
+        """`max_model_len`: the one the engine serves (RuntimeConfig.served_max_model_len)."""
         return cls(max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
                    max_model_len=max_model_len, scheduler_delay_factor=config.scheduler_delay_factor)
 

@@ -77,18 +77,8 @@ def make_forwards(loaded: LoadedArtifact, config: RuntimeConfig, kv_cache, max_m
     return Forwards(mixed, graphs, decode_max_seqs=graphs.max_batch_size)
 
 
-def served_max_model_len(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
-    """The artifact's limit, or a lower one asked for; a higher one is an error, never a silent clamp."""
-    if config.max_model_len is not None and config.max_model_len > loaded.max_model_len:
-        raise StartupError(f"max_model_len {config.max_model_len} is above this artifact's limit of "
-                           f"{loaded.max_model_len} tokens (fixed when it was built). Ask for at most "
-                           f"{loaded.max_model_len}, or build an artifact with atom-build --max-model-len "
-                           f"{config.max_model_len}.")
-    return config.max_model_len or loaded.max_model_len
-
-
 def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig) -> EngineCore:
-    max_model_len = served_max_model_len(loaded, config)
+    max_model_len = config.served_max_model_len(loaded.max_model_len)
     num_blocks = kv_block_count(loaded, config)
     blocks_per_seq = -(-max_model_len // loaded.block_size)
     if num_blocks < blocks_per_seq:

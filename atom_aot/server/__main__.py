@@ -24,10 +24,10 @@ def main(argv=None) -> int:
 
 async def serve(args) -> int:
     from atom_aot.artifact.reader import Artifact
-    from atom_aot.server.args import check_against_artifact, runtime_config, server_options
+    from atom_aot.server.args import runtime_config, server_options
     config, options = runtime_config(args), server_options(args)   # a bad flag fails first, with its reason
     artifact = Artifact.open(args.artifact)     # before the heavy imports: a wrong path fails at once
-    check_against_artifact(config, artifact.manifest)
+    config.served_max_model_len(artifact.manifest.numerics.max_model_len)   # before the engine loads
     from atom_aot.runtime.tokenizer import load_tokenizer
     from atom_aot.server.engine_client import EngineClient
 

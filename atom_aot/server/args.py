@@ -6,7 +6,6 @@ import argparse
 
 from atom_aot.artifact.manifest import Manifest
 from atom_aot.config_flags import add_arguments, from_namespace
-from atom_aot.errors import StartupError
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.profiler import dir_from_env
 from atom_aot.server.guards import DEFAULT_MAX_BODY_BYTES
@@ -63,12 +62,3 @@ def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
 def server_options(args: argparse.Namespace) -> ServerOptions:
     """The server's limits and timeouts from the flags (raises ValueError with the reason)."""
     return from_namespace(ServerOptions, args)
-
-
-def check_against_artifact(config: RuntimeConfig, manifest: Manifest) -> None:
-    """Engine flags the artifact cannot honour fail here, before the engine loads: never a silent clamp."""
-    limit = manifest.numerics.max_model_len
-    if config.max_model_len is not None and config.max_model_len > limit:
-        raise StartupError(f"--max-model-len {config.max_model_len} is above this artifact's limit of {limit} "
-                           f"tokens (fixed when it was built). Pass at most {limit}, or build an artifact with "
-                           f"atom-build --max-model-len {config.max_model_len}.")
