@@ -9,7 +9,6 @@ eager path each decoder layer is labelled `layer[i]` too (compiled code has no l
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 import time
@@ -70,13 +69,6 @@ def _enter(name: str):
     return ctx
 
 
-def profiler(more: bool) -> torch.profiler.profile:
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    return torch.profiler.profile(activities=activities, record_shapes=more, with_stack=more, profile_memory=more)
-
-
 def run_batch(engine, prompts, params) -> float:
     start = time.perf_counter()
     engine.generate(prompts, params)
@@ -87,14 +79,15 @@ def run_batch(engine, prompts, params) -> float:
 
 def main(argv=None) -> int:
     from atom_aot import LLMEngine, SamplingParams
+    from atom_aot.runtime.profiler import more_from_env, torch_profile
     args = parse_args(argv)
-    more = os.environ.get("ATOM_PROFILER_MORE", "0") == "1"
+    more = more_from_env()
     engine = LLMEngine(model=args.model, enforce_eager=args.enforce_eager, max_num_seqs=max(args.bs, 1))
     prompts = make_prompts(engine.tokenizer, args.bs, args.input_length, args.random_input, args.seed)
     params = SamplingParams(temperature=0, max_tokens=args.output_length, ignore_eos=True)
     run_batch(engine, [p[::-1] for p in prompts], params)      # warm-up on other prompts: no prefix-cache hits later
     layers = label_layers(engine.loaded.forwards)
-    with profiler(more) as prof:
+    with torch_profile(more, record_shapes=more) as prof:
         elapsed = run_batch(engine, prompts, params)
     out_dir = Path(args.torch_profiler_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,17 @@ def more_from_env() -> bool:
     return os.environ.get(MORE_ENV, "0") == "1"
 
 
+def torch_profile(more: bool, record_shapes: bool = True):
+    """A torch.profiler.profile of the CPU and, where there is one, the GPU; `more` adds Python stacks
+    and memory."""
+    import torch
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return torch.profiler.profile(activities=activities, record_shapes=record_shapes, with_stack=more,
+                                  profile_memory=more)
+
+
 class ProfilerError(Exception):
     """Profiling was asked for in a state that does not allow it; the message says why."""
 
@@ -54,12 +65,7 @@ class TorchProfiler:
             raise ProfilerError(f"profiling is off: {self.verbs.enable}")
         if self._profile is not None:
             raise ProfilerError(f"the profiler is already running: {self.verbs.stop} first")
-        import torch
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        self._profile = torch.profiler.profile(activities=activities, record_shapes=True, with_stack=self.more,
-                                               profile_memory=self.more)
+        self._profile = torch_profile(self.more)
         self._profile.start()
         return str(self.out_dir)
 
