@@ -94,16 +94,23 @@ async def submit(state: ServerState, api_id: str, prompts: list[list[int]], para
 
 @dataclass
 class ChoiceResult:
-    """Everything one choice produced, gathered from its updates."""
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
+    """Everything one choice produced, gathered from its updates (each update carries the whole text
+    and token list so far, so those are read from the last one, once)."""
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprobs] | None = None
     finish_reason: str | None = None
     last: RequestOutput | None = None
 
+    @property
+    def text(self) -> str:
+        return self.last.text if self.last is not None else ""
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.last.token_ids if self.last is not None else []
+
     def add(self, update: RequestOutput) -> None:
-        self.text, self.token_ids, self.last = update.text, update.token_ids, update
+        self.last = update
         self.logprobs.extend(update.logprobs)
         if update.prompt_logprobs is not None:
             self.prompt_logprobs = update.prompt_logprobs
