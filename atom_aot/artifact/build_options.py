@@ -16,6 +16,11 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 COMPILE_MODES = ("aoti", "none")
 
 
+# Build options a user does not pass as build options when a model is built for serving: the arch is
+# this machine's, and max_model_len is the runtime option of the same name (the build takes it from there).
+DECIDED_AT_SERVE_TIME = ("arch", "max_model_len")
+
+
 def parse_capture_sizes(text: str) -> tuple[int, ...]:
     if text == "none":
         return ()

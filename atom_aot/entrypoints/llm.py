@@ -13,7 +13,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from atom_aot.arch import detect_arch
-from atom_aot.artifact.build_options import BuildOptions
+from atom_aot.artifact.build_options import DECIDED_AT_SERVE_TIME, BuildOptions
 from atom_aot.config_flags import to_argv
 from atom_aot.runtime import profiler
 from atom_aot.runtime.config import RuntimeConfig
@@ -21,8 +21,7 @@ from atom_aot.runtime.llm_engine import ArtifactEngine
 
 log = logging.getLogger("atom_aot")
 
-# arch is this machine's; max_model_len is a runtime option that a build from a model also takes
-BUILD_OPTIONS = {f.name for f in fields(BuildOptions)} - {"arch", "max_model_len"} | {"cache_dir"}
+BUILD_OPTIONS = {f.name for f in fields(BuildOptions)} - set(DECIDED_AT_SERVE_TIME) | {"cache_dir"}
 
 
 def is_artifact(path: str | Path | None) -> bool:

@@ -13,13 +13,12 @@ import asyncio
 import logging
 import sys
 
-from atom_aot.artifact.build_options import BuildOptions
+from atom_aot.artifact.build_options import DECIDED_AT_SERVE_TIME, BuildOptions
 from atom_aot.config_flags import add_arguments, cli_fields
 
 log = logging.getLogger("atom_aot.server")
 
-# arch is this machine's; max_model_len is an engine flag that the build also takes (as LLMEngine does)
-NOT_BUILD_FLAGS = ("arch", "max_model_len")
+NOT_BUILD_FLAGS = DECIDED_AT_SERVE_TIME
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
