@@ -26,9 +26,11 @@ PREFILL_BATCHES = ((1, 1024), (4, 512))      # (sequences, tokens each)
 
 def tune_kernels(config: BuildConfig, model_config: ModelConfig, max_model_len: int) -> Tuning:
     if config.arch == "cpu":
-        return Tuning(arch="cpu", measured=False,
-                      phases={Phase.MIXED: PhaseTuning({"attention": BackendChoice("reference")})},
-                      kernels={"attention": "torch reference (atom::paged_attention)",
+        ops, kernels = {"attention": BackendChoice("reference")}, {}
+        if model_config.num_experts:
+            ops["moe"], kernels["moe"] = BackendChoice("reference"), "torch reference (atom::fused_moe)"
+        return Tuning(arch="cpu", measured=False, phases={Phase.MIXED: PhaseTuning(ops)},
+                      kernels={"attention": "torch reference (atom::paged_attention)", **kernels,
                                "gemm": "aten (Inductor extern call)", "norms/activations": "Inductor C++ (fused)",
                                "sampling": "torch"})
     return _tune_triton(config, model_config, max_model_len)
