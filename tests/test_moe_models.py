@@ -124,6 +124,13 @@ class TestExpertStacker:
         for e in range(3):
             assert torch.equal(w13[e], torch.cat([parts[e, "gate_proj"], parts[e, "up_proj"]]).bfloat16())
 
+    def test_transformers5_stacked_tensors_taken_whole(self):
+        stacker = ExpertStacker(self.MAPPING, self.EXPECTED)
+        w13, w2 = torch.randn(3, 4, 5), torch.randn(3, 5, 2)
+        assert stacker.add("m.experts.gate_up_proj", w13) and stacker.add("m.experts.down_proj", w2)
+        assert stacker.complete["m.experts.w13"] is w13 and stacker.complete["m.experts.w2"] is w2
+        assert not stacker.add("other.experts.down_proj", w2)       # no such block in the model
+
     @pytest.mark.parametrize("name,shape", [("m.experts.3.gate_proj.weight", (2, 5)),     # no expert 3
                                             ("m.experts.0.gate_proj.weight", (4, 5))])    # the whole w13 row
     def test_misfit_refused(self, name, shape):

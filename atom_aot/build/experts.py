@@ -5,6 +5,8 @@ A checkpoint stores `<block>.experts.<e>.<proj>.weight` per expert; the runtime 
 class's EXPERT_MODULES says which projection fills which part of which stacked parameter. Each
 stacked tensor is allocated once, in the runtime's dtype, when its first part arrives; every part
 is copied into its slice and dropped, so the build never holds a second copy of the experts.
+A checkpoint written from transformers 5's modules (scripts/make_random_model.py) already stores the
+stacked `<block>.experts.gate_up_proj [E, 2I, H]` and `down_proj [E, H, I]`: the same layout, taken whole.
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import re
 import torch
 
 EXPERT_TENSOR = re.compile(r"(?P<block>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>[^.]+)\.weight")
+STACKED_TENSOR = re.compile(r"(?P<block>.+\.experts)\.(?P<proj>gate_up_proj|down_proj)")
+STACKED_NAMES = {"gate_up_proj": "w13", "down_proj": "w2"}     # transformers 5's stacked names -> ours
 
 
 class ExpertStacker:
@@ -25,6 +29,10 @@ class ExpertStacker:
 
     def add(self, name: str, tensor: torch.Tensor) -> bool:
         """Copies `tensor` into its stack if it is an expert's projection this model stacks; False if not."""
+        stacked = STACKED_TENSOR.fullmatch(name)
+        if stacked is not None and f"{stacked['block']}.{STACKED_NAMES[stacked['proj']]}" in self.expected:
+            self.complete[f"{stacked['block']}.{STACKED_NAMES[stacked['proj']]}"] = tensor
+            return True
         match = EXPERT_TENSOR.fullmatch(name)
         if match is None or match["proj"] not in self.mapping:
             return False
