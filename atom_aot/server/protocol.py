@@ -34,7 +34,6 @@ class Unimplemented:
 
 _TOOLS = "tool and function calling are not implemented"
 _STRUCTURED = "structured output (JSON mode, JSON schema, guided decoding) is not implemented"
-_PENALTIES = "sampling penalties are not implemented; leave the field out (or at its neutral value)"
 
 # To implement one: add the field to the request model(s) below and delete its row here.
 NOT_IMPLEMENTED: dict[str, Unimplemented] = {
@@ -50,14 +49,9 @@ NOT_IMPLEMENTED: dict[str, Unimplemented] = {
     "function_call": Unimplemented(_TOOLS, ("none",)),
     "tool_calls": Unimplemented(_TOOLS, ([],)),
     "tool_call_id": Unimplemented(_TOOLS),
-    "logit_bias": Unimplemented("logit_bias is not implemented", ({},)),
-    "presence_penalty": Unimplemented(_PENALTIES, (0, 0.0)),
-    "frequency_penalty": Unimplemented(_PENALTIES, (0, 0.0)),
-    "repetition_penalty": Unimplemented(_PENALTIES, (1, 1.0)),
     "best_of": Unimplemented("best_of is not implemented; ask for n choices and pick one yourself", (1,)),
     "use_beam_search": Unimplemented("beam search is not implemented", (False,)),
     "suffix": Unimplemented("suffix (fill in the middle) is not implemented", ("",)),
-    "min_tokens": Unimplemented("min_tokens is not implemented", (0,)),
     "modalities": Unimplemented("only text output is implemented", (["text"],)),
     "audio": Unimplemented("only text output is implemented"),
     "prediction": Unimplemented("predicted outputs are not implemented"),
@@ -125,6 +119,25 @@ class SamplingFields(_Strict):
     seed: Annotated[int, Field(ge=-(2 ** 63), le=2 ** 63 - 1)] | None = None   # int64, as OpenAI
     n: Annotated[int, Field(ge=1)] | None = 1       # the upper bound is a server option (--max-n)
     user: Text | None = None
+    # logits processors, with vLLM's meanings (runtime/logits_processors.py)
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0, le=10)] | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None   # token id (as text) -> bias
+    min_tokens: Annotated[int, Field(ge=0)] | None = None
+    bad_words: list[Annotated[Text, Field(min_length=1)]] | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias_keys(cls, value):
+        bad = next((key for key in value or {} if not key.isdigit()), None)
+        if bad is not None:
+            raise ValueError(f"logit_bias keys must be token ids, got {bad!r}")
+        return value
+
+    @property
+    def token_bias(self) -> dict[int, float]:
+        return {int(key): bias for key, bias in (self.logit_bias or {}).items()}
 
     @field_validator("stop", mode="before")
     @classmethod
