@@ -62,7 +62,7 @@ class TestRequestModels:
 
     @pytest.mark.parametrize("field, value, code", [
         ("user_tag", 1, "unknown_parameter"), ("use_beam_search", True, "unsupported_parameter"),
-        ("response_format", {"type": "json_object"}, "unsupported_parameter"), ("best_of", 2, "unsupported_parameter"),
+        ("structural_tag", {"type": "structural_tag"}, "unsupported_parameter"), ("best_of", 2, "unsupported_parameter"),
         ("suffix", "the end", "unsupported_parameter"), ("prediction", {"type": "content"}, "unsupported_parameter"),
     ])
     def test_fields_not_taken_are_refused_by_name(self, field, value, code):

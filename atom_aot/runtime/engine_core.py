@@ -57,8 +57,6 @@ class EngineCore:
         if params.seed is not None:
             seq.generator = self.runner.sampler.new_request_generator(params.seed)
         if params.grammar is not None:
-            if self.grammars is None:
-                raise RequestError("structured outputs are not available in this engine (no tokenizer for a grammar)")
             seq.grammar_matcher = self.grammars.matcher(params.grammar)
         if params.needs_last_tokens:
             self._host_bound[seq] = None
@@ -77,6 +75,10 @@ class EngineCore:
             raise ContextLengthError(
                 f"this model's maximum context length is {max_len} tokens, but the request needs "
                 f"{wanted} ({num_prompt_tokens} in the prompt + {params.max_tokens or 1} to generate)")
+        if params.grammar is not None:
+            if self.grammars is None:
+                raise RequestError("structured outputs are not available in this engine (no tokenizer for a grammar)")
+            self.grammars.compiled(params.grammar)      # a grammar that does not compile is refused here
 
     def abort(self, request_id: str, reason: str = "abort") -> None:
         self._prompt_logprobs.pop(request_id, None)

@@ -39,12 +39,18 @@ class Grammars:
         return xgr.GrammarCompiler(info)
 
     def matcher(self, spec: GrammarSpec):
-        """A fresh matcher for `spec`; an invalid schema, regex or grammar is the request's error."""
+        """A fresh matcher for `spec` (compiled once: xgrammar caches what it compiled)."""
         import xgrammar as xgr
+        return xgr.GrammarMatcher(self.compiled(spec))
+
+    def compiled(self, spec: GrammarSpec):
+        """`spec` compiled; an invalid schema, regex or grammar is the request's error."""
         try:
-            return xgr.GrammarMatcher(self._compile(spec))
+            return self._compile(spec)
         except (RuntimeError, ValueError) as e:
-            raise RequestError(f"the {spec.kind} of this request's structured output does not compile: {e}") from None
+            reason = str(e).splitlines()[0].split("] ", 1)[-1]      # xgrammar's message, without its log prefix
+            raise RequestError(f"the {spec.kind} of this request's structured output does not compile: "
+                               f"{reason}") from None
 
     def _compile(self, spec: GrammarSpec):
         if spec.kind == "json_object":
