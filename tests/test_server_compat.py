@@ -155,7 +155,7 @@ def test_chat_prompt_alias(client, model_name, prompt):
 @pytest.mark.parametrize("body, code, param", [
     ({"prompt": "hi", "messages": USER}, "invalid_value", "prompt"),
     ({"prompt": 5}, "invalid_value", "messages"),
-    ({"prompt": "hi", "presence_penalty": 0.5}, "unsupported_parameter", "presence_penalty"),
+    ({"prompt": "hi", "presence_penalty": 5}, "invalid_value", "presence_penalty"),
     ({"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, "unsupported_parameter", "tools"),
     ({"model": "gpt-9", "prompt": "hi"}, "model_not_found", "model"),
 ])

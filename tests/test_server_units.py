@@ -61,9 +61,9 @@ class TestRequestModels:
                                                   "temperature": "0.5"})
 
     @pytest.mark.parametrize("field, value, code", [
-        ("user_tag", 1, "unknown_parameter"), ("logit_bias", {"5": 10}, "unsupported_parameter"),
-        ("response_format", {"type": "json_object"}, "unsupported_parameter"), ("best_of", 2, "unsupported_parameter"),
-        ("presence_penalty", 0.5, "unsupported_parameter"), ("repetition_penalty", 1.2, "unsupported_parameter"),
+        ("user_tag", 1, "unknown_parameter"), ("use_beam_search", True, "unsupported_parameter"),
+        ("structural_tag", {"type": "structural_tag"}, "unsupported_parameter"), ("best_of", 2, "unsupported_parameter"),
+        ("suffix", "the end", "unsupported_parameter"), ("prediction", {"type": "content"}, "unsupported_parameter"),
     ])
     def test_fields_not_taken_are_refused_by_name(self, field, value, code):
         with pytest.raises(ValidationError) as info:
@@ -72,7 +72,7 @@ class TestRequestModels:
         assert error["type"] == "unsupported_field" and error["ctx"]["field"] == field and error["ctx"]["code"] == code
         assert field in error["ctx"]["message"]
 
-    @pytest.mark.parametrize("field, value", [("logit_bias", {}), ("presence_penalty", 0), ("frequency_penalty", 0.0),
+    @pytest.mark.parametrize("field, value", [("use_beam_search", False), ("modalities", ["text"]),
                                               ("tools", None), ("tools", []), ("best_of", 1), ("suffix", "")])
     def test_values_that_ask_for_nothing_are_accepted(self, field, value):
         assert CompletionRequest.model_validate({"model": "m", "prompt": "x", field: value}).prompt == ["x"]

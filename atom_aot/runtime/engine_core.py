@@ -5,7 +5,10 @@ server's engine process.
 
 With async scheduling a step launches batch N+1 before it reads batch N's tokens, so the host's
 work (scheduling, inputs, reading and updating N, and the caller's output processing of N) runs
-while the device computes N+1. Without it, a step reads the batch it launched.
+while the device computes N+1. Without it, a step reads the batch it launched. A request whose logits depend on the values of its
+last tokens on the host (a grammar, a bad word of several tokens: `SamplingParams.needs_last_tokens`)
+makes the steps run synchronously while it is unfinished: its next step is launched only after its
+last one is read.
 """
 from __future__ import annotations
 
@@ -20,11 +23,12 @@ from atom_aot.runtime.outputs import CoreOutput, CoreStats, TokenLogprobs
 from atom_aot.runtime.sampling_params import SamplingParams
 from atom_aot.runtime.scheduler import ScheduledBatch, Scheduler
 from atom_aot.runtime.sequence import Sequence
+from atom_aot.runtime.structured_output import Grammars, accept_sampled
 
 
 class EngineCore:
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, eos_token_ids: frozenset[int], block_size: int,
-                 async_scheduling: bool = False):
+                 async_scheduling: bool = False, grammars: Grammars | None = None):
         self.scheduler = scheduler
         self.runner = runner
         self.eos_token_ids = eos_token_ids
@@ -33,8 +37,11 @@ class EngineCore:
         self._in_flight: deque[tuple[ScheduledBatch, LaunchedStep]] = deque()   # launched, not read yet
         self._ids = itertools.count()
         self._prompt_logprobs: dict[str, list[TokenLogprobs]] = {}
+        self.grammars = grammars                   # None: structured outputs are refused
+        self._host_bound: dict[Sequence, None] = {}  # unfinished requests that need synchronous steps
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
+        self.num_synchronous_steps = 0             # steps run without overlap because of such requests
 
     @property
     def block_manager(self) -> BlockManager:
@@ -49,6 +56,10 @@ class EngineCore:
                        eos_token_ids=self.eos_token_ids, arrival_time=arrival_time or time.perf_counter())
         if params.seed is not None:
             seq.generator = self.runner.sampler.new_request_generator(params.seed)
+        if params.grammar is not None:
+            seq.grammar_matcher = self.grammars.matcher(params.grammar)
+        if params.needs_last_tokens:
+            self._host_bound[seq] = None
         if params.prompt_logprobs is not None:
             self._prompt_logprobs[request_id] = []
         self.scheduler.add(seq)
@@ -64,6 +75,10 @@ class EngineCore:
             raise ContextLengthError(
                 f"this model's maximum context length is {max_len} tokens, but the request needs "
                 f"{wanted} ({num_prompt_tokens} in the prompt + {params.max_tokens or 1} to generate)")
+        if params.grammar is not None:
+            if self.grammars is None:
+                raise RequestError("structured outputs are not available in this engine (no tokenizer for a grammar)")
+            self.grammars.compiled(params.grammar)      # a grammar that does not compile is refused here
 
     def abort(self, request_id: str, reason: str = "abort") -> None:
         self._prompt_logprobs.pop(request_id, None)
@@ -79,27 +94,49 @@ class EngineCore:
             kv_blocks_total=bm.num_blocks, kv_blocks_free=bm.num_free_blocks, prefix_cache_queries=bm.prefix_queries,
             prefix_cache_hits=bm.prefix_hits, num_preemptions=self.scheduler.num_preemptions,
             prompt_tokens_total=self.num_prompt_tokens_total,
-            generation_tokens_total=self.num_generation_tokens_total)
+            generation_tokens_total=self.num_generation_tokens_total,
+            synchronous_steps_total=self.num_synchronous_steps)
 
     def step(self) -> list[CoreOutput]:
         """Schedule and launch a batch; return the outputs of the one before it (async scheduling),
         or of this one. When nothing more can be scheduled the batch in flight is read."""
+        overlap = self.async_scheduling and not self._needs_synchronous_step()
+        outputs = []
+        while self._in_flight and not overlap:      # the next step's logits need these tokens read
+            outputs += self._complete(*self._in_flight.popleft())
         batch = self.scheduler.schedule()
         if batch is not None:
             self._in_flight.append((batch, self.runner.launch(batch)))
-        keep = 1 if self.async_scheduling and batch is not None else 0
-        outputs = []
+            self.num_synchronous_steps += self.async_scheduling and not overlap
+        keep = 1 if overlap and batch is not None else 0
         while len(self._in_flight) > keep:
             outputs += self._complete(*self._in_flight.popleft())
         return outputs
+
+    def _needs_synchronous_step(self) -> bool:
+        for seq in [seq for seq in self._host_bound if seq.is_finished]:
+            del self._host_bound[seq]
+        return bool(self._host_bound)
 
     def _complete(self, batch: ScheduledBatch, launched: LaunchedStep) -> list[CoreOutput]:
         result = self.runner.complete(launched)
         self._collect_prompt_logprobs(batch, result.prompt_logprobs)
         advanced = self.scheduler.update(batch, result.sampled)
         self.num_generation_tokens_total += len(advanced)
+        for seq in advanced:
+            if seq.grammar_matcher is not None:
+                self._advance_grammar(seq)
         logprobs = {seq.request_id: lp for seq, lp in zip(batch.seqs, result.logprobs)}
         return [self._output(seq, logprobs[seq.request_id]) for seq in advanced]
+
+    def _advance_grammar(self, seq: Sequence) -> None:
+        """The grammar takes the token; one that ended it (its stop token) ends the request."""
+        if seq.is_finished:
+            return                      # on a stop token or at its length: nothing more is sampled
+        if not accept_sampled(seq.grammar_matcher, seq.token_ids[-1], seq.request_id):
+            self.scheduler.abort(seq.request_id, "abort")
+        elif seq.grammar_matcher.is_terminated():
+            self.scheduler.abort(seq.request_id, "stop")
 
     def _collect_prompt_logprobs(self, batch: ScheduledBatch, prompt_logprobs) -> None:
         for seq, start, scored in zip(batch.seqs, batch.num_computed_tokens, prompt_logprobs):

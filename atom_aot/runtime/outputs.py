@@ -40,3 +40,4 @@ class CoreStats:
     num_preemptions: int
     prompt_tokens_total: int
     generation_tokens_total: int
+    synchronous_steps_total: int = 0   # steps not overlapped because a request needed its last tokens read

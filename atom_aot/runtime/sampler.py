@@ -1,4 +1,5 @@
-"""Turns logits into next tokens: greedy, temperature, top-k, top-p, min-p, per-request seeds.
+"""Turns logits into next tokens: the request's logits processors (penalties, bias, grammar: see
+logits_processors.py), then greedy, temperature, top-k, top-p, min-p, per-request seeds.
 
 Sampling draws one exponential variate per vocabulary entry and takes argmax(p / E), which is an
 exact draw from p. A seeded request draws its variates from its own generator, so its tokens do
@@ -10,6 +11,7 @@ from typing import NamedTuple
 
 import torch
 
+from atom_aot.runtime.logits_processors import LogitsProcessors
 from atom_aot.runtime.outputs import TokenLogprobs
 from atom_aot.runtime.sequence import Sequence
 from atom_aot.runtime.transfer import to_device
@@ -63,6 +65,7 @@ class Sampler:
         self.device = device
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
+        self.logits_processors = LogitsProcessors(device)
 
     def new_request_generator(self, seed: int) -> torch.Generator:
         g = torch.Generator(device=self.device)
@@ -71,6 +74,17 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """logits: [N, V] float32, one row per sequence -> next token ids [N]."""
+        tokens = self.draw(self.apply_logits_processors(logits, seqs), seqs)
+        self.logits_processors.record(seqs, tokens)
+        return tokens
+
+    def apply_logits_processors(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """logits [N, V] as the requests' penalties, bias, bad words, min_tokens and grammars change
+        them (the same tensor when no request uses any)."""
+        return self.logits_processors.apply(logits, seqs)
+
+    def draw(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """Next token ids [N] from processed logits [N, V]: greedy or drawn, masked by top-k/p, min-p."""
         greedy = logits.argmax(dim=-1)
         if all(seq.params.greedy for seq in seqs):
             return greedy

@@ -2,6 +2,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+GrammarKind = Literal["json_schema", "json_object", "regex", "choice", "ebnf"]
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """What the output must match (structured outputs); the engine compiles it with xgrammar."""
+    kind: GrammarKind
+    value: str = ""                   # the JSON schema text, the regex, the EBNF; unused for json_object
+    choices: tuple[str, ...] = ()     # kind "choice": the output is exactly one of these
 
 
 @dataclass
@@ -17,6 +28,14 @@ class SamplingParams:
     seed: int | None = None           # same seed, same tokens, whatever else is in the batch
     logprobs: int | None = None       # return the sampled token's logprob and this many top alternatives
     prompt_logprobs: int | None = None  # also score every prompt token (the `echo` of completions)
+    # logits processors, vLLM's semantics (runtime/logits_processors.py applies them on the device)
+    presence_penalty: float = 0.0     # minus this for every token already in the output
+    frequency_penalty: float = 0.0    # minus this times the token's count in the output
+    repetition_penalty: float = 1.0   # divides positive / multiplies negative logits of prompt and output tokens
+    logit_bias: dict[int, float] = field(default_factory=dict)   # token id -> added to its logit
+    min_tokens: int = 0               # EOS and stop_token_ids are masked until this many tokens are out
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)  # sequences never completed
+    grammar: GrammarSpec | None = None  # structured output: only tokens the grammar allows
 
     def __post_init__(self):
         if isinstance(self.stop_strings, str):
@@ -32,6 +51,17 @@ class SamplingParams:
         _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
                "stop_token_ids must be non-negative integers")
         _check(self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
+        _check(-2 <= self.presence_penalty <= 2, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+        _check(-2 <= self.frequency_penalty <= 2, f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        _check(self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        _check(all(isinstance(t, int) and t >= 0 for t in self.logit_bias), "logit_bias keys must be token ids")
+        _check(self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens}")
+        _check(self.max_tokens is None or self.min_tokens <= self.max_tokens,
+               f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        _check(self.grammar is None or self.min_tokens == 0,
+               "min_tokens cannot be combined with a structured output: the grammar decides where the output ends")
+        _check(all(word and all(isinstance(t, int) and t >= 0 for t in word) for word in self.bad_words_token_ids),
+               "bad_words_token_ids must be non-empty lists of token ids")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             _check(value is None or 0 <= value <= 20, f"{name} must be between 0 and 20, got {value}")
@@ -39,6 +69,17 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalizes(self) -> bool:
+        """Whether a penalty needs the request's token counts."""
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    @property
+    def needs_last_tokens(self) -> bool:
+        """Whether each step's logits depend on the values of the tokens just sampled, on the host: a
+        grammar's mask, a bad word of several tokens. Such a request's steps run synchronously."""
+        return self.grammar is not None or any(len(word) > 1 for word in self.bad_words_token_ids)
 
 
 def _check(ok: bool, message: str) -> None:

@@ -46,6 +46,7 @@ class Sequence:
     first_token_time: float | None = None
     finish_time: float | None = None
     generator: torch.Generator | None = None  # per-request RNG when params.seed is set
+    grammar_matcher: object | None = None     # xgrammar's GrammarMatcher when params.grammar is set
 
     @property
     def num_tokens(self) -> int:

@@ -19,6 +19,7 @@ from atom_aot.runtime.loader import LoadedArtifact, load_artifact
 from atom_aot.runtime.model_runner import ModelRunner
 from atom_aot.runtime.sampler import Sampler
 from atom_aot.runtime.scheduler import Scheduler, SchedulerConfig
+from atom_aot.runtime.structured_output import Grammars
 from atom_aot.runtime.threads import set_torch_threads
 
 log = logging.getLogger("atom_aot")
@@ -94,7 +95,9 @@ def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig) -> EngineCo
         BlockManager(num_blocks, loaded.block_size, config.enable_prefix_caching))
     forwards = make_forwards(loaded, config, kv_cache, max_model_len)
     runner = ModelRunner(forwards, kv_cache, loaded.block_size, loaded.device, Sampler(loaded.device, config.seed))
-    return EngineCore(scheduler, runner, eos_token_ids(loaded), loaded.block_size, config.async_scheduling)
+    eos = eos_token_ids(loaded)
+    grammars = Grammars(loaded.tokenizer_dir, loaded.model_config.vocab_size, eos)
+    return EngineCore(scheduler, runner, eos, loaded.block_size, config.async_scheduling, grammars)
 
 
 def load_and_start(artifact_path, config: RuntimeConfig) -> tuple[LoadedArtifact, EngineCore]:

@@ -34,6 +34,8 @@ ENGINE_COUNTERS = {
     "prefix_cache_queries": ("atom_prefix_cache_queries", "Full prompt blocks looked up in the prefix cache"),
     "prefix_cache_hits": ("atom_prefix_cache_hits", "Full prompt blocks found in the prefix cache"),
     "num_preemptions": ("atom_num_preemptions", "Sequences preempted for lack of KV blocks"),
+    "synchronous_steps_total": ("atom_synchronous_steps", "Steps not overlapped with the next because a request "
+                                "needed its last tokens on the host (structured outputs, bad words of several tokens)"),
 }
 
 

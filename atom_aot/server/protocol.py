@@ -11,12 +11,15 @@ valid Unicode: JSON can carry a lone UTF-16 surrogate (`"\\ud800"`), which no to
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator,
                       model_validator)
 from pydantic_core import PydanticCustomError
+
+from atom_aot.runtime.sampling_params import GrammarSpec
 
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
@@ -33,16 +36,11 @@ class Unimplemented:
 
 
 _TOOLS = "tool and function calling are not implemented"
-_STRUCTURED = "structured output (JSON mode, JSON schema, guided decoding) is not implemented"
-_PENALTIES = "sampling penalties are not implemented; leave the field out (or at its neutral value)"
+_STRUCTURED = ("this form of structured output is not implemented; use response_format, guided_json, guided_regex, "
+               "guided_choice or guided_grammar")
 
 # To implement one: add the field to the request model(s) below and delete its row here.
 NOT_IMPLEMENTED: dict[str, Unimplemented] = {
-    "response_format": Unimplemented(_STRUCTURED, ({"type": "text"},)),
-    "guided_json": Unimplemented(_STRUCTURED),
-    "guided_regex": Unimplemented(_STRUCTURED),
-    "guided_choice": Unimplemented(_STRUCTURED),
-    "guided_grammar": Unimplemented(_STRUCTURED),
     "tools": Unimplemented(_TOOLS, ([],)),
     "tool_choice": Unimplemented(_TOOLS, ("none",)),
     "parallel_tool_calls": Unimplemented(_TOOLS, (True, False)),
@@ -50,14 +48,12 @@ NOT_IMPLEMENTED: dict[str, Unimplemented] = {
     "function_call": Unimplemented(_TOOLS, ("none",)),
     "tool_calls": Unimplemented(_TOOLS, ([],)),
     "tool_call_id": Unimplemented(_TOOLS),
-    "logit_bias": Unimplemented("logit_bias is not implemented", ({},)),
-    "presence_penalty": Unimplemented(_PENALTIES, (0, 0.0)),
-    "frequency_penalty": Unimplemented(_PENALTIES, (0, 0.0)),
-    "repetition_penalty": Unimplemented(_PENALTIES, (1, 1.0)),
+    "guided_decoding_backend": Unimplemented("the guided decoding backend is xgrammar, always", ("xgrammar",)),
+    "guided_whitespace_pattern": Unimplemented(_STRUCTURED),
+    "structural_tag": Unimplemented(_STRUCTURED),
     "best_of": Unimplemented("best_of is not implemented; ask for n choices and pick one yourself", (1,)),
     "use_beam_search": Unimplemented("beam search is not implemented", (False,)),
     "suffix": Unimplemented("suffix (fill in the middle) is not implemented", ("",)),
-    "min_tokens": Unimplemented("min_tokens is not implemented", (0,)),
     "modalities": Unimplemented("only text output is implemented", (["text"],)),
     "audio": Unimplemented("only text output is implemented"),
     "prediction": Unimplemented("predicted outputs are not implemented"),
@@ -89,7 +85,8 @@ class _Strict(BaseModel):
         """The model's fields are the accepted ones: refuse the others by name (see NOT_IMPLEMENTED)."""
         if not isinstance(data, dict):
             return data
-        extra = [name for name in data if name not in cls.model_fields]
+        accepted = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
+        extra = [name for name in data if name not in accepted]
         for name in extra:
             row = NOT_IMPLEMENTED.get(name)
             if row is None:
@@ -109,7 +106,83 @@ class StreamOptions(_Strict):
     include_usage: bool | None = False
 
 
-class SamplingFields(_Strict):
+class JsonSchemaFormat(_Strict):
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+    name: Text
+    description: Text | None = None
+    json_schema: dict | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("response_format: json_schema is given exactly when type is 'json_schema'")
+        return self
+
+
+class StructuredOutputsParams(_Strict):
+    """vLLM's `structured_outputs` object: one of its fields."""
+    json_: dict | bool | Text | None = Field(default=None, alias="json")
+    regex: Text | None = None
+    choice: Annotated[list[Text], Field(min_length=1)] | None = None
+    grammar: Text | None = None
+    json_object: bool | None = None
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+
+
+class StructuredFields(_Strict):
+    """Structured outputs, as OpenAI (response_format) and vLLM (guided_*, structured_outputs) ask for
+    them; at most one per request."""
+    response_format: ResponseFormat | None = None
+    guided_json: dict | bool | Text | None = None
+    guided_regex: Text | None = None
+    guided_choice: Annotated[list[Text], Field(min_length=1)] | None = None
+    guided_grammar: Text | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+
+    @model_validator(mode="after")
+    def _one_structured_output(self):
+        named = [name for name, spec in self._grammar_specs() if spec is not None]
+        if len(named) > 1:
+            raise ValueError(f"a request takes one structured output; this one has {' and '.join(named)}")
+        return self
+
+    @property
+    def grammar_spec(self) -> GrammarSpec | None:
+        """The grammar asked for; None: free text."""
+        return next((spec for _, spec in self._grammar_specs() if spec is not None), None)
+
+    def _grammar_specs(self):
+        fmt, so = self.response_format, self.structured_outputs or StructuredOutputsParams()
+        yield "response_format", (None if fmt is None or fmt.type == "text" else GrammarSpec("json_object")
+                                  if fmt.type == "json_object" else _json_spec(fmt.json_schema.json_schema))
+        yield "guided_json", None if self.guided_json is None else _json_spec(self.guided_json)
+        yield "guided_regex", None if self.guided_regex is None else GrammarSpec("regex", self.guided_regex)
+        yield "guided_choice", None if self.guided_choice is None else GrammarSpec("choice", choices=tuple(
+            self.guided_choice))
+        yield "guided_grammar", None if self.guided_grammar is None else GrammarSpec("ebnf", self.guided_grammar)
+        yield "structured_outputs", (None if not so.model_fields_set else
+                                     _json_spec(so.json_) if so.json_ is not None else
+                                     GrammarSpec("regex", so.regex) if so.regex is not None else
+                                     GrammarSpec("choice", choices=tuple(so.choice)) if so.choice else
+                                     GrammarSpec("ebnf", so.grammar) if so.grammar is not None else
+                                     GrammarSpec("json_object") if so.json_object else None)
+
+
+def _json_spec(schema: dict | bool | str | None) -> GrammarSpec:
+    """A JSON schema (an object, true, or its text); none means any JSON object, as OpenAI's json_schema
+    without a schema."""
+    if schema is None or schema is True:
+        return GrammarSpec("json_object")
+    return GrammarSpec("json_schema", schema if isinstance(schema, str) else json.dumps(schema))
+
+
+class SamplingFields(StructuredFields):
     """What both endpoints take. `model` may be left out: it then means the served model (as vLLM)."""
     model: Text | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
@@ -125,6 +198,25 @@ class SamplingFields(_Strict):
     seed: Annotated[int, Field(ge=-(2 ** 63), le=2 ** 63 - 1)] | None = None   # int64, as OpenAI
     n: Annotated[int, Field(ge=1)] | None = 1       # the upper bound is a server option (--max-n)
     user: Text | None = None
+    # logits processors, with vLLM's meanings (runtime/logits_processors.py)
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0, le=10)] | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None   # token id (as text) -> bias
+    min_tokens: Annotated[int, Field(ge=0)] | None = None
+    bad_words: list[Annotated[Text, Field(min_length=1)]] | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias_keys(cls, value):
+        bad = next((key for key in value or {} if not key.isdigit()), None)
+        if bad is not None:
+            raise ValueError(f"logit_bias keys must be token ids, got {bad!r}")
+        return value
+
+    @property
+    def token_bias(self) -> dict[int, float]:
+        return {int(key): bias for key, bias in (self.logit_bias or {}).items()}
 
     @field_validator("stop", mode="before")
     @classmethod

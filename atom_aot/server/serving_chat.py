@@ -24,7 +24,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     check_request(state, req)
     prompt_ids = encode_messages(state, req)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    params = choice_params(req, req.requested_max_tokens, logprobs)
+    params = choice_params(state, req, req.requested_max_tokens, logprobs, grammar=req.grammar_spec)
     rid = request_id_of(request)
     env = envelope(state, "chatcmpl", "chat.completion.chunk" if req.stream else "chat.completion", rid,
                    req.include_usage)

@@ -9,7 +9,7 @@ from fastapi import Request
 
 from atom_aot.runtime.output_processor import RequestOutput
 from atom_aot.runtime.outputs import TokenLogprobs
-from atom_aot.runtime.sampling_params import SamplingParams
+from atom_aot.runtime.sampling_params import GrammarSpec, SamplingParams
 from atom_aot.server.async_engine import RequestGroup
 from atom_aot.server.engine_client import CallRejected, EngineDeadError
 from atom_aot.server.errors import APIError, bad_request, engine_unavailable, shutting_down
@@ -28,6 +28,7 @@ def check_request(state: ServerState, req: SamplingFields, num_prompts: int = 1)
     check_model(state, req.model)
     check_limits(state.options, num_prompts, req.n or 1)
     check_token_ids(state, req.stop_token_ids or [], param="stop_token_ids")
+    check_token_ids(state, list(req.token_bias), param="logit_bias")
 
 
 def check_model(state: ServerState, model: str | None) -> None:
@@ -61,9 +62,22 @@ def check_token_ids(state: ServerState, token_ids: list[int], param: str = "prom
                           code="invalid_value")
 
 
-def choice_params(req: SamplingFields, max_tokens: int | None, logprobs: int | None,
-                  prompt_logprobs: int | None = None) -> list[SamplingParams]:
+def bad_words_token_ids(tokenizer, words: list[str]) -> list[list[int]]:
+    """vLLM's tokenization of bad words: each word as it starts the text and, when that differs in
+    its first token, as it follows a space."""
+    token_ids = []
+    for word in words:
+        alone = tokenizer(word.lstrip(), add_special_tokens=False).input_ids
+        spaced = tokenizer(" " + word.lstrip(), add_special_tokens=False).input_ids
+        token_ids += [ids for ids in (alone, spaced if spaced[:1] != alone[:1] and len(spaced) == len(alone) else [])
+                      if ids]
+    return token_ids
+
+
+def choice_params(state: ServerState, req: SamplingFields, max_tokens: int | None, logprobs: int | None,
+                  prompt_logprobs: int | None = None, grammar: GrammarSpec | None = None) -> list[SamplingParams]:
     """One SamplingParams per choice; with a seed, choice i uses seed + i (reproducible, distinct)."""
+    bad_words = bad_words_token_ids(state.tokenizer, req.bad_words or [])
     params = []
     for i in range(req.n or 1):
         try:
@@ -73,7 +87,11 @@ def choice_params(req: SamplingFields, max_tokens: int | None, logprobs: int | N
                 min_p=req.min_p or 0.0, max_tokens=max_tokens, ignore_eos=bool(req.ignore_eos),
                 stop_strings=req.stop_strings, stop_token_ids=list(req.stop_token_ids or []),
                 seed=None if req.seed is None else req.seed + i, logprobs=logprobs,
-                prompt_logprobs=prompt_logprobs))
+                prompt_logprobs=prompt_logprobs, presence_penalty=req.presence_penalty or 0.0,
+                frequency_penalty=req.frequency_penalty or 0.0,
+                repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+                logit_bias=req.token_bias, min_tokens=req.min_tokens or 0, bad_words_token_ids=bad_words,
+                grammar=grammar))
         except ValueError as e:
             raise bad_request(str(e)) from None
     return params

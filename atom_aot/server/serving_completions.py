@@ -71,7 +71,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
     engine_prompts, params = [], []
     for prompt in plan.prompts:
         max_tokens = _max_tokens(state, req, len(prompt.token_ids))
-        params += choice_params(req, max_tokens, req.logprobs, prompt_logprobs)
+        params += choice_params(state, req, max_tokens, req.logprobs, prompt_logprobs, req.grammar_spec)
         engine_prompts += [prompt.token_ids] * plan.n
     rid = request_id_of(request)
     env = envelope(state, "cmpl", "text_completion", rid, req.include_usage)

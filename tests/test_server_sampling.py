@@ -1,0 +1,127 @@
+"""vLLM's sampling and structured-output request fields through the official openai SDK, live (one
+server on the eager tiny-llama artifact): penalties, logit_bias, min_tokens, bad_words change the
+output as vLLM's do; response_format and guided_* outputs parse and validate (random weights: only the
+grammar's mask makes them valid)."""
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import openai
+import pytest
+from test_server_compat import client, model_name, post, root, server  # noqa: F401 (fixtures)
+
+PROMPT = "The quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def tokens_of(root):
+    return lambda text: post(root, "/tokenize", {"prompt": text, "add_special_tokens": False})["tokens"]
+
+
+def test_penalties_change_greedy_output(client, model_name):
+    plain = client.completions.create(model=model_name, prompt=PROMPT, max_tokens=24, temperature=0,
+                                      extra_body={"ignore_eos": True}).choices[0].text
+    for fields in ({"presence_penalty": 2.0}, {"frequency_penalty": 2.0}, {"extra_body": {"repetition_penalty": 3.0}}):
+        extra = {"ignore_eos": True, **fields.pop("extra_body", {})}
+        penalized = client.completions.create(model=model_name, prompt=PROMPT, max_tokens=24, temperature=0,
+                                              extra_body=extra, **fields).choices[0].text
+        assert penalized != plain, fields
+
+
+def test_logit_bias_forces_a_token_in_chat(client, model_name, tokens_of):
+    forced = tokens_of(" fox")[-1]
+    reply = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=4, temperature=1.0, seed=3, logit_bias={str(forced): 100},
+                                           extra_body={"ignore_eos": True})
+    assert tokens_of(reply.choices[0].message.content) == tokens_of(" fox" * 4)
+
+
+def test_min_tokens_delays_eos(client, model_name, tokens_of):
+    eos_text = "<|im_end|>"
+    eos = tokens_of(eos_text)[-1]
+    for min_tokens, count in ((0, 1), (6, 7)):
+        out = client.completions.create(model=model_name, prompt=PROMPT, max_tokens=20, temperature=0,
+                                        logit_bias={str(eos): 100}, extra_body={"min_tokens": min_tokens})
+        assert out.usage.completion_tokens == count and out.choices[0].finish_reason == "stop"
+
+
+def test_bad_words_are_never_completed(client, model_name, tokens_of):
+    """"Hello" (one token) biased up is all the model says; banned as a word it never appears, banned
+    twice over ("HelloHello": two tokens, whose steps run synchronously) it never appears twice in a row."""
+    [hello] = tokens_of("Hello")
+    ask = dict(model=model_name, prompt=PROMPT, max_tokens=12, temperature=0, logit_bias={str(hello): 50})
+    assert client.completions.create(**ask, extra_body={"ignore_eos": True}).choices[0].text == "Hello" * 12
+    for words, ok in ((["Hello"], lambda ids: hello not in ids),
+                      (["HelloHello"], lambda ids: hello in ids and [hello, hello] not in [ids[i:i + 2] for i in
+                                                                                        range(len(ids))])):
+        out = client.completions.create(**ask, logprobs=0, extra_body={"ignore_eos": True, "bad_words": words})
+        ids = [tokens_of(token)[0] if tokens_of(token) else None for token in out.choices[0].logprobs.tokens]
+        assert ok(ids), (words, out.choices[0].text)
+
+
+# -- structured outputs --------------------------------------------------------------------------
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["answer", "sure", "tags"],
+          "properties": {"answer": {"type": "string", "enum": ["yes", "no", "maybe"]}, "sure": {"type": "boolean"},
+                         "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}}}
+CHAT = [{"role": "user", "content": "Answer in JSON"}]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_json_schema_outputs_parse_and_validate(client, model_name, seed):
+    """Random weights, sampled at temperature 1: only the grammar's mask makes the output valid."""
+    reply = client.chat.completions.create(
+        model=model_name, messages=CHAT, max_tokens=60, temperature=1.0, seed=seed,
+        response_format={"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA}})
+    choice = reply.choices[0]
+    assert choice.finish_reason == "stop"
+    jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+
+
+def test_vllm_guided_fields_on_both_endpoints(client, model_name):
+    regex = client.completions.create(model=model_name, prompt=PROMPT, max_tokens=20, temperature=1.0, seed=4,
+                                      extra_body={"guided_regex": "[a-c]{3}-[0-9]{2}"}).choices[0]
+    assert re.fullmatch("[a-c]{3}-[0-9]{2}", regex.text) and regex.finish_reason == "stop"
+    choices = ["red", "green", "blue and more"]
+    for seed in range(3):
+        picked = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=20, temperature=1.0,
+                                                seed=seed, extra_body={"guided_choice": choices})
+        assert picked.choices[0].message.content in choices
+    guided = client.completions.create(model=model_name, prompt=PROMPT, max_tokens=60, temperature=0.7, seed=5,
+                                       extra_body={"guided_json": SCHEMA}).choices[0]
+    jsonschema.validate(json.loads(guided.text), SCHEMA)
+    nested = client.completions.create(model=model_name, prompt=PROMPT, max_tokens=20, temperature=0.7, seed=5,
+                                       extra_body={"structured_outputs": {"regex": "(yes|no)!"}}).choices[0]
+    assert nested.text in ("yes!", "no!")
+
+
+def test_json_object_mode(client, model_name, tokens_of):
+    """Any JSON object or array; "}" and EOS biased up so that random weights close it at once."""
+    close, eos = tokens_of("}")[-1], tokens_of("<|im_end|>")[-1]
+    reply = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=30, temperature=0,
+                                           response_format={"type": "json_object"},
+                                           logit_bias={str(close): 40, str(eos): 40})
+    assert json.loads(reply.choices[0].message.content) == {}
+
+
+def test_streamed_structured_output(client, model_name):
+    stream = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=60, temperature=1.0, seed=7,
+                                            stream=True, extra_body={"guided_json": SCHEMA})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    jsonschema.validate(json.loads(text), SCHEMA)
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"guided_regex": "(("}, "does not compile"),
+    ({"guided_json": {"type": 5}}, "does not compile"),
+    ({"guided_choice": ["a"], "guided_regex": "a"}, "one structured output"),
+    ({"response_format": {"type": "json_schema"}}, "json_schema"),
+    ({"guided_decoding_backend": "outlines", "guided_regex": "a"}, "xgrammar"),
+])
+def test_bad_structured_outputs_are_refused(client, model_name, body, words):
+    with pytest.raises(openai.BadRequestError) as error:
+        client.completions.create(model=model_name, prompt=PROMPT, max_tokens=5, extra_body=body)
+    assert words in str(error.value)
