@@ -26,6 +26,10 @@ REGISTRY: dict[str, dict[str, BackendEntry]] = {
         "reference": BackendEntry("atom_aot.ops.backends.reference", "ReferenceAttention"),
         "triton": BackendEntry("atom_aot.ops.backends.triton", "TritonAttention"),
     },
+    "fp8_linear": {
+        "aten": BackendEntry("atom_aot.ops.backends.fp8_linear", "AtenFp8Linear"),
+        "triton": BackendEntry("atom_aot.ops.backends.fp8_linear", "TritonFp8Linear"),
+    },
 }
 
 
