@@ -42,7 +42,11 @@ class BuildOptions:
     tensor_parallel_size: int = flag(1, "-tp", "--tensor-parallel-size", help="tensor-parallel ranks")
     enable_expert_parallel: bool = flag(False, "--ep", "--enable-expert-parallel",
                                         help="expert parallelism for MoE models")
-    quant: str = flag("none", "--quant", choices=QUANT_MODES, help="weight quantization of the linear layers")
+    quant: str = flag("none", "--quant", choices=QUANT_MODES,
+                      help="fp8: quantize an unquantized checkpoint to FP8 W8A8 (e4m3 weights with per-channel "
+                           "scales x activations quantized per token at run time; GEMMs in FP8). A pre-quantized "
+                           "checkpoint (fp8, compressed-tensors float8, fbgemm_fp8) is detected from its "
+                           "config.json and needs no flag")
     kv_cache_dtype: str = flag("auto", "--kv-cache-dtype", choices=KV_CACHE_DTYPES,
                                help="KV-cache dtype (auto: the model dtype)")
     capture_sizes: tuple[int, ...] | None = flag(

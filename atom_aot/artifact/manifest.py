@@ -104,20 +104,46 @@ class Layout:
         return layout
 
 
+LINEAR_SCHEMES = ("none", "fp8", "fp8-static", "fp8-block")   # models/quant_layers.py describes each layout
+WEIGHT_ORIGINS = ("none", "build", "checkpoint")           # who quantized: nobody, atom-build --quant, the checkpoint
+KV_SCALE_ORIGINS = ("none", "checkpoint", "calibrated")    # where an fp8 KV cache's k/v scales come from
+DECODER_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
 @dataclass(frozen=True)
 class Quantization:
-    """What is stored quantized. Where fp8 scales come from (computed at build, or the
-    checkpoint's own) will be recorded here when a second origin exists."""
-    weights: str              # "none" | "fp8": the linear layers' weights
-    kv_cache: str             # "none" | "fp8": the KV cache
+    """What is stored quantized, in which scheme, and where the scales come from."""
+    weights: str                       # scheme of every decoder linear (LINEAR_SCHEMES)
+    kv_cache: str                      # "none" | "fp8": the KV cache
+    weights_origin: str = "none"       # WEIGHT_ORIGINS
+    checkpoint_format: str = ""        # the pre-quantized checkpoint's format as detected ("" if none)
+    ignored: tuple[str, ...] = ()      # the checkpoint's ignore list (modules it left unquantized)
+    kv_scales: str = "none"            # KV_SCALE_ORIGINS ("none" unless kv_cache is fp8)
+
+    @property
+    def groups(self) -> dict[str, str]:
+        """Layer group -> its scheme: the decoder linears share one; lm_head and embeddings are never quantized."""
+        return {**{group: self.weights for group in DECODER_LINEARS}, "lm_head": "none", "embed_tokens": "none"}
 
     @classmethod
-    def of(cls, weights: str, kv_cache_dtype: str) -> "Quantization":
-        return cls(weights, "fp8" if kv_cache_dtype.startswith("float8") else "none")
+    def of(cls, weights: str, kv_cache_dtype: str, **details) -> "Quantization":
+        return cls(weights, "fp8" if kv_cache_dtype.startswith("float8") else "none", **details)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "ignored": list(self.ignored), "groups": self.groups}
 
     @classmethod
     def from_reader(cls, r: Reader) -> "Quantization":
-        return cls(r.str("weights", choices=QUANT_MODES), r.str("kv_cache", choices=QUANT_MODES))
+        weights = r.str("weights", choices=LINEAR_SCHEMES)
+        q = cls(weights, r.str("kv_cache", choices=QUANT_MODES),
+                r.str("weights_origin", "none" if weights == "none" else "build", choices=WEIGHT_ORIGINS),
+                r.str("checkpoint_format", ""),
+                tuple(r.typed("ignored", list, [])), r.str("kv_scales", "none", choices=KV_SCALE_ORIGINS))
+        if (q.weights == "none") != (q.weights_origin == "none"):
+            raise r.error("weights_origin", f"{q.weights_origin!r} disagrees with weights {q.weights!r}")
+        if q.kv_cache == "none" and q.kv_scales != "none":
+            raise r.error("kv_scales", f"{q.kv_scales!r} disagrees with kv_cache {q.kv_cache!r}")
+        return q
 
 
 @dataclass(frozen=True)
@@ -188,8 +214,9 @@ class Manifest:
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
-        for name in ("model", "target", "numerics", "layout", "quantization"):
+        for name in ("model", "target", "numerics", "layout"):
             d[name] = asdict(d[name])
+        d["quantization"] = self.quantization.to_dict()
         d["options"] = self.options.to_dict()
         d["compiled"] = self.compiled.to_dict()
         d["members"] = {name: asdict(m) for name, m in self.members.items()}
@@ -226,7 +253,7 @@ def _check_consistent(m: Manifest, r: Reader) -> None:
     pairs = [("options.arch", m.options.arch, m.target.arch),
              ("options.block_size", m.options.block_size, m.numerics.block_size),
              ("options.tensor_parallel_size", m.options.tensor_parallel_size, m.layout.tensor_parallel_size),
-             ("options.quant", m.options.quant, m.quantization.weights),
+             ("options.quant", m.options.quant == "fp8", m.quantization.weights_origin == "build"),
              ("quantization.kv_cache", m.quantization.kv_cache, implied.kv_cache),
              ("options.compile", m.options.compile == "aoti", m.compiled.kind == "aotinductor")]
     if m.options.max_model_len is not None:

@@ -33,6 +33,7 @@ from atom_aot.build.export import compile_package, export_model
 from atom_aot.build.graphs import probe_capture_sizes
 from atom_aot.build.key import build_key, key_inputs
 from atom_aot.build.progress import StageProgress
+from atom_aot.build.quant_config import LinearQuant, resolve_linear_quant
 from atom_aot.build.source import ModelSource, resolve_model
 from atom_aot.build.tune import tune_kernels
 from atom_aot.build.weights import build_meta_model, convert_state_dict
@@ -66,6 +67,7 @@ def plan(model: str | None, config: BuildConfig) -> tuple[ModelSource, ModelConf
     source = resolve_model(model)
     model_config = ModelConfig.from_hf_dict(source.config)
     model_class(model_config.architecture)          # fails early on an unsupported architecture
+    resolve_linear_quant(source.config, config.quant)   # and on a quantization it cannot load
     if config.tensor_parallel_size != 1 or config.enable_expert_parallel:
         raise BuildError("tensor and expert parallelism are not implemented yet in atom-aot: build with -tp 1")
     inputs = key_inputs(source, config)
@@ -85,11 +87,13 @@ def build(model: str | None, config: BuildConfig, cache_dir: Path | None = None,
         return BuildResult(cached, key, cached=True, seconds=progress.seconds)
     max_len = config.max_model_len or model_config.max_position_embeddings
     layout = _layout(config)
+    linear_quant = resolve_linear_quant(source.config, config.quant)
     staging = Path(tempfile.mkdtemp(prefix="atom-build-"))
     try:
-        phases = _stage_all(staging, source, model_config, config, layout, max_len, progress)
+        phases = _stage_all(staging, source, model_config, config, linear_quant, layout, max_len, progress)
         with progress.stage("pack"):
-            manifest = _manifest(source, model_config, config, key, inputs, progress.seconds, phases, layout, max_len)
+            manifest = _manifest(source, model_config, config, linear_quant, key, inputs, progress.seconds, phases,
+                                 layout, max_len)
             write_artifact(staging, manifest, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -107,20 +111,21 @@ def _existing(target: Path, cache_dir: Path, key: str, explicit_out: bool) -> Pa
     return None
 
 
-def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, config: BuildConfig, layout: Layout,
-               max_len: int, progress: StageProgress) -> list[Phase]:
+def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, config: BuildConfig,
+               linear_quant: LinearQuant, layout: Layout, max_len: int, progress: StageProgress) -> list[Phase]:
     """Writes every member but the manifest; returns the phases compiled."""
     model_cls = model_class(model_config.architecture)
-    model = build_meta_model(model_cls, model_config, config.torch_dtype, config.quant, max_len)
+    model = build_meta_model(model_cls, model_config, config.torch_dtype, linear_quant.scheme, max_len)
     num_tensors = len(model.state_dict())
     with progress.stage("weights", total=num_tensors) as bar:
-        state = convert_state_dict(source.tensors(), model, model_config, config.quant)
+        state = convert_state_dict(source.tensors(), model, model_config, linear_quant.scheme,
+                                   checkpoint_quant=linear_quant.checkpoint)
         bar.update(num_tensors)
         weights = staging / layout.weights_member(0)
         weights.parent.mkdir()
         save_file(state, str(weights))
     with progress.stage("tune"):
-        tuning = tune_kernels(config, model_config, max_len)
+        tuning = tune_kernels(config, model_config, max_len, linear_quant.scheme)
         (staging / TUNING).write_text(tuning.to_json())
     phases = []
     if config.compile == "aoti":
@@ -166,8 +171,8 @@ def _dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _manifest(source: ModelSource, model_config: ModelConfig, config: BuildConfig, key: str, inputs: dict,
-              seconds: dict, phases: list[Phase], layout: Layout, max_len: int) -> Manifest:
+def _manifest(source: ModelSource, model_config: ModelConfig, config: BuildConfig, linear_quant: LinearQuant, key: str,
+              inputs: dict, seconds: dict, phases: list[Phase], layout: Layout, max_len: int) -> Manifest:
     """Everything but the member table, which the writer fills in."""
     kv_dtype = _dtype_name(config.kv_torch_dtype)
     compiled = (CompiledPackages("aotinductor", {p: package_member(p) for p in phases}) if phases
@@ -179,7 +184,8 @@ def _manifest(source: ModelSource, model_config: ModelConfig, config: BuildConfi
                             tokenizer_hash=inputs["tokenizer"]),
         target=Target(arch=config.arch, **toolchain()), build_compiler=inputs["cxx"], options=_options(config),
         numerics=Numerics(_dtype_name(config.torch_dtype), kv_dtype, max_len, config.block_size),
-        layout=layout, quantization=Quantization.of(config.quant, kv_dtype), compiled=compiled,
+        layout=layout, compiled=compiled,
+        quantization=Quantization.of(linear_quant.scheme, kv_dtype, **linear_quant.manifest_details()),
         signature_version=SIGNATURE_VERSION, members={},
         built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), build_host=socket.gethostname(),
         build_seconds=dict(seconds))

@@ -27,16 +27,37 @@ PREFILL_BATCHES = ((1, 1024), (4, 512))      # (sequences, tokens each)
 PREFILL_MOE_TOKENS = 2048                    # where the MoE op's last (prefill) bucket is timed
 
 
-def tune_kernels(config: BuildConfig, model_config: ModelConfig, max_model_len: int) -> Tuning:
+def tune_kernels(config: BuildConfig, model_config: ModelConfig, max_model_len: int,
+                 linear_scheme: str = "none") -> Tuning:
+    """`linear_scheme`: the decoder linears' (quant_layers.py); a quantized one adds an fp8_linear choice."""
     if config.arch == "cpu":
-        ops, kernels = {"attention": BackendChoice("reference")}, {}
+        ops = {"attention": BackendChoice("reference")}
+        kernels = {"attention": "torch reference (atom::paged_attention)", "gemm": "aten (Inductor extern call)"}
         if model_config.num_experts:
             ops["moe"], kernels["moe"] = BackendChoice("reference"), "torch reference (atom::fused_moe)"
+        if linear_scheme != "none":
+            ops["fp8_linear"] = BackendChoice("aten")
+            kernels["fp8 gemm"] = f"{linear_scheme}: float32 reference on fp8 values (atom::fp8_linear)"
         return Tuning(arch="cpu", measured=False, phases={Phase.MIXED: PhaseTuning(ops)},
-                      kernels={"attention": "torch reference (atom::paged_attention)", **kernels,
-                               "gemm": "aten (Inductor extern call)", "norms/activations": "Inductor C++ (fused)",
-                               "sampling": "torch"})
-    return _tune_triton(config, model_config, max_model_len)
+                      kernels={**kernels, "norms/activations": "Inductor C++ (fused)", "sampling": "torch"})
+    tuning = _tune_triton(config, model_config, max_model_len)
+    return tuning if linear_scheme == "none" else _with_fp8_linear(tuning, config, model_config, linear_scheme)
+
+
+def _with_fp8_linear(tuning: Tuning, config: BuildConfig, cfg: ModelConfig, scheme: str) -> Tuning:
+    """`tuning` plus each phase's measured fp8_linear backend."""
+    from atom_aot.build.tune_fp8 import as_choice, measure_fp8_linear
+    phases, timings = {}, {}
+    for phase, row in tuning.phases.items():
+        rows = measure_fp8_linear(cfg, scheme, config.torch_dtype, "decode" if phase == Phase.DECODE else "mixed")
+        best = _best(rows)
+        phases[phase] = PhaseTuning({**row.ops, "fp8_linear": as_choice(best)})
+        timings[phase.value] = {"chosen": ",".join(map(str, best)), **{
+            shape: {",".join(map(str, c)): ms for c, ms in r.items()} for shape, r in rows.items()}}
+    kernels = {**tuning.kernels, "fp8 gemm": f"{scheme}: aten (cuBLASLt _scaled_mm) or triton "
+                                             f"atom_triton::fp8_linear, per phase as measured"}
+    return Tuning(arch=tuning.arch, measured=True, phases=phases, kernels=kernels,
+                  measurements_ms={**tuning.measurements_ms, "fp8_linear": timings})
 
 
 def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int) -> Tuning:

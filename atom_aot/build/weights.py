@@ -12,14 +12,16 @@ from typing import Iterable, Iterator
 import torch
 
 from atom_aot.build.experts import ExpertStacker
+from atom_aot.build.prequantized import finish_fused, normalize_checkpoint
+from atom_aot.build.quant_config import CheckpointQuant
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.decoder import DecoderForCausalLM
+from atom_aot.ops.fp8 import quantize_weight_per_channel
 from atom_aot.ops.rope import rope_cos_sin_cache
 
 log = logging.getLogger("atom_aot")
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
 
 
 def build_meta_model(model_cls: type[DecoderForCausalLM], cfg: ModelConfig, dtype: torch.dtype, quant: str,
@@ -43,9 +45,15 @@ def renamed(name: str, renames: dict[str, str]) -> str:
 
 
 def convert_state_dict(tensors: Iterable[tuple[str, torch.Tensor]], model: DecoderForCausalLM, cfg: ModelConfig,
-                       quant: str, on_tensor=lambda name: None) -> dict[str, torch.Tensor]:
-    """Fuse, cast and quantize `tensors` into the state dict of `model` (a meta-device instance)."""
+                       quant: str, on_tensor=lambda name: None,
+                       checkpoint_quant: CheckpointQuant | None = None) -> dict[str, torch.Tensor]:
+    """Fuse, cast and quantize `tensors` into the state dict of `model` (a meta-device instance).
+
+    `quant` "fp8" quantizes an unquantized checkpoint here; a pre-quantized one (`checkpoint_quant`)
+    is loaded in its own scheme, as stored."""
     expected = model.state_dict()
+    if checkpoint_quant is not None:
+        tensors = normalize_checkpoint(dict(tensors), checkpoint_quant).items()
     packed, renames = type(model).PACKED_MODULES, type(model).MODULE_RENAMES
     experts = ExpertStacker(type(model).EXPERT_MODULES, expected)
     num_parts = {fused: 1 + max(i for f, i in packed.values() if f == fused) for fused, _ in packed.values()}
@@ -71,8 +79,10 @@ def convert_state_dict(tensors: Iterable[tuple[str, torch.Tensor]], model: Decod
     out.update(experts.complete)
     out["model.rotary.cos_sin_cache"] = rope_cos_sin_cache(
         cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_dict, expected["model.rotary.cos_sin_cache"].shape[0])
-    if quant == "fp8":
-        out = dict(_quantize_fp8(out, expected))
+    if checkpoint_quant is not None:
+        out = finish_fused(out, expected, checkpoint_quant)
+    elif quant == "fp8":
+        out = dict(quantize_fp8_weights(out, expected))
     unexpected = sorted(set(out) - set(expected))
     missing = sorted(set(expected) - set(out))
     if unexpected or missing or pending or experts.incomplete:
@@ -87,14 +97,13 @@ def convert_state_dict(tensors: Iterable[tuple[str, torch.Tensor]], model: Decod
     return out
 
 
-def _quantize_fp8(state: dict[str, torch.Tensor], expected: dict) -> Iterator[tuple[str, torch.Tensor]]:
+def quantize_fp8_weights(state: dict[str, torch.Tensor], expected: dict) -> Iterator[tuple[str, torch.Tensor]]:
     """Per-output-channel e4m3 quantization of every weight the model declares as float8."""
     for name, tensor in state.items():
         scale_name = name.removesuffix("weight") + "weight_scale"
         if name.endswith(".weight") and scale_name in expected:
-            w = tensor.float()
-            scale = (w.abs().amax(dim=1) / FP8_MAX).clamp(min=1e-12)    # [out]
-            yield name, (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+            weight, scale = quantize_weight_per_channel(tensor)     # [out, in] e4m3, [out]
+            yield name, weight
             yield scale_name, scale
         else:
             yield name, tensor

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.layers import RMSNorm, RotaryEmbedding, make_linear
+from atom_aot.models.quant_layers import use_linear_kernels
 from atom_aot.models.step_inputs import StepInputs
 from atom_aot.ops.backends import make_backend
 from atom_aot.ops.backends.base import AttentionArgs, AttentionBackend, AttentionInputs, QKNorm
@@ -126,6 +127,7 @@ class DecoderForCausalLM(nn.Module):
         attention = make_backend("attention", row.op("attention"))
         for layer in self.model.layers:
             layer.self_attn.attention_backend = attention
+        use_linear_kernels(self, row)
         return self
 
     def forward(self, inputs: StepInputs) -> torch.Tensor:

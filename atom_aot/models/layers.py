@@ -1,4 +1,5 @@
-"""Building blocks shared by the model families: norms, rotary embedding, linear layers.
+"""Building blocks shared by the model families: norms, rotary embedding, linear layers (quantized
+ones: quant_layers.py).
 
 Each block computes exactly what Hugging Face's reference does, in the same order, so greedy
 decoding matches token for token in float32. The math they share with the attention backends
@@ -10,6 +11,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from atom_aot.models.quant_layers import Fp8Linear
 from atom_aot.ops.norm import rms_norm
 
 
@@ -49,25 +51,8 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
-class Fp8Linear(nn.Module):
-    """Weight-only FP8 (e4m3) linear with one float32 scale per output channel.
-
-    The build quantizes; here the weight is widened to the activation dtype before the matmul.
-    """
-
-    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=torch.float8_e4m3fn),
-                                   requires_grad=False)
-        self.weight_scale = nn.Parameter(torch.empty(out_features, dtype=torch.float32), requires_grad=False)
-        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype)) if bias else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight.to(x.dtype)) * self.weight_scale.to(x.dtype)
-        return y if self.bias is None else y + self.bias
-
-
 def make_linear(in_features: int, out_features: int, bias: bool, dtype: torch.dtype, quant: str) -> nn.Module:
-    if quant == "fp8":
-        return Fp8Linear(in_features, out_features, bias, dtype)
-    return Linear(in_features, out_features, bias, dtype)
+    """A linear of the scheme `quant` ("none", or one of quant_layers.FP8_SCHEMES)."""
+    if quant == "none":
+        return Linear(in_features, out_features, bias, dtype)
+    return Fp8Linear(in_features, out_features, bias, dtype, quant)

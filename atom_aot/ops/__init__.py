@@ -1,3 +1,4 @@
 """Operators the models call. Importing this package registers the `atom::` custom ops, which must
 happen before a compiled model that calls them is loaded."""
 from atom_aot.ops.attention import paged_attention  # noqa: F401  (registers atom::paged_attention)
+from atom_aot.ops.fp8 import fp8_linear  # noqa: F401  (registers atom::fp8_linear)

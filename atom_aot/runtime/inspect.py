@@ -2,7 +2,24 @@
 from __future__ import annotations
 
 from atom_aot.artifact.layout import CONFIG
+from atom_aot.artifact.manifest import Quantization
 from atom_aot.artifact.reader import Artifact
+
+WEIGHT_ORIGINS = {"none": "not quantized", "build": "quantized by atom-build --quant fp8",
+                  "checkpoint": "from the checkpoint"}
+KV_SCALE_ORIGINS = {"none": "no scales (1.0)", "checkpoint": "per-layer k/v scales from the checkpoint",
+                    "calibrated": "per-layer k/v scales calibrated at build"}
+
+
+def quantization_rows(q: Quantization, kv_cache_dtype: str) -> list[tuple[str, str]]:
+    """The weights' scheme with its origin, per layer group, and the KV cache's dtype with its scales' origin."""
+    origin = WEIGHT_ORIGINS[q.weights_origin]
+    if q.checkpoint_format:
+        origin += f": {q.checkpoint_format}" + (f"; ignored {', '.join(q.ignored)}" if q.ignored else "")
+    kv = f"{kv_cache_dtype}, {KV_SCALE_ORIGINS[q.kv_scales]}" if q.kv_cache == "fp8" else kv_cache_dtype
+    return [("weights", f"{q.weights} ({origin})"),
+            ("groups", ", ".join(f"{group} {scheme}" for group, scheme in q.groups.items())),
+            ("kv cache", kv)]
 
 
 def describe(art: Artifact) -> str:
@@ -23,8 +40,8 @@ def describe(art: Artifact) -> str:
                    f"hip {target.hip}, cpu isa {target.cpu_isa}"),
         ("layout", f"tp {layout.tensor_parallel_size}, ep {layout.expert_parallel_size}, "
                    f"dp {layout.data_parallel_size} (world {layout.world_size})"),
-        ("numerics", f"dtype {numerics.dtype}, kv cache {numerics.kv_cache_dtype}; quantized: weights "
-                     f"{m.quantization.weights}, kv cache {m.quantization.kv_cache}"),
+        ("numerics", f"dtype {numerics.dtype}, kv cache {numerics.kv_cache_dtype}"),
+        *quantization_rows(m.quantization, numerics.kv_cache_dtype),
         ("limits", f"max model len {numerics.max_model_len}, block size {numerics.block_size}"),
         ("compiled", "AOTInductor packages " + ", ".join(f"{p}: {v}" for p, v in m.compiled.packages.items())
                      if m.compiled.kind == "aotinductor"

@@ -30,6 +30,10 @@ REGISTRY: dict[str, dict[str, BackendEntry]] = {
         "reference": BackendEntry("atom_aot.ops.backends.moe", "ReferenceMoE"),
         "triton": BackendEntry("atom_aot.ops.backends.moe", "TritonMoE"),
     },
+    "fp8_linear": {
+        "aten": BackendEntry("atom_aot.ops.backends.fp8_linear", "AtenFp8Linear"),
+        "triton": BackendEntry("atom_aot.ops.backends.fp8_linear", "TritonFp8Linear"),
+    },
 }
 
 

@@ -1,0 +1,62 @@
+"""A pre-quantized checkpoint's tensors -> its scheme's runtime layout (quant_layers.py), as stored.
+
+The FP8 weights are kept bit for bit; only the scales change shape:
+- `weight_scale_inv` (fp8, DeepSeek-V3 style; multiplied like any scale) is renamed `weight_scale`;
+- a per-tensor weight scale becomes per-channel (its value on every row of the weight: exact), so the
+  parts of a fused qkv / gate_up keep their own scales after concatenation;
+- [N, 1] scales become [N]; 128x128 block scales stay [ceil(N/128), ceil(K/128)] and concatenate
+  along N (each fused part must then fill whole blocks, which the shape check after fusion enforces);
+- static input scales of fused parts (one input feeds them all) become their maximum: the coarsest
+  of them, so no part's activations clip. Dynamic schemes do not read input scales.
+"""
+from __future__ import annotations
+
+import torch
+
+from atom_aot.build.quant_config import CheckpointQuant
+from atom_aot.errors import BuildError
+
+WEIGHT_SCALE_NAMES = ("weight_scale", "weight_scale_inv")
+FP8_DTYPE = torch.float8_e4m3fn
+
+
+def normalize_checkpoint(tensors: dict[str, torch.Tensor], quant: CheckpointQuant) -> dict[str, torch.Tensor]:
+    """Checkpoint names and scale shapes -> the runtime's, before the fusion of q/k/v and gate/up."""
+    out = {}
+    for name, tensor in tensors.items():
+        module, _, leaf = name.rpartition(".")
+        if leaf in WEIGHT_SCALE_NAMES:
+            out[f"{module}.weight_scale"] = _weight_scale(name, tensor, tensors[f"{module}.weight"], quant)
+        elif leaf == "input_scale":
+            if quant.scheme == "fp8-static":
+                out[name] = tensor.float().reshape(1)
+        else:
+            out[name] = tensor
+    return out
+
+
+def _weight_scale(name: str, scale: torch.Tensor, weight: torch.Tensor, quant: CheckpointQuant) -> torch.Tensor:
+    if weight.dtype != FP8_DTYPE:
+        raise BuildError(f"{name} scales a {weight.dtype} weight; the {quant.method} loader reads "
+                         f"{FP8_DTYPE} weights only")
+    scale = scale.float()
+    if quant.scheme == "fp8-block":
+        return scale
+    if scale.numel() == 1:
+        return scale.reshape(1).expand(weight.shape[0]).contiguous()      # per-tensor -> [N]
+    return scale.reshape(weight.shape[0])                                 # [N, 1] or [N] -> [N]
+
+
+def finish_fused(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor],
+                 quant: CheckpointQuant) -> dict[str, torch.Tensor]:
+    """After fusion: one static input scale per fused linear, and every linear the model quantizes
+    has its scale (a layer on the checkpoint's ignore list arrives unquantized: refused by name)."""
+    unquantized = sorted(n.removesuffix(".weight_scale") for n in expected
+                         if n.endswith(".weight_scale") and n not in state)
+    if unquantized:
+        raise BuildError(f"the checkpoint leaves {len(unquantized)} decoder linears unquantized "
+                         f"({', '.join(unquantized[:3])}{'...' if len(unquantized) > 3 else ''}; its ignore list: "
+                         f"{list(quant.ignored)}). atom-aot runs every decoder linear in one scheme; only lm_head "
+                         f"and embeddings (never quantized here) may be ignored.")
+    return {name: tensor.amax().reshape(1) if name.endswith(".input_scale") else tensor
+            for name, tensor in state.items()}

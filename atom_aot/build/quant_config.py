@@ -1,0 +1,136 @@
+"""Which quantization a checkpoint ships with, read from config.json's `quantization_config`.
+
+The formats are those of the Hugging Face ecosystem; each maps onto one runtime scheme of
+atom_aot/models/quant_layers.py (its layout is loaded as-is, never dequantized and requantized):
+
+    quant_method       config                                               runtime scheme
+    fp8                weight_block_size [128, 128], activation_scheme dynamic   fp8-block
+    fp8                no block size, activation_scheme dynamic                  fp8 (per-token activations)
+    fp8                no block size, activation_scheme static                   fp8-static
+    fbgemm_fp8         per-channel weights, dynamic per-row activations          fp8
+    compressed-tensors float 8-bit weights (tensor | channel | block 128x128)   fp8 / fp8-static / fp8-block
+                       with float 8-bit activations (dynamic token | tensor, static tensor, dynamic group 128)
+
+Dynamic per-tensor activations run per token (a finer scale, never a coarser one). Anything else
+(int8 or int4 weights, other block sizes, weight-only float8) is refused by name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from atom_aot.errors import BuildError
+
+SUPPORTED = ("fp8 (per-tensor or 128x128 blocks; dynamic or static activations), fbgemm_fp8, "
+             "compressed-tensors float8 W8A8 (tensor/channel/128x128-block weights)")
+
+
+@dataclass(frozen=True)
+class CheckpointQuant:
+    """A pre-quantized checkpoint's format, as the build loads it."""
+    method: str                    # quant_method as config.json spells it
+    scheme: str                    # runtime scheme: fp8 | fp8-static | fp8-block
+    ignored: tuple[str, ...]       # the checkpoint's ignore list (modules it left unquantized)
+    description: str               # for the manifest and `inspect`
+    kv_cache_scheme: bool = False  # the checkpoint says it carries k/v scales
+
+
+def detect_checkpoint_quant(config: dict) -> CheckpointQuant | None:
+    """The checkpoint's quantization, None for an unquantized one, a BuildError for one we cannot run."""
+    qc = config.get("quantization_config")
+    if not qc:
+        return None
+    method = qc.get("quant_method")
+    readers = {"fp8": _hf_fp8, "fbgemm_fp8": _fbgemm_fp8, "compressed-tensors": _compressed_tensors}
+    if method not in readers:
+        raise BuildError(f"the checkpoint is quantized with quant_method {method!r}, which atom-aot cannot load. "
+                         f"Supported: {SUPPORTED}. Use an unquantized (bf16) checkpoint, optionally with "
+                         f"--quant fp8.")
+    return readers[method](qc)
+
+
+def _refuse(method: str, what: str) -> BuildError:
+    return BuildError(f"the checkpoint's quantization ({method}: {what}) is not supported by atom-aot. "
+                      f"Supported: {SUPPORTED}.")
+
+
+def _ignored(qc: dict, *keys: str) -> tuple[str, ...]:
+    return tuple(str(name) for key in keys for name in (qc.get(key) or ()))
+
+
+def _hf_fp8(qc: dict) -> CheckpointQuant:
+    block = qc.get("weight_block_size")
+    activations = qc.get("activation_scheme", "dynamic")
+    if activations not in ("dynamic", "static"):
+        raise _refuse("fp8", f"activation_scheme {activations!r}")
+    ignored = _ignored(qc, "ignored_layers", "modules_to_not_convert")
+    if block is not None:
+        if list(block) != [128, 128] or activations != "dynamic":
+            raise _refuse("fp8", f"weight_block_size {block} with activation_scheme {activations}; "
+                                 f"blocks must be [128, 128] with dynamic activations")
+        return CheckpointQuant("fp8", "fp8-block", ignored, "fp8, 128x128 weight blocks, dynamic 1x128 activations")
+    scheme = "fp8" if activations == "dynamic" else "fp8-static"
+    return CheckpointQuant("fp8", scheme, ignored, f"fp8, per-tensor weights, {activations} activations")
+
+
+def _fbgemm_fp8(qc: dict) -> CheckpointQuant:
+    return CheckpointQuant("fbgemm_fp8", "fp8", _ignored(qc, "modules_to_not_convert"),
+                           "fbgemm_fp8, per-channel weights, dynamic per-token activations "
+                           "(activation_scale_ub not applied)")
+
+
+def _compressed_tensors(qc: dict) -> CheckpointQuant:
+    groups = list((qc.get("config_groups") or {}).values())
+    if not groups or any(g != groups[0] for g in groups):
+        raise _refuse("compressed-tensors", f"{len(groups)} differing config_groups; one scheme for every "
+                                            f"Linear is supported")
+    weights, activations = groups[0].get("weights") or {}, groups[0].get("input_activations")
+    weight_type = f"{weights.get('type')}{weights.get('num_bits')}"
+    if weight_type != "float8":
+        raise _refuse("compressed-tensors", f"{weight_type} weights (int8 W8A8 and int4 are left: no int GEMM path)")
+    if not activations or f"{activations.get('type')}{activations.get('num_bits')}" != "float8":
+        raise _refuse("compressed-tensors", "float8 weights without float8 activations (weight-only)")
+    strategy, act_strategy = weights.get("strategy"), activations.get("strategy")
+    dynamic = bool(activations.get("dynamic"))
+    scheme = _compressed_scheme(strategy, weights.get("block_structure"), act_strategy, dynamic)
+    when = "dynamic" if dynamic else "static"
+    return CheckpointQuant("compressed-tensors", scheme, _ignored(qc, "ignore"),
+                           f"compressed-tensors float8, {strategy} weights, {when} {act_strategy} activations",
+                           kv_cache_scheme=bool(qc.get("kv_cache_scheme")))
+
+
+def _compressed_scheme(strategy, block, act_strategy, dynamic: bool) -> str:
+    if strategy == "block" and list(block or ()) == [128, 128] and dynamic and act_strategy == "group":
+        return "fp8-block"
+    if strategy in ("tensor", "channel") and dynamic and act_strategy in ("token", "tensor"):
+        return "fp8"
+    if strategy in ("tensor", "channel") and not dynamic and act_strategy == "tensor":
+        return "fp8-static"
+    raise _refuse("compressed-tensors", f"{strategy} weights (block {block}) with "
+                                        f"{'dynamic' if dynamic else 'static'} {act_strategy} activations")
+
+
+@dataclass(frozen=True)
+class LinearQuant:
+    """How the build gets the decoder linears' runtime scheme."""
+    scheme: str                          # none | fp8 | fp8-static | fp8-block (quant_layers.py)
+    origin: str                          # none | build (atom-build --quant fp8) | checkpoint
+    checkpoint: CheckpointQuant | None   # the pre-quantized checkpoint's format, if it is one
+
+    def manifest_details(self) -> dict:
+        """The Quantization fields (artifact/manifest.py) this decides."""
+        return {"weights_origin": self.origin, "ignored": self.checkpoint.ignored if self.checkpoint else (),
+                "checkpoint_format": self.checkpoint.description if self.checkpoint else ""}
+
+
+def resolve_linear_quant(hf_config: dict, quant_flag: str) -> LinearQuant:
+    """--quant fp8 quantizes an unquantized checkpoint (W8A8, dynamic per-token activations); a
+    pre-quantized checkpoint runs in its own scheme, and asking to quantize it again is an error."""
+    checkpoint = detect_checkpoint_quant(hf_config)
+    if checkpoint is not None:
+        if quant_flag != "none":
+            raise BuildError(f"the checkpoint is already quantized ({checkpoint.description}); build it without "
+                             f"--quant {quant_flag}: its own scheme is loaded as stored")
+        return LinearQuant(checkpoint.scheme, "checkpoint", checkpoint)
+    if quant_flag == "fp8":
+        return LinearQuant("fp8", "build", None)
+    return LinearQuant("none", "none", None)

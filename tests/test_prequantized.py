@@ -1,0 +1,123 @@
+"""Pre-quantized checkpoints: detected from config.json, loaded as stored into the runtime layout.
+
+A tiny Llama (K multiples of 128, so the block formats apply) is saved in each supported format the
+way that format stores it (tests/prequantized_factories.py); each loads to exactly the runtime
+tensors its scheme implies, and the per-channel formats to the very tensors `--quant fp8` makes.
+"""
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from atom_aot.artifact.reader import Artifact
+from atom_aot.build.quant_config import detect_checkpoint_quant
+from atom_aot.errors import BuildError
+from atom_aot.ops.fp8 import FP8_MAX, quantize_weight_blocks, quantize_weight_per_channel
+from atom_aot.runtime.inspect import describe
+from factories import make_tiny_model
+from prequantized_factories import FORMATS, INPUT_AMAX, quantize_per_tensor, write_prequantized
+
+SCHEMES = {"fp8-tensor-dynamic": "fp8", "fp8-tensor-static": "fp8-static", "fp8-block": "fp8-block",
+           "fbgemm_fp8": "fp8", "ct-channel-dynamic": "fp8", "ct-tensor-static": "fp8-static", "ct-block": "fp8-block"}
+FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+         "self_attn.o_proj": ("self_attn.o_proj",), "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+         "mlp.down_proj": ("mlp.down_proj",)}
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama-128", hidden_size=128,
+                           intermediate_size=256, num_attention_heads=4, num_key_value_heads=4)
+
+
+def runtime_weights(artifact) -> dict[str, torch.Tensor]:
+    art = Artifact.open(artifact)
+    return load_file(str(art.member_path(art.manifest.layout.weights_member(0))))
+
+
+def expected_layer(original: dict, layer: int, fused: str, layout: str, static: bool) -> dict[str, torch.Tensor]:
+    """The runtime tensors of one fused linear, from the unquantized checkpoint's parts."""
+    parts = [original[f"model.layers.{layer}.{p}.weight"] for p in FUSED[fused]]
+    if layout == "block":
+        weight, scale = quantize_weight_blocks(torch.cat(parts))
+    elif layout == "channel":
+        weight, scale = quantize_weight_per_channel(torch.cat(parts))
+    else:
+        quantized = [quantize_per_tensor(p) for p in parts]
+        weight = torch.cat([q for q, _ in quantized])
+        scale = torch.cat([s.expand(p.shape[0]) for (_, s), p in zip(quantized, parts)])
+    out = {"weight": weight, "weight_scale": scale}
+    if static:
+        out["input_scale"] = torch.tensor([INPUT_AMAX / FP8_MAX])
+    return out
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_each_format_loads_to_its_runtime_tensors(fmt, tiny_dir, tmp_path, build_artifact):
+    checkpoint = write_prequantized(tiny_dir, tmp_path / fmt, fmt)
+    _, layout, _, static = FORMATS[fmt]
+    assert detect_checkpoint_quant(__import__("json").loads((checkpoint / "config.json").read_text())).scheme \
+        == SCHEMES[fmt]
+    got = runtime_weights(build_artifact(checkpoint, compile="none"))
+    original = load_file(str(next(tiny_dir.glob("*.safetensors"))))
+    for layer in range(3):
+        for fused in FUSED:
+            for leaf, expected in expected_layer(original, layer, fused, layout, static).items():
+                tensor = got[f"model.layers.{layer}.{fused}.{leaf}"]
+                assert tensor.dtype == expected.dtype and tensor.shape == expected.shape, (fused, leaf)
+                assert torch.equal(tensor.view(torch.uint8) if tensor.dtype == torch.float8_e4m3fn else tensor,
+                                   expected.view(torch.uint8) if expected.dtype == torch.float8_e4m3fn else expected)
+    assert got["lm_head.weight"].dtype == torch.float32 and torch.equal(got["lm_head.weight"], original["lm_head.weight"])
+
+
+@pytest.mark.parametrize("fmt", ["fbgemm_fp8", "ct-channel-dynamic"])
+def test_per_channel_formats_load_to_what_quant_fp8_makes(fmt, tiny_dir, tmp_path, build_artifact):
+    ours = runtime_weights(build_artifact(tiny_dir, compile="none", quant="fp8"))
+    theirs = runtime_weights(build_artifact(write_prequantized(tiny_dir, tmp_path / fmt, fmt), compile="none"))
+    assert sorted(ours) == sorted(theirs)
+    for name, tensor in ours.items():
+        other = theirs[name]
+        assert torch.equal(tensor.view(torch.uint8), other.view(torch.uint8)) if tensor.dtype.itemsize == 1 \
+            else torch.equal(tensor, other), name
+
+
+def test_manifest_and_inspect_name_the_scheme_and_its_origin(tiny_dir, tmp_path, build_artifact):
+    artifact = build_artifact(write_prequantized(tiny_dir, tmp_path / "ct", "ct-tensor-static"), compile="none")
+    q = Artifact.open(artifact).manifest.quantization
+    assert (q.weights, q.weights_origin, q.ignored) == ("fp8-static", "checkpoint", ("lm_head",))
+    assert "compressed-tensors float8, tensor weights, static tensor activations" in q.checkpoint_format
+    text = describe(Artifact.open(artifact))
+    assert "fp8-static" in text and "from the checkpoint" in text and "lm_head none" in text
+
+
+class TestRefusals:
+    def test_unknown_method_names_itself_and_the_supported_ones(self):
+        with pytest.raises(BuildError, match=r"quant_method 'gptq'.*Supported: fp8"):
+            detect_checkpoint_quant({"quantization_config": {"quant_method": "gptq", "bits": 4}})
+
+    def test_int8_compressed_tensors_is_refused_by_name(self):
+        config = {"quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"g": {
+            "weights": {"type": "int", "num_bits": 8, "strategy": "channel"},
+            "input_activations": {"type": "int", "num_bits": 8, "strategy": "token", "dynamic": True}}}}}
+        with pytest.raises(BuildError, match="int8 weights"):
+            detect_checkpoint_quant(config)
+
+    def test_other_block_sizes_are_refused(self):
+        qc = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [64, 64]}
+        with pytest.raises(BuildError, match=r"weight_block_size \[64, 64\]"):
+            detect_checkpoint_quant({"quantization_config": qc})
+
+    def test_quantizing_a_quantized_checkpoint_again(self, tiny_dir, tmp_path, build_artifact):
+        with pytest.raises(BuildError, match="already quantized"):
+            build_artifact(write_prequantized(tiny_dir, tmp_path / "b", "fp8-block"), compile="none", quant="fp8")
+
+    def test_a_decoder_linear_left_unquantized_is_named(self, tiny_dir, tmp_path, build_artifact):
+        from safetensors.torch import save_file
+        checkpoint = write_prequantized(tiny_dir, tmp_path / "c", "ct-channel-dynamic")
+        tensors = load_file(str(checkpoint / "model.safetensors"))
+        original = load_file(str(next(tiny_dir.glob("*.safetensors"))))
+        name = "model.layers.1.mlp.down_proj"
+        tensors[f"{name}.weight"] = original[f"{name}.weight"]
+        del tensors[f"{name}.weight_scale"]
+        save_file(tensors, str(checkpoint / "model.safetensors"))
+        with pytest.raises(BuildError, match=r"leaves 1 decoder linears unquantized \(model.layers.1.mlp.down_proj"):
+            build_artifact(checkpoint, compile="none")
