@@ -221,3 +221,21 @@ def test_conversation_with_tool_results_and_tool_choice_none(client, model_name)
     choice = client.chat.completions.create(model=model_name, messages=messages, tools=TOOLS, tool_choice="none",
                                             max_tokens=5, temperature=0).choices[0]
     assert choice.message.tool_calls is None and choice.finish_reason in ("stop", "length")
+
+
+# -- issue 17, item 5 ------------------------------------------------------------------------------
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_string_completed_by_the_last_allowed_token(client, model_name, tokens_of, stream):
+    """"Hello" is all the model says; the stop string needs three of them and max_tokens allows three."""
+    [hello] = tokens_of("Hello")
+    ask = dict(model=model_name, prompt=PROMPT, temperature=0, logit_bias={str(hello): 50}, stop=["lloHelloHe"],
+               extra_body={"ignore_eos": True})
+    short = client.completions.create(**ask, max_tokens=2).choices[0]
+    assert (short.text, short.finish_reason) == ("HelloHello", "length")
+    if stream:
+        chunks = list(client.completions.create(**ask, max_tokens=3, stream=True))
+        text, reason = "".join(c.choices[0].text for c in chunks if c.choices), chunks[-1].choices[0].finish_reason
+    else:
+        choice = client.completions.create(**ask, max_tokens=3).choices[0]
+        text, reason = choice.text, choice.finish_reason
+    assert (text, reason) == ("He", "stop")
