@@ -239,3 +239,12 @@ def test_a_stop_string_completed_by_the_last_allowed_token(client, model_name, t
         choice = client.completions.create(**ask, max_tokens=3).choices[0]
         text, reason = choice.text, choice.finish_reason
     assert (text, reason) == ("He", "stop")
+
+
+def test_chat_template_kwargs_reach_the_template(client, model_name):
+    """enable_thinking (Qwen3's) and the like are template variables; the template's own arguments are not."""
+    client.chat.completions.create(model=model_name, messages=ASK, max_tokens=2,
+                                   extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    with pytest.raises(openai.BadRequestError, match="add_generation_prompt"):
+        client.chat.completions.create(model=model_name, messages=ASK, max_tokens=2,
+                                       extra_body={"chat_template_kwargs": {"add_generation_prompt": False}})

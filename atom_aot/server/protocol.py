@@ -326,6 +326,11 @@ class ChatMessage(_Strict):
         return message
 
 
+# apply_chat_template's own arguments, which the request decides
+TEMPLATE_ARGUMENTS = frozenset({"conversation", "messages", "tools", "documents", "chat_template",
+                                "add_generation_prompt", "continue_final_message", "tokenize", "return_dict"})
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     prompt: None = None      # ATOM's alias of `messages`, moved there before validation (see below)
@@ -336,6 +341,16 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool | None = True
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    chat_template_kwargs: dict[str, Any] | None = None   # extra template variables, e.g. enable_thinking
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables_only(cls, value):
+        taken = sorted(set(value or {}) & TEMPLATE_ARGUMENTS)
+        if taken:
+            raise ValueError(f"chat_template_kwargs: {', '.join(taken)} cannot be set here (the request's own "
+                             f"fields set them)")
+        return value
 
     @model_validator(mode="after")
     def _tool_choice_names_a_tool(self):

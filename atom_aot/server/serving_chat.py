@@ -42,13 +42,15 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
 
 def encode_messages(state: ServerState, req: ChatCompletionRequest) -> list[int]:
     return encode_prompt(state.tokenizer, render_messages(state, req.messages, req.add_generation_prompt,
-                                                          req.template_tools), chat_templated=True)
+                                                          req.template_tools, req.chat_template_kwargs),
+                         chat_templated=True)
 
 
 def render_messages(state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool | None,
-                    tools: list[dict] | None = None) -> str:
-    """The chat template's text for `messages` and `tools` (a template error is the client's 400)."""
-    options = {"tools": tools} if tools else {}
+                    tools: list[dict] | None = None, template_kwargs: dict | None = None) -> str:
+    """The chat template's text for `messages`, `tools` and the request's template variables (a
+    template error is the client's 400)."""
+    options = {**(template_kwargs or {}), **({"tools": tools} if tools else {})}
     try:
         return apply_chat_template(state.tokenizer, [m.as_template_input() for m in messages],
                                    add_generation_prompt=add_generation_prompt is not False, **options)
