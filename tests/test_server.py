@@ -382,9 +382,10 @@ def _bad_cases():
         ("response_format without its schema", "POST", CHAT, m(response_format={"type": "json_schema"}), {}, 400,
          "invalid_value"),
         ("guided_regex that does not compile", "POST", COMP, c(guided_regex="(("), {}, 400, None),
-        ("tools", "POST", CHAT, m(tools=[{"type": "function", "function": {"name": "f"}}]), {}, 400,
-         "unsupported_parameter"),
-        ("tool_choice", "POST", CHAT, m(tool_choice="required"), {}, 400, "unsupported_parameter"),
+        ("tools (auto) without --enable-auto-tool-choice", "POST", CHAT,
+         m(tools=[{"type": "function", "function": {"name": "f"}}]), {}, 400, None),
+        ("tool_choice without tools", "POST", CHAT, m(tool_choice="required"), {}, 400, "invalid_value"),
+        ("legacy functions", "POST", CHAT, m(functions=[{"name": "f"}]), {}, 400, "unsupported_parameter"),
         ("best_of", "POST", COMP, c(best_of=3), {}, 400, "unsupported_parameter"),
         ("suffix", "POST", COMP, c(suffix="the end"), {}, 400, "unsupported_parameter"),
         ("unknown field completions", "POST", COMP, c(temprature=0.5), {}, 400, "unknown_parameter"),
@@ -393,8 +394,8 @@ def _bad_cases():
         ("messages on completions", "POST", COMP, c(messages=MSG), {}, 400, "unknown_parameter"),
         ("unknown message field", "POST", CHAT, m(messages=[{"role": "user", "content": "hi", "x": 1}]), {}, 400,
          "unknown_parameter"),
-        ("tool_calls in a message", "POST", CHAT, m(messages=[{"role": "assistant", "content": "", "tool_calls": [
-            {"id": "1", "type": "function"}]}]), {}, 400, "unsupported_parameter"),
+        ("tool call without its function", "POST", CHAT, m(messages=[{"role": "assistant", "content": "", "tool_calls": [
+            {"id": "1", "type": "function"}]}]), {}, 400, "missing_field"),
         ("continuous usage stats", "POST", COMP, c(stream=True, stream_options={
             "include_usage": True, "continuous_usage_stats": True}), {}, 400, "unsupported_parameter"),
         # strings that are not valid Unicode: lone UTF-16 surrogates

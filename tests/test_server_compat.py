@@ -156,7 +156,7 @@ def test_chat_prompt_alias(client, model_name, prompt):
     ({"prompt": "hi", "messages": USER}, "invalid_value", "prompt"),
     ({"prompt": 5}, "invalid_value", "messages"),
     ({"prompt": "hi", "presence_penalty": 5}, "invalid_value", "presence_penalty"),
-    ({"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, "unsupported_parameter", "tools"),
+    ({"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, None, "tool_choice"),
     ({"model": "gpt-9", "prompt": "hi"}, "model_not_found", "model"),
 ])
 def test_chat_prompt_alias_refusals(client, body, code, param):

@@ -1,7 +1,8 @@
 """vLLM's sampling and structured-output request fields through the official openai SDK, live (one
 server on the eager tiny-llama artifact): penalties, logit_bias, min_tokens, bad_words change the
 output as vLLM's do; response_format and guided_* outputs parse and validate (random weights: only the
-grammar's mask makes them valid)."""
+grammar's mask makes them valid); tool calls, named and required (forced by a grammar) and auto (read by
+the hermes parser), whole and streamed."""
 from __future__ import annotations
 
 import json
@@ -10,9 +11,20 @@ import re
 import jsonschema
 import openai
 import pytest
-from test_server_compat import client, model_name, post, root, server  # noqa: F401 (fixtures)
+from test_server_compat import client, model_name, post, root  # noqa: F401 (fixtures)
+from test_server_support import ServerProcess
 
 PROMPT = "The quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama_eager_artifact, tmp_path_factory):
+    proc = ServerProcess(tiny_llama_eager_artifact, tmp_path_factory.mktemp("server"), "--enable-auto-tool-choice",
+                         "--tool-call-parser", "hermes")
+    try:
+        yield proc.wait_healthy()
+    finally:
+        proc.stop()
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +137,114 @@ def test_bad_structured_outputs_are_refused(client, model_name, body, words):
     with pytest.raises(openai.BadRequestError) as error:
         client.completions.create(model=model_name, prompt=PROMPT, max_tokens=5, extra_body=body)
     assert words in str(error.value)
+
+
+# -- tool calls ----------------------------------------------------------------------------------
+CITY = {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
+        "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}, "unit": {"enum": ["C", "F"]}}}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                           "parameters": CITY}},
+         {"type": "function", "function": {"name": "get_time", "parameters": {
+             "type": "object", "additionalProperties": False, "properties": {}}}}]
+ASK = [{"role": "user", "content": "Weather in Paris?"}]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def test_named_tool_choice_forces_a_valid_call(client, model_name):
+    reply = client.chat.completions.create(model=model_name, messages=ASK, tools=TOOLS, tool_choice=NAMED,
+                                           max_tokens=40, temperature=1.0, seed=1)
+    choice = reply.choices[0]
+    [call] = choice.message.tool_calls
+    assert call.function.name == "get_weather" and call.type == "function" and call.id
+    jsonschema.validate(json.loads(call.function.arguments), CITY)
+    assert choice.finish_reason == "stop" and not choice.message.content
+
+
+def test_named_tool_call_streams_its_arguments(client, model_name):
+    chunks = list(client.chat.completions.create(model=model_name, messages=ASK, tools=TOOLS, tool_choice=NAMED,
+                                                 max_tokens=40, temperature=1.0, seed=2, stream=True))
+    deltas = [c.choices[0].delta.tool_calls for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert deltas[0][0].function.name == "get_weather" and deltas[0][0].id
+    arguments = "".join(d[0].function.arguments or "" for d in deltas)
+    jsonschema.validate(json.loads(arguments), CITY)
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_tool_choice_calls_one_of_the_tools(client, model_name, stream, tokens_of):
+    """Random weights would add calls until max_tokens: "]" and EOS are biased up (the grammar still
+    allows them only where the array may end)."""
+    close, eos = tokens_of("]")[-1], tokens_of("<|im_end|>")[-1]
+    ask = dict(model=model_name, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=80, temperature=1.0,
+               seed=3, logit_bias={str(close): 30, str(eos): 30})
+    if stream:
+        chunks = list(client.chat.completions.create(**ask, stream=True))
+        calls = [call for c in chunks if c.choices and c.choices[0].delta.tool_calls for call in c.choices[0].delta.tool_calls]
+        finish_reason = chunks[-1].choices[0].finish_reason
+    else:
+        choice = client.chat.completions.create(**ask).choices[0]
+        calls, finish_reason = choice.message.tool_calls, choice.finish_reason
+    assert calls and finish_reason == "tool_calls"
+    for call in calls:
+        arguments = json.loads(call.function.arguments)
+        if call.function.name == "get_weather":
+            jsonschema.validate(arguments, CITY)
+        else:
+            assert call.function.name == "get_time" and arguments == {}
+
+
+HERMES_CALL = r'Checking\.<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "(Paris|Rome)", "unit": "C"\}\}\n</tool_call>'
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_reads_hermes_calls_from_the_text(client, model_name, stream):
+    """The model's text is forced (a regex) into Hermes' format; the parser turns it into tool_calls."""
+    ask = dict(model=model_name, messages=ASK, tools=TOOLS, max_tokens=150, temperature=1.0, seed=4,
+               extra_body={"guided_regex": HERMES_CALL})
+    if stream:
+        chunks = list(client.chat.completions.create(**ask, stream=True))
+        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        calls = [call for c in chunks if c.choices and c.choices[0].delta.tool_calls for call in c.choices[0].delta.tool_calls]
+        finish_reason = chunks[-1].choices[0].finish_reason
+    else:
+        choice = client.chat.completions.create(**ask).choices[0]
+        content, calls, finish_reason = choice.message.content, choice.message.tool_calls, choice.finish_reason
+    assert content == "Checking." and finish_reason == "tool_calls"
+    [call] = calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
+
+
+def test_conversation_with_tool_results_and_tool_choice_none(client, model_name):
+    messages = ASK + [{"role": "assistant", "content": None, "tool_calls": [{
+        "id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C and sunny"}]
+    choice = client.chat.completions.create(model=model_name, messages=messages, tools=TOOLS, tool_choice="none",
+                                            max_tokens=5, temperature=0).choices[0]
+    assert choice.message.tool_calls is None and choice.finish_reason in ("stop", "length")
+
+
+# -- issue 17, item 5 ------------------------------------------------------------------------------
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_string_completed_by_the_last_allowed_token(client, model_name, tokens_of, stream):
+    """"Hello" is all the model says; the stop string needs three of them and max_tokens allows three."""
+    [hello] = tokens_of("Hello")
+    ask = dict(model=model_name, prompt=PROMPT, temperature=0, logit_bias={str(hello): 50}, stop=["lloHelloHe"],
+               extra_body={"ignore_eos": True})
+    short = client.completions.create(**ask, max_tokens=2).choices[0]
+    assert (short.text, short.finish_reason) == ("HelloHello", "length")
+    if stream:
+        chunks = list(client.completions.create(**ask, max_tokens=3, stream=True))
+        text, reason = "".join(c.choices[0].text for c in chunks if c.choices), chunks[-1].choices[0].finish_reason
+    else:
+        choice = client.completions.create(**ask, max_tokens=3).choices[0]
+        text, reason = choice.text, choice.finish_reason
+    assert (text, reason) == ("He", "stop")
+
+
+def test_chat_template_kwargs_reach_the_template(client, model_name):
+    """enable_thinking (Qwen3's) and the like are template variables; the template's own arguments are not."""
+    client.chat.completions.create(model=model_name, messages=ASK, max_tokens=2,
+                                   extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    with pytest.raises(openai.BadRequestError, match="add_generation_prompt"):
+        client.chat.completions.create(model=model_name, messages=ASK, max_tokens=2,
+                                       extra_body={"chat_template_kwargs": {"add_generation_prompt": False}})

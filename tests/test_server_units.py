@@ -183,9 +183,9 @@ class TestValidationMessages:
         assert error.json()["error"]["param"] == param and "not valid Unicode" in error.json()["error"]["message"]
 
     def test_an_unknown_nested_field_names_its_path(self):
-        body = {"model": "m", "messages": [{"role": "user", "content": "x", "tool_calls": [{"id": "1"}]}]}
+        body = {"model": "m", "messages": [{"role": "user", "content": "x", "audio": {"id": "1"}}]}
         error = _echo_app().post("/chat", json=body).json()["error"]
-        assert (error["param"], error["code"]) == ("messages.0.tool_calls", "unsupported_parameter")
+        assert (error["param"], error["code"]) == ("messages.0.audio", "unsupported_parameter")
 
     def test_a_body_that_is_not_json_typed(self):
         response = _echo_app().post("/chat", content=b'{"model": "m"}', headers={"Content-Type": "text/plain"})

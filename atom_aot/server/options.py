@@ -21,6 +21,13 @@ class ServerOptions:
                                    "after SIGTERM/SIGINT; then they are answered with an error")
     stalled_stream_timeout: float = flag(30.0, "--stalled-stream-timeout", help="seconds a client may leave its "
                                          "output unread before its requests are aborted")
+    enable_auto_tool_choice: bool = flag(False, "--enable-auto-tool-choice", help="let the model decide to call "
+                                         "tools (tool_choice 'auto', the default when a request has tools); needs "
+                                         "--tool-call-parser")
+    tool_call_parser: str | None = flag(None, "--tool-call-parser", choices=("hermes", "llama3_json"),
+                                        help="how tool calls are read from the model's text: hermes "
+                                        "(<tool_call>{json}</tool_call>: Qwen2.5/Qwen3, Hermes) or llama3_json "
+                                        "({\"name\": ..., \"parameters\": ...}: Llama 3.x)")
 
     def __post_init__(self):
         for name in ("max_prompts_per_request", "max_n", "max_seqs_per_request", "max_queued_seqs"):
@@ -31,6 +38,8 @@ class ServerOptions:
             value = getattr(self, name)
             _require(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0, name,
                      f"must be a number of seconds > 0, got {value!r}")
+        _require(not self.enable_auto_tool_choice or self.tool_call_parser is not None, "enable_auto_tool_choice",
+                 "needs --tool-call-parser (hermes or llama3_json): it says how to read the calls")
         _require(self.max_seqs_per_request <= self.max_queued_seqs, "max_seqs_per_request",
                  f"({self.max_seqs_per_request}) must not exceed max_queued_seqs ({self.max_queued_seqs}): "
                  f"such a request could never be queued")

@@ -35,19 +35,18 @@ class Unimplemented:
         return value is None or any(type(value) is type(v) and value == v for v in self.no_ops)
 
 
-_TOOLS = "tool and function calling are not implemented"
+_TOOLS = "the legacy functions API is not implemented; send tools and tool_choice"
 _STRUCTURED = ("this form of structured output is not implemented; use response_format, guided_json, guided_regex, "
                "guided_choice or guided_grammar")
 
 # To implement one: add the field to the request model(s) below and delete its row here.
 NOT_IMPLEMENTED: dict[str, Unimplemented] = {
-    "tools": Unimplemented(_TOOLS, ([],)),
-    "tool_choice": Unimplemented(_TOOLS, ("none",)),
-    "parallel_tool_calls": Unimplemented(_TOOLS, (True, False)),
+    "tools": Unimplemented("tools are taken by /v1/chat/completions", ([],)),
+    "tool_choice": Unimplemented("tools are taken by /v1/chat/completions", ("none",)),
+    "parallel_tool_calls": Unimplemented("parallel_tool_calls=false is not implemented: the model may call "
+                                         "several tools", (True,)),
     "functions": Unimplemented(_TOOLS, ([],)),
     "function_call": Unimplemented(_TOOLS, ("none",)),
-    "tool_calls": Unimplemented(_TOOLS, ([],)),
-    "tool_call_id": Unimplemented(_TOOLS),
     "guided_decoding_backend": Unimplemented("the guided decoding backend is xgrammar, always", ("xgrammar",)),
     "guided_whitespace_pattern": Unimplemented(_STRUCTURED),
     "structural_tag": Unimplemented(_STRUCTURED),
@@ -254,10 +253,53 @@ class TextPart(_Strict):
     text: Text
 
 
+class FunctionCall(_Strict):
+    name: Text
+    arguments: Text                  # JSON text
+
+
+class ToolCallMessage(_Strict):
+    """A call the assistant made, sent back in the conversation."""
+    id: Text
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+    def as_template_input(self) -> dict:
+        """Templates read the arguments as an object (vLLM passes them so); text that is not JSON stays text."""
+        try:
+            arguments = json.loads(self.function.arguments)
+        except ValueError:
+            arguments = self.function.arguments
+        return {"id": self.id, "type": "function", "function": {"name": self.function.name, "arguments": arguments}}
+
+
+class FunctionDefinition(_Strict):
+    name: Text
+    description: Text | None = None
+    parameters: dict | None = None       # a JSON schema
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: Text
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = None
     name: Text | None = None
+    tool_calls: list[ToolCallMessage] | None = None     # assistant
+    tool_call_id: Text | None = None                    # tool
 
     @field_validator("content", mode="before")
     @classmethod
@@ -277,7 +319,16 @@ class ChatMessage(_Strict):
         message = {"role": self.role, "content": content or ""}
         if self.name is not None:
             message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [call.as_template_input() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
         return message
+
+
+# apply_chat_template's own arguments, which the request decides
+TEMPLATE_ARGUMENTS = frozenset({"conversation", "messages", "tools", "documents", "chat_template",
+                                "add_generation_prompt", "continue_final_message", "tokenize", "return_dict"})
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -288,6 +339,39 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool | None = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     add_generation_prompt: bool | None = True
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    chat_template_kwargs: dict[str, Any] | None = None   # extra template variables, e.g. enable_thinking
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables_only(cls, value):
+        taken = sorted(set(value or {}) & TEMPLATE_ARGUMENTS)
+        if taken:
+            raise ValueError(f"chat_template_kwargs: {', '.join(taken)} cannot be set here (the request's own "
+                             f"fields set them)")
+        return value
+
+    @model_validator(mode="after")
+    def _tool_choice_names_a_tool(self):
+        choice, names = self.tool_choice, [tool.function.name for tool in self.tools or []]
+        if choice not in (None, "none") and not names:
+            raise ValueError("tool_choice needs tools")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice names {choice.function.name!r}, which is not among the tools "
+                             f"({', '.join(names)})")
+        return self
+
+    @property
+    def effective_tool_choice(self) -> str | NamedToolChoice:
+        """As in OpenAI's API: "auto" when tools are given and tool_choice is not, "none" without tools."""
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return "auto" if self.tools else "none"
+
+    @property
+    def template_tools(self) -> list[dict] | None:
+        return [tool.model_dump(exclude_none=True) for tool in self.tools] if self.tools else None
 
     @model_validator(mode="before")
     @classmethod

@@ -17,55 +17,76 @@ from atom_aot.server.responses import DONE, Envelope, StreamResponse, envelope, 
 from atom_aot.server.serving_common import (ChoiceResult, check_request, choice_params, collect_unless_disconnected,
                                             submit)
 from atom_aot.server.state import ServerState
+from atom_aot.server.tool_calls import ToolCallStream, ToolPlan, tool_plan
 
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request) -> Response:
     arrival = time.perf_counter()
     check_request(state, req)
+    plan = tool_plan(state.options, req)
     prompt_ids = encode_messages(state, req)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    params = choice_params(state, req, req.requested_max_tokens, logprobs, grammar=req.grammar_spec)
+    grammar = plan.grammar if plan is not None and plan.grammar is not None else req.grammar_spec
+    params = choice_params(state, req, req.requested_max_tokens, logprobs, grammar=grammar)
     rid = request_id_of(request)
     env = envelope(state, "chatcmpl", "chat.completion.chunk" if req.stream else "chat.completion", rid,
                    req.include_usage)
     group = await submit(state, rid.engine_base(env.id), [prompt_ids] * len(params), params, arrival)
     if req.stream:
-        return StreamResponse(_stream(state, req, group, env, len(prompt_ids)), group)
+        return StreamResponse(_stream(state, req, plan, group, env, len(prompt_ids)), group)
     results = await collect_unless_disconnected(request, group)
     if results is None:
         return Response(status_code=499)        # the client is gone; nobody reads this
-    return JSONResponse(_response(state, req, env, results, len(prompt_ids)))
+    return JSONResponse(_response(state, req, plan, env, results, len(prompt_ids)))
 
 
 def encode_messages(state: ServerState, req: ChatCompletionRequest) -> list[int]:
-    return encode_prompt(state.tokenizer, render_messages(state, req.messages, req.add_generation_prompt),
+    return encode_prompt(state.tokenizer, render_messages(state, req.messages, req.add_generation_prompt,
+                                                          req.template_tools, req.chat_template_kwargs),
                          chat_templated=True)
 
 
-def render_messages(state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool | None) -> str:
-    """The chat template's text for `messages` (a template error is the client's 400)."""
+def render_messages(state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool | None,
+                    tools: list[dict] | None = None, template_kwargs: dict | None = None) -> str:
+    """The chat template's text for `messages`, `tools` and the request's template variables (a
+    template error is the client's 400)."""
+    options = {**(template_kwargs or {}), **({"tools": tools} if tools else {})}
     try:
         return apply_chat_template(state.tokenizer, [m.as_template_input() for m in messages],
-                                   add_generation_prompt=add_generation_prompt is not False)
+                                   add_generation_prompt=add_generation_prompt is not False, **options)
     except (ValueError, jinja2.TemplateError) as e:
         raise bad_request(f"the chat template could not render these messages: {e}", param="messages") from None
 
 
-def _response(state: ServerState, req: ChatCompletionRequest, env: Envelope, results: list[ChoiceResult],
-              num_prompt_tokens: int) -> dict:
-    choices = [{"index": i, "message": {"role": "assistant", "content": r.text},
-                "logprobs": chat_logprobs(state.renderer, r.logprobs) if req.logprobs else None,
-                "finish_reason": r.finish_reason} for i, r in enumerate(results)]
+def _message(plan: ToolPlan | None, result: ChoiceResult) -> tuple[dict, str | None]:
+    """The assistant message of a choice and its finish reason: tool calls read from the text."""
+    if plan is None:
+        return {"role": "assistant", "content": result.text}, result.finish_reason
+    parsed = plan.parse(result.text)
+    message = {"role": "assistant", "content": parsed.content}
+    if parsed.tool_calls:
+        message["tool_calls"] = [call.as_openai() for call in parsed.tool_calls]
+    return message, plan.finish_reason(parsed, result.finish_reason)
+
+
+def _response(state: ServerState, req: ChatCompletionRequest, plan: ToolPlan | None, env: Envelope,
+              results: list[ChoiceResult], num_prompt_tokens: int) -> dict:
+    choices = []
+    for i, r in enumerate(results):
+        message, finish_reason = _message(plan, r)
+        choices.append({"index": i, "message": message, "finish_reason": finish_reason,
+                        "logprobs": chat_logprobs(state.renderer, r.logprobs) if req.logprobs else None})
     completion_tokens = sum(len(r.token_ids) for r in results)
     cached = max((r.last.num_cached_tokens for r in results if r.last), default=0)
     return env.wrap(choices, usage(num_prompt_tokens, completion_tokens, cached, [r.last for r in results]))
 
 
-async def _stream(state: ServerState, req: ChatCompletionRequest, group: RequestGroup, env: Envelope,
-                  num_prompt_tokens: int):
+async def _stream(state: ServerState, req: ChatCompletionRequest, plan: ToolPlan | None, group: RequestGroup,
+                  env: Envelope, num_prompt_tokens: int):
     """The `{"role": "assistant"}` chunks are sent with the engine's first output, not before the
     prefill: benchmark clients (vLLM's, ATOM's) start the first-token clock on the first chunk."""
     finals = [None] * len(group.request_ids)
+    tool_streams = [ToolCallStream(plan) for _ in group.request_ids] if plan is not None else None
     roles = "".join(sse(env.wrap([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                    "finish_reason": None}])) for i in range(len(group.request_ids)))
     try:
@@ -73,13 +94,13 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, group: Request
             head, roles = roles, ""     # the role chunks go with the first output, in the same write
             if update.finished:
                 finals[index] = update
-            if not (update.delta_text or update.finished or (req.logprobs and update.logprobs)):
+            delta, finish_reason = _delta(tool_streams[index] if tool_streams else None, update)
+            if not (delta or update.finished or (req.logprobs and update.logprobs)):
                 if head:
                     yield head
-                continue      # text held back (a partial character, a possible stop string)
-            choice = {"index": index, "delta": {"content": update.delta_text} if update.delta_text else {},
-                      "logprobs": chat_logprobs(state.renderer, update.logprobs) if req.logprobs else None,
-                      "finish_reason": update.finish_reason}
+                continue      # text held back (a partial character, a possible stop string or tool call)
+            choice = {"index": index, "delta": delta, "finish_reason": finish_reason,
+                      "logprobs": chat_logprobs(state.renderer, update.logprobs) if req.logprobs else None}
             yield head + sse(env.wrap([choice]))
         if req.include_usage:
             completion_tokens = sum(len(f.token_ids) for f in finals)
@@ -88,3 +109,11 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, group: Request
     except APIError as error:       # the engine died, the server is shutting down, or the reader stalled
         yield sse_error(error)
     yield DONE
+
+
+def _delta(tool_stream: ToolCallStream | None, update) -> tuple[dict, str | None]:
+    """A stream chunk's delta and finish reason: the text as content, or through the choice's tool stream."""
+    if tool_stream is None:
+        return ({"content": update.delta_text} if update.delta_text else {}), update.finish_reason
+    delta = tool_stream.delta(update.delta_text, update.finished)
+    return delta, tool_stream.finish_reason(update.finish_reason) if update.finished else None
