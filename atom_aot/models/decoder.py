@@ -13,16 +13,19 @@ import torch.nn.functional as F
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.layers import RMSNorm, RotaryEmbedding, make_linear
+from atom_aot.models.parallel import make_embedding, rank_shapes, reduce_partial_sums, vocab_logits
 from atom_aot.models.step_inputs import StepInputs
 from atom_aot.ops.backends import make_backend
 from atom_aot.ops.backends.base import AttentionArgs, AttentionBackend, AttentionInputs, QKNorm
 
 
 class DecoderAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, quant: str, qk_norm: bool):
+    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, quant: str, qk_norm: bool, tp: int = 1):
         super().__init__()
-        self.layer = layer
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.layer, self.tp = layer, tp
+        local = rank_shapes(cfg, tp)     # this rank's heads (models/parallel.py)
+        self.num_heads, self.num_kv_heads = local.num_attention_heads, local.num_key_value_heads
+        self.head_dim = cfg.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim ** -0.5
@@ -41,27 +44,29 @@ class DecoderAttention(nn.Module):
         qk_norm = None if self.q_norm is None else QKNorm(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
         o = self.attention_backend(AttentionArgs(self.layer, q, k, v, positions, rotary.cos_sin_cache, qk_norm,
                                                  self.scale, attn))   # [T, H, D]
-        return self.o_proj(o.flatten(-2))
+        return reduce_partial_sums(self.o_proj(o.flatten(-2)), self.tp)
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str, tp: int = 1):
         super().__init__()
-        self.gate_up_proj = make_linear(cfg.hidden_size, 2 * cfg.intermediate_size, False, dtype, quant)
-        self.down_proj = make_linear(cfg.intermediate_size, cfg.hidden_size, False, dtype, quant)
+        self.tp = tp
+        width = rank_shapes(cfg, tp).intermediate_size
+        self.gate_up_proj = make_linear(cfg.hidden_size, 2 * width, False, dtype, quant)
+        self.down_proj = make_linear(width, cfg.hidden_size, False, dtype, quant)
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return reduce_partial_sums(self.down_proj(F.silu(gate) * up), self.tp)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, quant: str, qk_norm: bool):
+    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, quant: str, qk_norm: bool, tp: int = 1):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.self_attn = DecoderAttention(cfg, layer, dtype, quant, qk_norm)
+        self.self_attn = DecoderAttention(cfg, layer, dtype, quant, qk_norm, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.mlp = GatedMLP(cfg, dtype, quant)
+        self.mlp = GatedMLP(cfg, dtype, quant, tp)
 
     def forward(self, positions, hidden, residual, rotary, attn: AttentionInputs):
         if residual is None:
@@ -74,11 +79,13 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str, qk_norm: bool, max_positions: int):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str, qk_norm: bool, max_positions: int,
+                 tp: int = 1):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.embed_tokens = make_embedding(cfg.vocab_size, cfg.hidden_size, dtype, tp)
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, quant, qk_norm) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, quant, qk_norm, tp)
+                                    for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
     def forward(self, input_ids, positions, attn: AttentionInputs):
@@ -99,12 +106,16 @@ class DecoderForCausalLM(nn.Module):
         "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
     }
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None,
+                 tp: int = 1):
+        """`tp`: tensor-parallel ranks; the module is one rank's part (models/parallel.py)."""
         super().__init__()
-        self.config = cfg
-        self.model = DecoderModel(cfg, dtype, quant, self.qk_norm, max_positions or cfg.max_position_embeddings)
-        # lm_head stays unquantized: it decides the argmax.
-        self.lm_head = None if cfg.tie_word_embeddings else make_linear(cfg.hidden_size, cfg.vocab_size, False, dtype, "none")
+        self.config, self.tp = cfg, tp
+        self.model = DecoderModel(cfg, dtype, quant, self.qk_norm, max_positions or cfg.max_position_embeddings, tp)
+        # lm_head stays unquantized: it decides the argmax. It splits over the vocabulary like the embedding.
+        vocab_rows = self.model.embed_tokens.weight.shape[0]
+        self.lm_head = (None if cfg.tie_word_embeddings
+                        else make_linear(cfg.hidden_size, vocab_rows, False, dtype, "none"))
 
     def use_kernels(self, row: PhaseTuning) -> "DecoderForCausalLM":
         """Run every op through the backend `row` (one phase of tuning.json) names; the build exports
@@ -119,4 +130,4 @@ class DecoderForCausalLM(nn.Module):
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.attention_inputs())
         hidden = hidden[inputs.logits_indices]   # [N, hidden]
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return vocab_logits(hidden, weight, self.config.vocab_size, self.tp)
