@@ -22,6 +22,7 @@ from atom_aot.build.config import BuildConfig
 from atom_aot.build.export import export_model
 from atom_aot.build.pipeline import plan
 from atom_aot.build.shard import shard_state_dict
+from atom_aot.distributed.group import RankPlace
 from atom_aot.artifact.phase import Phase
 from atom_aot.entrypoints.llm import LLMEngine
 from atom_aot.errors import BuildError
@@ -147,3 +148,23 @@ def test_a_killed_rank_ends_the_server_with_an_error_naming_it(build_artifact, t
         assert re.search(r"tensor-parallel rank 1 \(pid \d+\) exited with code -9", server.log())
     finally:
         server.stop()
+
+
+class TestRankPlace:
+    def test_torchrun_variables_place_the_rank_and_meet_through_env(self, monkeypatch):
+        for name, value in dict(MASTER_ADDR="10.0.0.1", MASTER_PORT="29500", WORLD_SIZE="4", RANK="3",
+                                LOCAL_RANK="1").items():
+            monkeypatch.setenv(name, value)
+        place = RankPlace.from_env()
+        assert (place.rank, place.world_size, place.local_rank, place.init_method) == (3, 4, 1, "env://")
+
+    def test_a_partial_set_of_variables_is_refused_naming_the_missing_ones(self, monkeypatch):
+        monkeypatch.setenv("RANK", "1")
+        for name in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE"):
+            monkeypatch.delenv(name, raising=False)
+        with pytest.raises(ValueError, match="RANK set but not MASTER_ADDR, MASTER_PORT, WORLD_SIZE"):
+            RankPlace.from_env()
+
+    def test_ranks_started_here_meet_on_a_local_tcp_store(self):
+        place = RankPlace.local_leader(2)
+        assert place.init_method == f"tcp://127.0.0.1:{place.master_port}" and place.peer(1).rank == 1
