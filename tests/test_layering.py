@@ -19,6 +19,7 @@ FORBIDDEN = {
     "artifact": {"torch", "build", "runtime", "server", "models", "ops", "entrypoints"},
     "models": {"runtime", "build", "server", "entrypoints"},
     "ops": {"models", "runtime", "build", "server", "entrypoints"},
+    "distributed": {"models", "runtime", "build", "server", "entrypoints"},
 }
 
 

@@ -39,7 +39,10 @@ class BuildOptions:
     arch: str = flag("cpu", "--arch", choices=ARCHES,
                      help="target arch; must be this machine's (kernels are measured on it)")
     dtype: str = flag("auto", "--dtype", choices=DTYPES, help="model dtype (auto: float32 on cpu, bfloat16 on GPUs)")
-    tensor_parallel_size: int = flag(1, "-tp", "--tensor-parallel-size", help="tensor-parallel ranks")
+    tensor_parallel_size: int = flag(
+        1, "-tp", "--tensor-parallel-size",
+        help="tensor-parallel ranks: weights are split per rank at build; building needs one device of the target "
+             "arch, not N (serving needs N: processes on cpu, one GPU each on GPUs)")
     enable_expert_parallel: bool = flag(False, "--ep", "--enable-expert-parallel",
                                         help="expert parallelism for MoE models")
     quant: str = flag("none", "--quant", choices=QUANT_MODES,

@@ -19,6 +19,7 @@ from torch.export import Dim
 from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.signature import DYNAMIC_DIMS, STEP_INPUTS
 from atom_aot.models.decoder import DecoderForCausalLM
+from atom_aot.models.parallel import local_kv_heads
 from atom_aot.models.step_inputs import StepInputs, input_dtype
 
 MAX_TOKENS_PER_STEP = 1 << 16
@@ -43,7 +44,7 @@ def example_inputs(model: DecoderForCausalLM, kv_dtype: torch.dtype, block_size:
     values = dict(
         input_ids=torch.randint(0, cfg.vocab_size, (sum(counts),)),
         positions=positions,
-        kv_cache=torch.zeros(cfg.num_hidden_layers, 2, num_blocks, block_size, cfg.num_key_value_heads,
+        kv_cache=torch.zeros(cfg.num_hidden_layers, 2, num_blocks, block_size, local_kv_heads(cfg, model.tp),
                              cfg.head_dim),
         slot_mapping=block_tables[rows, positions // block_size] * block_size + positions % block_size,
         block_tables=block_tables,
@@ -86,5 +87,7 @@ def compile_package(exported: torch.export.ExportedProgram, out_path: Path) -> P
     with torch._inductor.config.patch({"cpp.cxx": (wrapper_compiler()["cxx"],)}):
         torch._inductor.aoti_compile_and_package(
             exported, package_path=str(out_path),
-            inductor_configs={"aot_inductor.package_constants_in_so": False})
+            # every weight stays a constant bound at load, none folded into the code: a scalar weight (the
+            # vocab-parallel embedding's first row) differs between the ranks that share this package
+            inductor_configs={"aot_inductor.package_constants_in_so": False, "always_keep_tensor_constants": True})
     return out_path

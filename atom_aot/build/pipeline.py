@@ -36,11 +36,13 @@ from atom_aot.build.progress import StageProgress
 from atom_aot.build.quant_config import LinearQuant, resolve_linear_quant
 from atom_aot.build.source import ModelSource, resolve_model
 from atom_aot.build.tune import tune_kernels
+from atom_aot.build.shard import check_like, shard_state_dict
 from atom_aot.build.weights import build_meta_model, convert_state_dict
 from atom_aot.errors import ArtifactError, BuildError
 from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.tuning import Tuning
 from atom_aot.models import ModelConfig, model_class
+from atom_aot.models.parallel import check_splittable, rank_shapes
 from atom_aot.version import ARTIFACT_FORMAT_VERSION, __version__
 
 log = logging.getLogger("atom_aot")
@@ -67,9 +69,16 @@ def plan(model: str | None, config: BuildConfig) -> tuple[ModelSource, ModelConf
     source = resolve_model(model)
     model_config = ModelConfig.from_hf_dict(source.config)
     model_class(model_config.architecture)          # fails early on an unsupported architecture
-    resolve_linear_quant(source.config, config.quant)   # and on a quantization it cannot load
-    if config.tensor_parallel_size != 1 or config.enable_expert_parallel:
-        raise BuildError("tensor and expert parallelism are not implemented yet in atom-aot: build with -tp 1")
+    linear_quant = resolve_linear_quant(source.config, config.quant)   # and on a quantization it cannot load
+    if config.tensor_parallel_size > 1 and linear_quant.scheme == "fp8-block":
+        raise BuildError("block-scaled FP8 (128x128 weight blocks) is not sharded over tensor-parallel ranks yet: "
+                         "build this checkpoint with -tp 1")
+    if config.enable_expert_parallel:
+        raise BuildError("expert parallelism (--ep) is not implemented yet in atom-aot: build without --ep")
+    try:
+        check_splittable(model_config, config.tensor_parallel_size)
+    except ValueError as e:
+        raise BuildError(str(e)) from None
     inputs = key_inputs(source, config)
     return source, model_config, build_key(inputs), inputs
 
@@ -115,17 +124,21 @@ def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, co
                linear_quant: LinearQuant, layout: Layout, max_len: int, progress: StageProgress) -> list[Phase]:
     """Writes every member but the manifest; returns the phases compiled."""
     model_cls = model_class(model_config.architecture)
+    tp = config.tensor_parallel_size
     model = build_meta_model(model_cls, model_config, config.torch_dtype, linear_quant.scheme, max_len)
     num_tensors = len(model.state_dict())
     with progress.stage("weights", total=num_tensors) as bar:
         state = convert_state_dict(source.tensors(), model, model_config, linear_quant.scheme,
                                    checkpoint_quant=linear_quant.checkpoint)
         bar.update(num_tensors)
-        weights = staging / layout.weights_member(0)
-        weights.parent.mkdir()
-        save_file(state, str(weights))
+        (staging / layout.weights_member(0)).parent.mkdir()
+        if tp > 1:
+            model = build_meta_model(model_cls, model_config, config.torch_dtype, linear_quant.scheme, max_len, tp)
+            state = write_rank_weights(staging, layout, state, model, model_config)
+        else:
+            save_file(state, str(staging / layout.weights_member(0)))
     with progress.stage("tune"):
-        tuning = tune_kernels(config, model_config, max_len, linear_quant.scheme)
+        tuning = tune_kernels(config, rank_shapes(model_config, tp), max_len, linear_quant.scheme)
         (staging / TUNING).write_text(tuning.to_json())
     phases = []
     if config.compile == "aoti":
@@ -140,6 +153,17 @@ def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, co
     with progress.stage("capture-size probe"):
         (staging / GRAPHS).write_text(probe_capture_sizes(config, staging, max_len).to_json())
     return phases
+
+
+def write_rank_weights(staging: Path, layout: Layout, state: dict, rank_model, model_config: ModelConfig) -> dict:
+    """weights/rank{r}.safetensors for every rank, from the whole model's `state`; returns rank 0's,
+    which the build exports with (the ranks' graphs are the same: models/parallel.py)."""
+    expected = rank_model.state_dict()
+    for rank in reversed(range(layout.tensor_parallel_size)):     # rank 0 last: its tensors are kept
+        rank_state = shard_state_dict(state, model_config, layout.tensor_parallel_size, rank)
+        check_like(rank_state, expected, rank)
+        save_file(rank_state, str(staging / layout.weights_member(rank)))
+    return rank_state
 
 
 def _compile(staging: Path, model, tuning: Tuning, config: BuildConfig, max_len: int,

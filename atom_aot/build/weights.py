@@ -25,9 +25,9 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def build_meta_model(model_cls: type[DecoderForCausalLM], cfg: ModelConfig, dtype: torch.dtype, quant: str,
-                     max_positions: int) -> DecoderForCausalLM:
+                     max_positions: int, tp: int = 1) -> DecoderForCausalLM:
     with torch.device("meta"):
-        return model_cls(cfg, dtype, quant, max_positions)
+        return model_cls(cfg, dtype, quant, max_positions, tp)
 
 
 def runtime_name(name: str, packed: dict[str, tuple[str, int]]) -> tuple[str, int | None]:

@@ -1,4 +1,4 @@
-"""`atom-run ART {generate,serve,inspect,verify}`: use an artifact, never compile.
+"""`atom-run ART {generate,serve,inspect,verify,worker}`: use an artifact, never compile.
 
 `serve` is the HTTP server (atom_aot/server); the others are the runtime's (atom_aot/runtime/cli.py).
 `atom-run serve --model MODEL ...` (no artifact first) is ATOM's serve command: it builds the model

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.layers import RMSNorm, RotaryEmbedding, make_linear
+from atom_aot.models.parallel import make_embedding, rank_shapes, reduce_partial_sums, vocab_logits
 from atom_aot.models.quant_layers import use_linear_kernels
 from atom_aot.models.step_inputs import StepInputs
 from atom_aot.ops.backends import make_backend
@@ -22,10 +23,12 @@ from atom_aot.ops.backends.base import AttentionArgs, AttentionBackend, Attentio
 
 
 class DecoderAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, quant: str, qk_norm: bool):
+    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, quant: str, qk_norm: bool, tp: int = 1):
         super().__init__()
-        self.layer = layer
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.layer, self.tp = layer, tp
+        local = rank_shapes(cfg, tp)     # this rank's heads (models/parallel.py)
+        self.num_heads, self.num_kv_heads = local.num_attention_heads, local.num_key_value_heads
+        self.head_dim = cfg.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim ** -0.5
@@ -44,25 +47,28 @@ class DecoderAttention(nn.Module):
         qk_norm = None if self.q_norm is None else QKNorm(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
         o = self.attention_backend(AttentionArgs(self.layer, q, k, v, positions, rotary.cos_sin_cache, qk_norm,
                                                  self.scale, attn))   # [T, H, D]
-        return self.o_proj(o.flatten(-2))
+        return reduce_partial_sums(self.o_proj(o.flatten(-2)), self.tp)
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str, tp: int = 1):
         super().__init__()
-        self.gate_up_proj = make_linear(cfg.hidden_size, 2 * cfg.intermediate_size, False, dtype, quant)
-        self.down_proj = make_linear(cfg.intermediate_size, cfg.hidden_size, False, dtype, quant)
+        self.tp = tp
+        width = rank_shapes(cfg, tp).intermediate_size
+        self.gate_up_proj = make_linear(cfg.hidden_size, 2 * width, False, dtype, quant)
+        self.down_proj = make_linear(width, cfg.hidden_size, False, dtype, quant)
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return reduce_partial_sums(self.down_proj(F.silu(gate) * up), self.tp)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, quant: str, qk_norm: bool, mlp: nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, quant: str, qk_norm: bool, mlp: nn.Module,
+                 tp: int = 1):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.self_attn = DecoderAttention(cfg, layer, dtype, quant, qk_norm)
+        self.self_attn = DecoderAttention(cfg, layer, dtype, quant, qk_norm, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.mlp = mlp     # [T, hidden] -> [T, hidden]: GatedMLP, or a family's MoE block
 
@@ -78,11 +84,11 @@ class DecoderLayer(nn.Module):
 
 class DecoderModel(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str, qk_norm: bool, max_positions: int,
-                 make_mlp: Callable[[int], nn.Module]):
+                 make_mlp: Callable[[int], nn.Module], tp: int = 1):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.embed_tokens = make_embedding(cfg.vocab_size, cfg.hidden_size, dtype, tp)
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, quant, qk_norm, make_mlp(i))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, quant, qk_norm, make_mlp(i), tp)
                                     for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
@@ -109,17 +115,21 @@ class DecoderForCausalLM(nn.Module):
     # checkpoint module name -> runtime module name, where they differ
     MODULE_RENAMES: dict[str, str] = {}
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None,
+                 tp: int = 1):
+        """`tp`: tensor-parallel ranks; the module is one rank's part (models/parallel.py)."""
         super().__init__()
-        self.config = cfg
+        self.config, self.tp = cfg, tp
         self.model = DecoderModel(cfg, dtype, quant, self.qk_norm, max_positions or cfg.max_position_embeddings,
-                                  lambda layer: self.make_mlp(layer, dtype, quant))
-        # lm_head stays unquantized: it decides the argmax.
-        self.lm_head = None if cfg.tie_word_embeddings else make_linear(cfg.hidden_size, cfg.vocab_size, False, dtype, "none")
+                                  lambda layer: self.make_mlp(layer, dtype, quant), tp)
+        # lm_head stays unquantized: it decides the argmax. It splits over the vocabulary like the embedding.
+        vocab_rows = self.model.embed_tokens.weight.shape[0]
+        self.lm_head = (None if cfg.tie_word_embeddings
+                        else make_linear(cfg.hidden_size, vocab_rows, False, dtype, "none"))
 
     def make_mlp(self, layer: int, dtype: torch.dtype, quant: str) -> nn.Module:
         """The feed-forward block of `layer` (a family with experts chooses per layer)."""
-        return GatedMLP(self.config, dtype, quant)
+        return GatedMLP(self.config, dtype, quant, self.tp)
 
     def use_kernels(self, row: PhaseTuning) -> "DecoderForCausalLM":
         """Run every op through the backend `row` (one phase of tuning.json) names; the build exports
@@ -135,4 +145,4 @@ class DecoderForCausalLM(nn.Module):
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.attention_inputs())
         hidden = hidden[inputs.logits_indices]   # [N, hidden]
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return vocab_logits(hidden, weight, self.config.vocab_size, self.tp)

@@ -1,7 +1,7 @@
-"""The runtime's commands of `atom-run ART {generate,inspect,verify}`: use an artifact, never compile.
+"""The runtime's commands of `atom-run ART {generate,inspect,verify,worker}`: use an artifact, never compile.
 
 `atom-run` itself (atom_aot/entrypoints/run_cli.py) adds `serve`; `python -m atom_aot.runtime.cli`
-runs these three alone.
+runs them alone.
 """
 from __future__ import annotations
 
@@ -90,6 +90,17 @@ def _report(engine, timings: dict[str, float], start_to_first_token: float, toke
           f" | runtime compilations: {compile_counts()}", file=sys.stderr)
 
 
+def worker(artifact: str, argv: list[str]) -> int:
+    """A tensor-parallel rank other than 0 (placed by RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
+    p = argparse.ArgumentParser(prog="atom-run ART worker", description="Run tensor-parallel rank RANK (>= 1) of the "
+                                "engine whose rank 0 is `atom-run ART serve|generate`; engine flags as rank 0's.")
+    add_arguments(p, RuntimeConfig)
+    config = from_namespace(RuntimeConfig, p.parse_args(argv))
+    from atom_aot.runtime.tp_worker import run_worker
+    run_worker(artifact, config)
+    return 0
+
+
 def inspect(artifact: str, argv: list[str]) -> int:
     from atom_aot.artifact.reader import Artifact
     from atom_aot.runtime.inspect import describe
@@ -116,7 +127,7 @@ def verify(artifact: str, argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"generate": generate, "inspect": inspect, "verify": verify}
+COMMANDS = {"generate": generate, "inspect": inspect, "verify": verify, "worker": worker}
 
 
 if __name__ == "__main__":

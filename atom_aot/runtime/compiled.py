@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 import atom_aot.ops  # noqa: F401  (the package calls atom:: custom ops by name)
+import atom_aot.distributed.collectives  # noqa: F401  (a tensor-parallel package calls atom::all_reduce)
 from atom_aot.errors import ArtifactError
 from atom_aot.models.step_inputs import SERIALIZED_NAME, StepInputs
 

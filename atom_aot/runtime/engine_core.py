@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
+from typing import Callable
 
 from atom_aot.runtime.block_manager import BlockManager
 from atom_aot.runtime.model_runner import LaunchedStep, ModelRunner
@@ -28,8 +29,11 @@ from atom_aot.runtime.structured_output import Grammars, accept_sampled
 
 class EngineCore:
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, eos_token_ids: frozenset[int], block_size: int,
-                 async_scheduling: bool = False, grammars: Grammars | None = None):
+                 async_scheduling: bool = False, grammars: Grammars | None = None,
+                 on_close: Callable[[], None] = lambda: None):
+        """`on_close`: what `close` releases besides this object (the other tensor-parallel ranks)."""
         self.scheduler = scheduler
+        self.on_close = on_close
         self.runner = runner
         self.eos_token_ids = eos_token_ids
         self.block_size = block_size
@@ -83,6 +87,9 @@ class EngineCore:
     def abort(self, request_id: str, reason: str = "abort") -> None:
         self._prompt_logprobs.pop(request_id, None)
         self.scheduler.abort(request_id, reason)
+
+    def close(self) -> None:
+        self.on_close()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._in_flight)

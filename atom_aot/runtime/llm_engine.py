@@ -71,6 +71,10 @@ class ArtifactEngine:
         while the device computes."""
         return self.output_processor.process(self.core.step())
 
+    def close(self) -> None:
+        """Stop the engine's other tensor-parallel ranks (process exit does it too); the engine cannot run after."""
+        self.core.close()
+
     def is_finished(self) -> bool:
         return not self.core.has_unfinished()
 

@@ -24,6 +24,8 @@ from atom_aot.artifact.signature import SIGNATURE_VERSION
 from atom_aot.artifact.tuning import Tuning
 from atom_aot.errors import ArtifactError
 from atom_aot.models import ModelConfig, model_class
+from atom_aot.models.parallel import rank_shapes
+from atom_aot.runtime.placement import placement_problem
 from atom_aot.runtime.safetensors_view import tensors_from_buffer, tensors_on_device
 
 log = logging.getLogger("atom_aot")
@@ -37,6 +39,7 @@ class LoadedArtifact:
     graph_plan: GraphPlan               # capture sizes and pool bytes measured at build
     model_config: ModelConfig
     hf_config: dict                     # config/config.json as built (its eos_token_id backs generation_config's)
+    rank: int                           # tensor-parallel rank whose weights these are
     weights: dict[str, torch.Tensor]    # the runtime's parameters, on the device
     forwards: dict[Phase, Callable]     # phase -> callable with the exported signature
     execution: str                      # which path runs: "aotinductor" or "eager"
@@ -48,6 +51,11 @@ class LoadedArtifact:
     generation_config: dict
     tokenizer_dir: Path
     timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def rank_config(self) -> ModelConfig:
+        """The sizes this rank computes (its heads and KV heads): what its KV cache is sized by."""
+        return rank_shapes(self.model_config, self.manifest.layout.tensor_parallel_size)
 
 
 def machine_target() -> Target:
@@ -66,7 +74,7 @@ def load_problem(manifest: Manifest) -> str | None:
     if manifest.signature_version != SIGNATURE_VERSION:
         return (f"its model takes forward signature {manifest.signature_version}, but this runtime calls signature "
                 f"{SIGNATURE_VERSION}. Rebuild it with: {manifest.rebuild_command()}")
-    return None
+    return placement_problem(manifest)
 
 
 def check_target(artifact: Artifact) -> None:
@@ -76,7 +84,8 @@ def check_target(artifact: Artifact) -> None:
         raise ArtifactError(f"{artifact.path} is not loaded: {problem}")
 
 
-def load_artifact(path: str | Path, enforce_eager: bool = False) -> LoadedArtifact:
+def load_artifact(path: str | Path, enforce_eager: bool = False, rank: int = 0) -> LoadedArtifact:
+    """The artifact with tensor-parallel rank `rank`'s weights (the ranks share the compiled packages)."""
     timings = {}
     start = time.perf_counter()
     artifact = Artifact.open(path)
@@ -85,12 +94,12 @@ def load_artifact(path: str | Path, enforce_eager: bool = False) -> LoadedArtifa
     timings["verify"] = time.perf_counter() - start
 
     manifest, numerics = artifact.manifest, artifact.manifest.numerics
-    device = device_for_arch(manifest.target.arch)
+    device = _this_rank_device(manifest.target.arch)
     hf_config = artifact.read_json(CONFIG)
     model_config = _model_config(artifact, hf_config)
     tuning = artifact.read_tuning()
     compiled = manifest.compiled.kind == "aotinductor" and not enforce_eager
-    buffer = artifact.member_buffer(manifest.layout.weights_member(0))
+    buffer = artifact.member_buffer(manifest.layout.weights_member(rank))
     if compiled:
         weights, forwards = _load_compiled(artifact, buffer, device, timings)
     else:
@@ -101,11 +110,18 @@ def load_artifact(path: str | Path, enforce_eager: bool = False) -> LoadedArtifa
              "--enforce-eager" if enforce_eager else "the artifact has no compiled code (built with --compile none)")
     return LoadedArtifact(
         path=artifact.path, manifest=manifest, tuning=tuning, graph_plan=artifact.read_graph_plan(),
-        model_config=model_config, hf_config=hf_config, weights=weights, forwards=forwards, execution=execution,
+        model_config=model_config, hf_config=hf_config, rank=rank, weights=weights, forwards=forwards,
+        execution=execution,
         device=device, dtype=getattr(torch, numerics.dtype), kv_dtype=getattr(torch, numerics.kv_cache_dtype),
         block_size=numerics.block_size, max_model_len=numerics.max_model_len,
         generation_config=artifact.read_json(GENERATION_CONFIG), tokenizer_dir=artifact.member_dir(TOKENIZER),
         timings=timings)
+
+
+def _this_rank_device(arch: str) -> torch.device:
+    """The device with its index: a tensor-parallel rank has set its GPU as the current one."""
+    device = device_for_arch(arch)
+    return torch.device("cuda", torch.cuda.current_device()) if device.type == "cuda" else device
 
 
 def _model_config(artifact: Artifact, hf_config: dict) -> ModelConfig:
@@ -165,7 +181,8 @@ def _load_eager(manifest: Manifest, model_config: ModelConfig, tuning: Tuning, b
     numerics = manifest.numerics
     with torch.device("meta"):
         model = model_class(model_config.architecture)(model_config, getattr(torch, numerics.dtype),
-                                                       manifest.quantization.weights, numerics.max_model_len)
+                                                       manifest.quantization.weights, numerics.max_model_len,
+                                                       manifest.layout.tensor_parallel_size)
     model.load_state_dict(weights, assign=True)
     model.use_kernels(tuning.for_phase(Phase.MIXED))
     timings["eager model"] = time.perf_counter() - start

@@ -20,6 +20,7 @@ from atom_aot.runtime.model_runner import ModelRunner
 from atom_aot.runtime.sampler import Sampler
 from atom_aot.runtime.scheduler import Scheduler, SchedulerConfig
 from atom_aot.runtime.structured_output import Grammars
+from atom_aot.runtime.tp_lead import LeadRank, start_other_ranks
 from atom_aot.runtime.threads import set_torch_threads
 
 log = logging.getLogger("atom_aot")
@@ -37,7 +38,7 @@ def eos_token_ids(loaded: LoadedArtifact) -> frozenset[int]:
 def kv_block_count(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
-    per_block = bytes_per_block(loaded.model_config, loaded.block_size, loaded.kv_dtype)
+    per_block = bytes_per_block(loaded.rank_config, loaded.block_size, loaded.kv_dtype)
     if loaded.device.type == "cpu":
         budget = config.kv_cache_memory_bytes or DEFAULT_CPU_KV_BYTES
     else:
@@ -78,34 +79,51 @@ def make_forwards(loaded: LoadedArtifact, config: RuntimeConfig, kv_cache, max_m
     return Forwards(mixed, graphs, decode_max_seqs=graphs.max_batch_size)
 
 
-def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig) -> EngineCore:
+def prepare_model(loaded: LoadedArtifact, config: RuntimeConfig, num_blocks: int) -> tuple[torch.Tensor, Forwards]:
+    """This rank's KV cache and forwards (every tensor-parallel rank runs this, rank 0 and the others alike)."""
     max_model_len = config.served_max_model_len(loaded.max_model_len)
-    num_blocks = kv_block_count(loaded, config)
     blocks_per_seq = -(-max_model_len // loaded.block_size)
     if num_blocks < blocks_per_seq:
         raise StartupError(
             f"the KV cache holds {num_blocks} blocks of {loaded.block_size} tokens, fewer than the "
             f"{blocks_per_seq} that one sequence of max_model_len={max_model_len} needs. Give the cache more "
             f"memory (kv_cache_memory_bytes / gpu_memory_utilization) or lower max_model_len.")
-    kv_cache = allocate_kv_cache(loaded.model_config, num_blocks, loaded.block_size, loaded.kv_dtype, loaded.device)
+    kv_cache = allocate_kv_cache(loaded.rank_config, num_blocks, loaded.block_size, loaded.kv_dtype, loaded.device)
     log.info("KV cache: %d blocks x %d tokens (%.1f MiB, %s)", num_blocks, loaded.block_size,
              kv_cache.numel() * kv_cache.element_size() / 2**20, str(loaded.kv_dtype).removeprefix("torch."))
+    return kv_cache, make_forwards(loaded, config, kv_cache, max_model_len)
+
+
+def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig, ranks: LeadRank | None = None) -> EngineCore:
+    """`ranks`: rank 0's link to the other tensor-parallel ranks (None: the model has one rank)."""
+    num_blocks = kv_block_count(loaded, config)
+    if ranks is not None:
+        num_blocks = ranks.agree_num_blocks(num_blocks)
+    kv_cache, forwards = prepare_model(loaded, config, num_blocks)
+    if ranks is not None:
+        forwards = ranks.lead(forwards)
     scheduler = Scheduler(
-        SchedulerConfig.from_runtime(config, max_model_len),
+        SchedulerConfig.from_runtime(config, config.served_max_model_len(loaded.max_model_len)),
         BlockManager(num_blocks, loaded.block_size, config.enable_prefix_caching))
-    forwards = make_forwards(loaded, config, kv_cache, max_model_len)
     runner = ModelRunner(forwards, kv_cache, loaded.block_size, loaded.device, Sampler(loaded.device, config.seed))
     eos = eos_token_ids(loaded)
     grammars = Grammars(loaded.tokenizer_dir, loaded.model_config.vocab_size, eos)
-    return EngineCore(scheduler, runner, eos, loaded.block_size, config.async_scheduling, grammars)
+    return EngineCore(scheduler, runner, eos, loaded.block_size, config.async_scheduling, grammars,
+                      on_close=ranks.close if ranks is not None else lambda: None)
 
 
 def load_and_start(artifact_path, config: RuntimeConfig) -> tuple[LoadedArtifact, EngineCore]:
     TRITON.install()       # every load counts Triton JIT compilations (the runtime must do none)
     warn_if_torch_uncached()
     set_torch_threads(config.num_threads)
-    loaded = load_artifact(artifact_path, enforce_eager=config.enforce_eager)
-    start = time.perf_counter()
-    core = start_engine_core(loaded, config)
+    ranks = start_other_ranks(artifact_path, config)
+    try:
+        loaded = load_artifact(artifact_path, enforce_eager=config.enforce_eager)
+        start = time.perf_counter()
+        core = start_engine_core(loaded, config, ranks)
+    except BaseException:
+        if ranks is not None:
+            ranks.close()
+        raise
     loaded.timings["kv cache"] = time.perf_counter() - start - loaded.timings.get("graph capture", 0.0)
     return loaded, core

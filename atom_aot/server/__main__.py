@@ -29,11 +29,11 @@ async def serve(args) -> int:
     artifact = Artifact.open(args.artifact)     # before the heavy imports: a wrong path fails at once
     config.served_max_model_len(artifact.manifest.numerics.max_model_len)   # before the engine loads
     from atom_aot.runtime.tokenizer import load_tokenizer
-    from atom_aot.server.engine_client import EngineClient
+    from atom_aot.server.dp_client import engine_client
 
     logging.getLogger("atom_aot").setLevel(args.log_level.upper())
     listener = _listen(args.host, args.port)    # a taken port fails now, not after loading the model
-    client = EngineClient(args.artifact, config, args.torch_profiler_dir, args.log_level)
+    client = engine_client(args, config, artifact.manifest)
     try:
         tokenizer = asyncio.create_task(asyncio.to_thread(load_tokenizer, artifact.member_dir("tokenizer")))
         info = await client.start(timeout=args.startup_timeout)

@@ -38,6 +38,9 @@ def add_server_arguments(p: argparse.ArgumentParser, underscore_aliases: bool = 
                       "ATOM_PROFILER_MORE=1 also records stacks and memory)")
     http.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     http.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for the engine")
+    http.add_argument("-dp", "--data-parallel-size", dest="data_parallel_size", type=int, default=1,
+                      help="engine processes, each with a whole replica of the model (its tensor-parallel ranks "
+                           "included); requests go to the one with the fewest in flight")
     add_arguments(p.add_argument_group("limits and timeouts"), ServerOptions, underscore_aliases=underscore_aliases)
     add_arguments(p.add_argument_group("engine"), RuntimeConfig, underscore_aliases=underscore_aliases)
 
@@ -45,6 +48,8 @@ def add_server_arguments(p: argparse.ArgumentParser, underscore_aliases: bool = 
 def check_server_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
     if args.max_request_body_bytes < 1024:
         p.error("--max-request-body-bytes must be >= 1024")
+    if args.data_parallel_size < 1:
+        p.error("-dp/--data-parallel-size must be >= 1")
     return args
 
 

@@ -1,0 +1,77 @@
+"""One rank's weights from the whole model's (tensor parallelism, Megatron layout).
+
+Works on the converted state dict (runtime names, qkv and gate_up already fused, quantized where
+asked), so fusing and quantizing stay in weights.py; the result for rank r matches, name for name
+and shape for shape, the state dict of the model built with `tp` ranks, which the runtime of rank
+r loads with a plain assign. Which rows and columns a rank holds is models/parallel.py's layout.
+"""
+from __future__ import annotations
+
+import torch
+
+from atom_aot.models.config import ModelConfig
+from atom_aot.models.parallel import local_kv_heads, vocab_shard_size
+
+ROW_PARALLEL = ("o_proj", "down_proj")          # input columns of the weight split; scales per output row kept
+VOCAB_PARALLEL = ("embed_tokens", "lm_head")    # vocabulary rows split, padded to a multiple of tp
+VOCAB_START = "model.embed_tokens.vocab_start"
+
+
+def shard_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, tp: int, rank: int) -> dict[str, torch.Tensor]:
+    """Rank `rank`'s tensors of `state` (the tp = 1 model's), contiguous and owning their memory.
+
+    Column-parallel qkv and gate_up split their output rows (weights, biases, per-row scales);
+    anything else a rank holds whole (norms, the rotary table, scalar scales)."""
+    out = {}
+    for name, tensor in state.items():
+        module, param = name.split(".")[-2:]
+        if module == "qkv_proj" and _per_row(tensor, cfg, module):
+            part = _qkv_rows(tensor, cfg, tp, rank)
+        elif module == "gate_up_proj" and _per_row(tensor, cfg, module):
+            part = torch.cat([half.chunk(tp)[rank] for half in tensor.chunk(2)])    # [gate_r; up_r]
+        elif module in ROW_PARALLEL and param == "weight":
+            part = tensor.chunk(tp, dim=1)[rank]
+        elif module in VOCAB_PARALLEL:
+            part = _vocab_rows(tensor, tp, rank)
+        else:
+            part = tensor
+        out[name] = part.contiguous().clone()
+    out[VOCAB_START] = torch.tensor(rank * vocab_shard_size(cfg.vocab_size, tp), dtype=torch.int64)
+    return out
+
+
+def _per_row(tensor: torch.Tensor, cfg: ModelConfig, module: str) -> bool:
+    """Whether `tensor` has one entry per output row of `module` (a scalar scale has not)."""
+    rows = 2 * cfg.intermediate_size if module == "gate_up_proj" else \
+        (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+    return tensor.dim() >= 1 and tensor.shape[0] == rows
+
+
+def _qkv_rows(tensor: torch.Tensor, cfg: ModelConfig, tp: int, rank: int) -> torch.Tensor:
+    """The rows of rank's query heads and of the KV heads they read (replicated when Hkv < tp)."""
+    d, heads, kv_heads = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    q, k, v = tensor.split([heads * d, kv_heads * d, kv_heads * d])
+    q_per_rank, kv_per_rank = heads // tp, local_kv_heads(cfg, tp)
+    first_kv = rank * kv_heads // tp if kv_heads >= tp else rank // (tp // kv_heads)
+    q_rows = slice(rank * q_per_rank * d, (rank + 1) * q_per_rank * d)
+    kv_rows = slice(first_kv * d, (first_kv + kv_per_rank) * d)
+    return torch.cat([q[q_rows], k[kv_rows], v[kv_rows]])
+
+
+def _vocab_rows(weight: torch.Tensor, tp: int, rank: int) -> torch.Tensor:
+    rows = vocab_shard_size(weight.shape[0], tp)
+    padded = torch.zeros(rows * tp, *weight.shape[1:], dtype=weight.dtype)
+    padded[:weight.shape[0]] = weight
+    return padded[rank * rows:(rank + 1) * rows]
+
+
+def check_like(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], rank: int) -> None:
+    """ValueError unless `state` has exactly `expected`'s names, shapes and dtypes (a meta state dict)."""
+    if set(state) != set(expected):
+        missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+        raise ValueError(f"rank {rank}'s weights do not match the model: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    for name, meta in expected.items():
+        if state[name].shape != meta.shape or state[name].dtype != meta.dtype:
+            raise ValueError(f"rank {rank}: {name} is {tuple(state[name].shape)} {state[name].dtype}, the model "
+                             f"has {tuple(meta.shape)} {meta.dtype}")

@@ -1,0 +1,78 @@
+"""The collectives inside the model's graph: the custom ops `atom::all_reduce` and
+`atom::all_gather`, on the process group registered as the tensor-parallel one.
+
+They are registered through the dispatcher (as ops/attention.py registers attention), so
+torch.export records them as calls by name and AOTInductor compiles around them; on GPUs the NCCL
+call they make is captured by CUDA graphs like any kernel. The build needs no process group at
+all: the ops are opaque to it (their fake implementations give the shapes).
+
+Why not torch's functional collectives (`_c10d_functional.all_reduce` + `wait_tensor`), which
+export and Inductor support natively: compiled into an AOTInductor package on the CPU, they
+deadlock under gloo. The package runs with the GIL held, waiting in C++ for the gloo work, while
+gloo's thread, finishing that work, needs the GIL to release a tensor (seen on torch 2.13: rank 1
+stuck in `AOTInductorModelContainer::run_single_threaded` -> `Work::wait`, gloo's run loop in
+`~AsyncWork` -> `gil_scoped_acquire`). Our ops call torch.distributed from Python, whose wait
+releases the GIL.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+LIBRARY = torch.library.Library("atom", "FRAGMENT")
+LIBRARY.define("all_reduce(Tensor x) -> Tensor")
+LIBRARY.define("all_gather(Tensor x, int world_size) -> Tensor")
+
+_groups: dict[str, dist.ProcessGroup] = {}
+TP_GROUP = "tp"
+
+
+def register_tp_group(group: dist.ProcessGroup) -> None:
+    """Make `group` the one the model's collectives run on (each rank, before its first forward)."""
+    _groups[TP_GROUP] = group
+
+
+def _tp_group() -> dist.ProcessGroup:
+    try:
+        return _groups[TP_GROUP]
+    except KeyError:
+        raise RuntimeError("a tensor-parallel model ran before its process group was registered "
+                           "(atom_aot.distributed.group.join does it)") from None
+
+
+def _all_reduce(x: torch.Tensor) -> torch.Tensor:
+    out = x.clone()
+    dist.all_reduce(out, group=_tp_group())
+    return out
+
+
+def _all_gather(x: torch.Tensor, world_size: int) -> torch.Tensor:
+    out = x.new_empty((world_size * x.shape[0], *x.shape[1:]))
+    dist.all_gather_single(out, x.contiguous(), group=_tp_group())
+    return out
+
+
+for _device in ("CPU", "CUDA"):
+    LIBRARY.impl("all_reduce", _all_reduce, _device)
+    LIBRARY.impl("all_gather", _all_gather, _device)
+
+
+@torch.library.register_fake("atom::all_reduce", lib=LIBRARY)
+def _(x):
+    return torch.empty_like(x)
+
+
+@torch.library.register_fake("atom::all_gather", lib=LIBRARY)
+def _(x, world_size):
+    return x.new_empty((world_size * x.shape[0], *x.shape[1:]))
+
+
+def all_reduce(x: torch.Tensor) -> torch.Tensor:
+    """The sum of `x` over the tensor-parallel ranks (a new tensor; `x` is left alone)."""
+    return torch.ops.atom.all_reduce(x)
+
+
+def all_gather_columns(x: torch.Tensor, world_size: int) -> torch.Tensor:
+    """[N, C] on each rank -> [N, world_size * C], rank r's columns at r * C (every rank gets all)."""
+    gathered = torch.ops.atom.all_gather(x, world_size)                      # [W * N, C]
+    return gathered.unflatten(0, (world_size, -1)).transpose(0, 1).flatten(1)  # [N, W * C]

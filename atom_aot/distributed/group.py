@@ -1,0 +1,113 @@
+"""The process group of a tensor-parallel engine: where each rank sits, the rendezvous, and the
+two groups every rank joins.
+
+- the world group (gloo on the CPU, NCCL on GPUs): the model's collectives, registered under
+  `TP_GROUP` for the compiled packages, with `COLLECTIVE_TIMEOUT` so a rank that stops answering
+  mid-step ends the step with an error, never a hang (a rank that dies closes its sockets, and its
+  peers' next collective fails at once);
+- a control group (gloo, host memory) on which rank 0 tells the others what to run next; ranks wait
+  there while the engine is idle, so its timeout is long (`IDLE_TIMEOUT`).
+
+The rendezvous is torch.distributed's: torchrun's variables (MASTER_ADDR, MASTER_PORT, WORLD_SIZE,
+RANK, LOCAL_RANK) place a process when they are set (env://), which is how ranks on several nodes
+meet; otherwise rank 0 picks a free port on 127.0.0.1, meets there (tcp://) and starts the other
+ranks itself, with those variables set.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from atom_aot.distributed.collectives import register_tp_group
+
+COLLECTIVE_TIMEOUT = timedelta(seconds=300)
+IDLE_TIMEOUT = timedelta(days=30)
+TORCHRUN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """Where one process sits in the world and how it finds the others."""
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    local_rank: int              # the GPU this rank uses on its node
+    placed_by_env: bool = False  # placed by torchrun's variables: meet through env:// (torchrun's own store)
+
+    @classmethod
+    def from_env(cls) -> "RankPlace | None":
+        """The place torchrun's variables give (None when none is set); a partial set is an error."""
+        present = [name for name in TORCHRUN_VARIABLES if name in os.environ]
+        if not present:
+            return None
+        if len(present) != len(TORCHRUN_VARIABLES):
+            missing = sorted(set(TORCHRUN_VARIABLES) - set(present))
+            raise ValueError(f"{', '.join(present)} set but not {', '.join(missing)}: a rank placed by the environment "
+                             f"needs all of {', '.join(TORCHRUN_VARIABLES)} (as torchrun sets them)")
+        rank = int(os.environ["RANK"])
+        return cls(rank, int(os.environ["WORLD_SIZE"]), os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                   int(os.environ.get("LOCAL_RANK", rank)), placed_by_env=True)
+
+    @classmethod
+    def local_leader(cls, world_size: int) -> "RankPlace":
+        """Rank 0 of a world whose ranks all run on this machine."""
+        return cls(0, world_size, "127.0.0.1", free_port(), 0)
+
+    def peer(self, rank: int) -> "RankPlace":
+        return RankPlace(rank, self.world_size, self.master_addr, self.master_port, rank)
+
+    @property
+    def init_method(self) -> str:
+        """env:// under torchrun (whose agent already serves the store on MASTER_PORT), else a TCP store."""
+        return "env://" if self.placed_by_env else f"tcp://{self.master_addr}:{self.master_port}"
+
+
+@dataclass(frozen=True)
+class RankGroup:
+    """This process's membership: rank, world size and the control group."""
+    rank: int
+    world_size: int
+    control: dist.ProcessGroup
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_device(arch: str, local_rank: int) -> torch.device:
+    """The device of a rank on an `arch` machine: on GPUs its LOCAL_RANK's, made the current one."""
+    if arch == "cpu":
+        return torch.device("cpu")
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def join(place: RankPlace, device: torch.device) -> RankGroup:
+    """Meet the other ranks (blocks until all arrive, at most COLLECTIVE_TIMEOUT)."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=place.init_method,
+                            rank=place.rank, world_size=place.world_size, timeout=COLLECTIVE_TIMEOUT,
+                            device_id=device if device.type == "cuda" else None)
+    register_tp_group(dist.group.WORLD)
+    control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    return RankGroup(place.rank, place.world_size, control)
+
+
+def agree_min(value: int, group: RankGroup) -> int:
+    """The smallest of every rank's `value` (the KV blocks all ranks can hold)."""
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group.control)
+    return int(t.item())
+
+
+def leave() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,93 @@
+"""Tensor parallelism (Megatron layout) as the model code sees it: which part of each layer one
+rank holds, and the modules whose forward needs the other ranks.
+
+With `tp` ranks, rank r holds
+  - query heads [r*H/tp, (r+1)*H/tp) and the KV heads they read: KV heads [r*Hkv/tp, ...) when
+    Hkv >= tp, else the one KV head r // (tp/Hkv), replicated on tp/Hkv ranks;
+  - columns r of gate/up (column-parallel: no communication) and the matching input rows of o_proj
+    and down_proj (row-parallel: each rank's product is a partial sum, all-reduced);
+  - vocabulary rows [r*V'/tp, (r+1)*V'/tp) of the embedding and lm_head, V' = V padded up to a
+    multiple of tp (padding rows are zero and their logits are cut off).
+Nothing here depends on r: where the rank matters (the embedding's first row) it is a weight, so
+every rank runs the same graph and one compiled package serves them all. tp = 1 builds exactly
+the single-device model, with no collective in its graph.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from atom_aot.distributed.collectives import all_gather_columns, all_reduce
+from atom_aot.models.config import ModelConfig
+
+
+def check_splittable(cfg: ModelConfig, tp: int) -> None:
+    """ValueError unless `cfg` splits over `tp` ranks in this layout."""
+    heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    checks = [(heads % tp, f"num_attention_heads {heads} is not a multiple of tp"),
+              (kv % tp and tp % kv, f"num_key_value_heads {kv} neither divides nor is a multiple of tp"),
+              (cfg.intermediate_size % tp, f"intermediate_size {cfg.intermediate_size} is not a multiple of tp")]
+    problems = [problem for failed, problem in checks if failed]
+    if tp > 1 and cfg.num_experts:
+        problems.append("its expert layers are not sharded over ranks yet (tensor and expert parallelism of "
+                        "MoE layers are not implemented): build MoE models with -tp 1")
+    if problems:
+        raise ValueError(f"this model does not split over tp={tp} tensor-parallel ranks: {'; '.join(problems)}. "
+                         f"Build with a -tp that divides its {heads} attention heads.")
+
+
+def local_kv_heads(cfg: ModelConfig, tp: int) -> int:
+    return max(1, cfg.num_key_value_heads // tp)
+
+
+def rank_shapes(cfg: ModelConfig, tp: int) -> ModelConfig:
+    """The sizes one rank computes (heads, KV heads, MLP width; the vocabulary stays whole, since
+    token ids and logits are global): what KV caches, kernels and tuning are sized by."""
+    check_splittable(cfg, tp)
+    return dataclasses.replace(cfg, num_attention_heads=cfg.num_attention_heads // tp,
+                               num_key_value_heads=local_kv_heads(cfg, tp),
+                               intermediate_size=cfg.intermediate_size // tp)
+
+
+def vocab_shard_size(vocab_size: int, tp: int) -> int:
+    """Rows of the embedding and lm_head per rank (the vocabulary padded up to a multiple of tp)."""
+    return -(-vocab_size // tp)
+
+
+def reduce_partial_sums(x: torch.Tensor, tp: int) -> torch.Tensor:
+    """The output of a row-parallel linear: each rank's product is a partial sum of the whole."""
+    return x if tp == 1 else all_reduce(x)
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Rank r's rows of the embedding: a token outside them looks up zeros, and the all-reduce
+    puts together the one rank's row that holds it."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype, tp: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_shard_size(vocab_size, tp), hidden_size, dtype=dtype))
+        # rank * rows: a weight, not a constant, so the ranks' graphs are the same
+        self.register_buffer("vocab_start", torch.empty((), dtype=torch.int64))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        local = input_ids - self.vocab_start                           # [T]
+        inside = (local >= 0) & (local < self.weight.shape[0])
+        rows = F.embedding(torch.where(inside, local, 0), self.weight)  # [T, hidden]
+        return all_reduce(rows.masked_fill(~inside.unsqueeze(-1), 0))
+
+
+def make_embedding(vocab_size: int, hidden_size: int, dtype: torch.dtype, tp: int) -> nn.Module:
+    if tp == 1:
+        return nn.Embedding(vocab_size, hidden_size, dtype=dtype)
+    return VocabParallelEmbedding(vocab_size, hidden_size, dtype, tp)
+
+
+def vocab_logits(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int, tp: int) -> torch.Tensor:
+    """float32 logits [N, vocab] on every rank from hidden [N, hidden] and this rank's lm_head rows."""
+    logits = F.linear(hidden, weight)                         # [N, vocab / tp]
+    if tp > 1:
+        logits = all_gather_columns(logits, tp)[:, :vocab_size]
+    return logits.float()

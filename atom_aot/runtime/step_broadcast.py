@@ -1,0 +1,102 @@
+"""Each step's inputs, from rank 0 (which schedules) to the other ranks (which only compute).
+
+Before rank 0 runs a forward it broadcasts a header on the control group (host memory), then the
+step's index tensors, packed into one int64 tensor, on the world group (on the device: NCCL on GPUs).
+Every rank then runs the same forward on the same inputs, each with its own KV cache and weights;
+the collectives inside the forward meet. The KV cache is not sent: each rank's is its own.
+
+    header: [command, forward, num_tokens, num_seqs, max_blocks_per_seq, num_logits]
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import torch
+import torch.distributed as dist
+
+from atom_aot.distributed.group import RankGroup
+from atom_aot.models.step_inputs import SPECS, StepInputs, input_dtype
+
+if TYPE_CHECKING:
+    from atom_aot.runtime.tp_lead import LeadRank
+
+STEP, STOP = 0, 1
+SENT = tuple(name for name in StepInputs._fields if name != "kv_cache")
+HEADER_LEN = 6
+
+
+def _sizes(header: list[int]) -> dict[str, int]:
+    tokens, seqs, max_blocks, logits = header[2:]
+    return {"num_tokens": tokens, "num_seqs": seqs, "num_seqs_plus_1": seqs + 1, "max_blocks_per_seq": max_blocks,
+            "num_logits": logits}
+
+
+def pack(inputs: StepInputs) -> torch.Tensor:
+    """[sum of the sent inputs' sizes] int64: the sent inputs flattened, back to back."""
+    return torch.cat([getattr(inputs, name).flatten().to(torch.int64) for name in SENT])
+
+
+def unpack(flat: torch.Tensor, sizes: dict[str, int], kv_cache: torch.Tensor) -> StepInputs:
+    shapes = {name: [sizes[dim] for dim in SPECS[name].dims] for name in SENT}
+    parts = flat.split([_numel(SPECS[name].dims, sizes) for name in SENT])
+    values = {name: part.view(shapes[name]).to(input_dtype(name, kv_cache.dtype)) for name, part in zip(SENT, parts)}
+    return StepInputs(kv_cache=kv_cache, **values)
+
+
+class StepSender:
+    """Rank 0's end."""
+
+    def __init__(self, group: RankGroup):
+        self.group = group
+
+    def send(self, forward: int, inputs: StepInputs) -> None:
+        (tokens,), (seqs, max_blocks) = inputs.input_ids.shape, inputs.block_tables.shape
+        header = torch.tensor([STEP, forward, tokens, seqs, max_blocks, inputs.logits_indices.shape[0]])
+        dist.broadcast(header, src=0, group=self.group.control)
+        dist.broadcast(pack(inputs), src=0)
+
+    def stop(self) -> None:
+        dist.broadcast(torch.tensor([STOP] + [0] * (HEADER_LEN - 1)), src=0, group=self.group.control)
+
+
+class StepReceiver:
+    """The end of ranks 1..N-1."""
+
+    def __init__(self, group: RankGroup, kv_cache: torch.Tensor):
+        self.group = group
+        self.kv_cache = kv_cache
+
+    def receive(self) -> tuple[int, StepInputs] | None:
+        """(which forward, its inputs), or None when rank 0 stops the engine."""
+        header = torch.empty(HEADER_LEN, dtype=torch.int64)
+        dist.broadcast(header, src=0, group=self.group.control)
+        values = header.tolist()
+        if values[0] == STOP:
+            return None
+        sizes = _sizes(values)
+        flat = torch.empty(sum(_numel(SPECS[name].dims, sizes) for name in SENT), dtype=torch.int64,
+                           device=self.kv_cache.device)
+        dist.broadcast(flat, src=0)
+        return values[1], unpack(flat, sizes, self.kv_cache)
+
+
+def _numel(dims: tuple[str, ...], sizes: dict[str, int]) -> int:
+    return int(torch.Size([sizes[d] for d in dims]).numel())
+
+
+class LeadingForward:
+    """Rank 0's forward: sends the inputs to the other ranks, then runs the forward itself.
+
+    `lead` (runtime/tp_lead.py) sends, and says which rank failed when a collective fails."""
+
+    def __init__(self, forward: Callable[[StepInputs], torch.Tensor], index: int, lead: "LeadRank"):
+        self.forward, self.index, self.lead = forward, index, lead
+
+    def __call__(self, inputs: StepInputs) -> torch.Tensor:
+        self.lead.check(None)
+        try:
+            self.lead.sender.send(self.index, inputs)
+            return self.forward(inputs)
+        except RuntimeError as e:       # torch.distributed's errors (DistBackendError, ...) are RuntimeErrors
+            self.lead.check(e)
+            raise

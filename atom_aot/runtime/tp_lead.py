@@ -1,0 +1,136 @@
+"""Rank 0 of a tensor-parallel engine: starts (or meets) the other ranks, leads every step, and
+notices a rank that dies.
+
+Rank 0 is the engine: it schedules, sends each step's inputs to the others (step_broadcast.py),
+runs its part of the forward and samples. The other ranks are `atom-run ART worker` processes:
+started here on this machine, or by hand / torchrun on other nodes (docs/parallelism.md).
+
+A rank that dies must take the engine down with a clear error, never a hang: the next collective
+with it fails (its sockets closed), and rank 0 says which rank went and how. While the engine is
+idle no collective runs, so a watcher thread polls the ranks it started and, when one exits,
+interrupts the main thread with SIGTERM: the server's engine process ends on it (and the server
+with it); a process that does not handle SIGTERM (offline LLMEngine) is left alone, and its next
+step raises instead.
+"""
+from __future__ import annotations
+
+import _thread
+import atexit
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+
+from atom_aot.artifact.reader import Artifact
+from atom_aot.config_flags import to_argv
+from atom_aot.distributed.group import RankGroup, RankPlace, agree_min, join, leave, rank_device
+from atom_aot.runtime.config import RuntimeConfig
+from atom_aot.runtime.forwards import Forwards
+from atom_aot.runtime.step_broadcast import LeadingForward, StepSender
+
+log = logging.getLogger("atom_aot")
+
+WATCH_INTERVAL_S = 0.2
+DEATH_NOTICE_S = 2.0        # how long a failed collective waits for the watcher to name the rank that died
+STOP_GRACE_S = 10.0
+
+
+class RankFailure(RuntimeError):
+    """Another tensor-parallel rank died or stopped answering: the engine cannot go on."""
+
+
+def start_other_ranks(artifact_path: str | Path, config: RuntimeConfig) -> "LeadRank | None":
+    """Rank 0's link to the other ranks of the artifact's layout (None for a one-rank artifact).
+
+    Placed by torchrun's variables, this process must be rank 0 and the others are started
+    elsewhere; otherwise ranks 1..N-1 are started here as child processes."""
+    artifact = Artifact.open(artifact_path)
+    world = artifact.manifest.layout.world_size
+    place = RankPlace.from_env()
+    if world == 1:
+        return None
+    if place is not None and (place.rank != 0 or place.world_size != world):
+        raise ValueError(f"this process is RANK {place.rank} of WORLD_SIZE {place.world_size}, but the engine is rank "
+                         f"0 of the artifact's {world} ranks: set WORLD_SIZE={world}, RANK=0 here and start ranks "
+                         f"1..{world - 1} with `atom-run {artifact_path} worker` (docs/parallelism.md)")
+    if dist.is_initialized():
+        raise RuntimeError("this process already has a torch.distributed process group (another tensor-parallel "
+                           "engine?): close that engine first (LLMEngine.close())")
+    from atom_aot.runtime.loader import check_target
+    check_target(artifact)                 # refuse before anything starts
+    children = [] if place is not None else None
+    if place is None:
+        place = RankPlace.local_leader(world)
+        children = [_start_worker(artifact_path, config, place.peer(rank)) for rank in range(1, world)]
+    device = rank_device(artifact.manifest.target.arch, place.local_rank)
+    return LeadRank(join(place, device), children)
+
+
+def _start_worker(artifact_path: str | Path, config: RuntimeConfig, place: RankPlace) -> subprocess.Popen:
+    env = {**os.environ, "MASTER_ADDR": place.master_addr, "MASTER_PORT": str(place.master_port),
+           "WORLD_SIZE": str(place.world_size), "RANK": str(place.rank), "LOCAL_RANK": str(place.local_rank)}
+    cmd = [sys.executable, "-m", "atom_aot.runtime.cli", str(artifact_path), "worker", *to_argv(config)]
+    return subprocess.Popen(cmd, env=env)
+
+
+class LeadRank:
+    def __init__(self, group: RankGroup, children: list[subprocess.Popen]):
+        self.group = group
+        self.children = children
+        self.sender = StepSender(group)
+        self.failure: str | None = None
+        self._closing = False
+        threading.Thread(target=self._watch, name="atom-rank-watch", daemon=True).start()
+        atexit.register(self.close)
+
+    def agree_num_blocks(self, num_blocks: int) -> int:
+        return agree_min(num_blocks, self.group)
+
+    def lead(self, forwards: Forwards) -> Forwards:
+        """`forwards` sending each step to the other ranks first (they run the forward rank 0 picks)."""
+        decode = None if forwards.decode is None else LeadingForward(forwards.decode, 1, self)
+        return Forwards(LeadingForward(forwards.mixed, 0, self), decode, forwards.decode_max_seqs)
+
+    def check(self, error: BaseException | None) -> None:
+        """Raise RankFailure if a rank is known dead; after a failed collective (`error`), say what failed."""
+        deadline = time.monotonic() + (DEATH_NOTICE_S if error is not None and self.children else 0)
+        while self.failure is None and time.monotonic() < deadline:
+            time.sleep(WATCH_INTERVAL_S / 2)
+        if self.failure is not None:
+            raise RankFailure(f"{self.failure}: the engine cannot go on without it; restart it") from error
+        if error is not None and isinstance(error, dist.DistError):
+            raise RankFailure(f"a collective with the other tensor-parallel ranks failed ({error}); a rank has "
+                              f"stopped or cannot be reached: the engine cannot go on; restart it") from error
+
+    def _watch(self) -> None:
+        while not self._closing:
+            for rank, child in enumerate(self.children, start=1):
+                if child.poll() is not None and not self._closing:
+                    self.failure = f"tensor-parallel rank {rank} (pid {child.pid}) exited with code {child.returncode}"
+                    log.error("%s; the engine stops", self.failure)
+                    _thread.interrupt_main(signal.SIGTERM)
+                    return
+            time.sleep(WATCH_INTERVAL_S)
+
+    def close(self) -> None:
+        """Stop the other ranks (they leave their loop) and wait for the ones started here."""
+        if self._closing:
+            return
+        self._closing = True
+        if self.failure is None:
+            try:
+                self.sender.stop()
+            except RuntimeError:
+                log.warning("the other tensor-parallel ranks could not be told to stop", exc_info=True)
+        for child in self.children:
+            try:
+                child.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        leave()

@@ -1,0 +1,51 @@
+"""Ranks 1..N-1 of a tensor-parallel engine (`atom-run ART worker`): load this rank's weights, then
+run whatever forward rank 0 sends, until it says stop or goes away.
+
+Placed by torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK), set by
+rank 0 for the ranks it starts on its machine or by hand / torchrun on other nodes.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+import torch.distributed as dist
+
+from atom_aot.distributed.group import RankPlace, agree_min, join, leave, rank_device
+from atom_aot.artifact.reader import Artifact
+from atom_aot.runtime.config import RuntimeConfig
+from atom_aot.runtime.loader import load_artifact
+from atom_aot.runtime.startup import kv_block_count, prepare_model
+from atom_aot.runtime.step_broadcast import StepReceiver
+from atom_aot.runtime.threads import set_torch_threads
+from atom_aot.runtime.tp_lead import RankFailure
+
+log = logging.getLogger("atom_aot")
+
+
+def run_worker(artifact_path: str | Path, config: RuntimeConfig) -> None:
+    place = RankPlace.from_env()
+    if place is None or place.rank == 0:
+        raise ValueError("`atom-run ART worker` runs ranks 1..N-1 of a tensor-parallel engine: set RANK (>= 1), "
+                         "WORLD_SIZE, MASTER_ADDR and MASTER_PORT as for torchrun; rank 0 is `atom-run ART serve` "
+                         "or `generate` (docs/parallelism.md)")
+    set_torch_threads(config.num_threads)
+    group = join(place, rank_device(Artifact.open(artifact_path).manifest.target.arch, place.local_rank))
+    try:
+        loaded = load_artifact(artifact_path, enforce_eager=config.enforce_eager, rank=place.rank)
+        kv_cache, forwards = prepare_model(loaded, config, agree_min(kv_block_count(loaded, config), group))
+        serve_steps(StepReceiver(group, kv_cache), [forwards.mixed, forwards.decode])
+    except dist.DistError as e:
+        raise RankFailure(f"rank {place.rank} lost rank 0 ({type(e).__name__}: {e}); this rank stops") from None
+    finally:
+        leave()
+
+
+@torch.inference_mode()
+def serve_steps(receiver: StepReceiver, forwards: list) -> None:
+    """Run each step rank 0 sends; return when it says stop. If rank 0 goes away the receive fails."""
+    while (step := receiver.receive()) is not None:
+        index, inputs = step
+        forwards[index](inputs)

@@ -1,0 +1,143 @@
+"""Data parallelism: N engine processes, each with a whole replica of the model, behind one front end.
+
+`DataParallelClient` has `EngineClient`'s interface, so the server runs on it unchanged. It sends
+each API call's requests (`AddRequests`) to the replica with the fewest requests in flight, and an
+abort to whichever replica runs each request; their outputs come back through the one router. A
+replica that dies takes the server down, as a single engine's death does. Calls other than adding
+requests (profiling) go to every replica; the first one's answer is returned.
+
+On GPUs each replica sees its own GPUs (CUDA_VISIBLE_DEVICES, `world_size` of them per replica).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+from typing import Callable, Iterator, TypeVar
+
+from atom_aot.artifact.manifest import Manifest
+from atom_aot.runtime.config import RuntimeConfig
+from atom_aot.runtime.outputs import CoreOutput, CoreStats
+from atom_aot.server.engine_client import EngineClient, EngineStatus
+from atom_aot.server.messages import Abort, AddRequests, EngineInfo, EngineRequest, EngineStats, Heartbeat
+
+R = TypeVar("R")
+
+
+def engine_client(args, config: RuntimeConfig, manifest: Manifest) -> "EngineClient | DataParallelClient":
+    """The server's engine: one process, or `args.data_parallel_size` replicas behind one client."""
+    replicas = [EngineClient(args.artifact, config, args.torch_profiler_dir, args.log_level)
+                for _ in range(args.data_parallel_size)]
+    if len(replicas) == 1:
+        return replicas[0]
+    return DataParallelClient(replicas, None if manifest.target.arch == "cpu" else manifest.layout.world_size)
+
+
+class DataParallelClient:
+    def __init__(self, replicas: list[EngineClient], gpus_per_replica: int | None = None):
+        """`gpus_per_replica`: GPUs each replica takes (None on the CPU, where replicas share the cores)."""
+        self.replicas = replicas
+        self.gpus_per_replica = gpus_per_replica
+        self.artifact_path = replicas[0].artifact_path
+        self.in_flight: list[set[str]] = [set() for _ in replicas]   # replica -> request ids it runs
+        self.exited = asyncio.Event()
+        self._on_outputs: Callable[[list[CoreOutput]], None] = lambda outputs: None
+        self._on_death: Callable[[], None] = lambda: None
+        self._exit_watch: list[asyncio.Future] = []
+
+    @property
+    def dead(self) -> bool:
+        return any(replica.dead for replica in self.replicas)
+
+    async def start(self, timeout: float = 600.0) -> EngineInfo:
+        """Start every replica (they load the model side by side); the info of the first, with the KV
+        blocks of all."""
+        starting = []
+        for i, replica in enumerate(self.replicas):
+            with self._visible_gpus(i):
+                starting.append(asyncio.ensure_future(replica.start(timeout)))
+                await asyncio.sleep(0)      # runs start() up to its first wait: the process is spawned by then
+        infos = await asyncio.gather(*starting)
+        for i, replica in enumerate(self.replicas):
+            replica.listen(self._outputs_of(i), lambda: self._on_death())
+        self._exit_watch = [asyncio.ensure_future(self._watch_exit(replica)) for replica in self.replicas]
+        return dataclasses.replace(infos[0], num_kv_blocks=sum(info.num_kv_blocks for info in infos))
+
+    def listen(self, on_outputs: Callable[[list[CoreOutput]], None], on_death: Callable[[], None]) -> None:
+        self._on_outputs, self._on_death = on_outputs, on_death
+
+    def status(self) -> EngineStatus:
+        statuses = [replica.status() for replica in self.replicas]
+        beats = [s.heartbeat for s in statuses]
+        if any(beat is None for beat in beats):
+            return EngineStatus(all(s.alive for s in statuses), None, None)
+        return EngineStatus(all(s.alive for s in statuses), _summed(beats),
+                            max(s.heartbeat_age_s for s in statuses))
+
+    async def shutdown(self) -> None:
+        await asyncio.gather(*(replica.shutdown() for replica in self.replicas))
+
+    def send(self, message) -> bool:
+        if not isinstance(message, Abort):
+            return all([replica.send(message) for replica in self.replicas])
+        sent = True
+        for i, replica in enumerate(self.replicas):
+            mine = [request_id for request_id in message.request_ids if request_id in self.in_flight[i]]
+            self.in_flight[i].difference_update(mine)
+            sent &= not mine or replica.send(dataclasses.replace(message, request_ids=mine))
+        return sent
+
+    async def call(self, request: EngineRequest[R], timeout: float | None = None) -> R:
+        if not isinstance(request, AddRequests):
+            results = await asyncio.gather(*(replica.call(request, timeout) for replica in self.replicas))
+            return results[0]
+        i = self.least_loaded()
+        ids = {new.request_id for new in request.requests}
+        self.in_flight[i] |= ids
+        try:
+            return await self.replicas[i].call(request, timeout)
+        except BaseException:
+            self.in_flight[i] -= ids
+            raise
+
+    def least_loaded(self) -> int:
+        """The replica with the fewest requests in flight (the first of equals)."""
+        return min(range(len(self.replicas)), key=lambda i: len(self.in_flight[i]))
+
+    def _outputs_of(self, i: int) -> Callable[[list[CoreOutput]], None]:
+        def on_outputs(outputs: list[CoreOutput]) -> None:
+            self.in_flight[i].difference_update(o.request_id for o in outputs if o.finish_reason is not None)
+            self._on_outputs(outputs)
+        return on_outputs
+
+    async def _watch_exit(self, replica: EngineClient) -> None:
+        await replica.exited.wait()
+        self.exited.set()
+
+    @contextlib.contextmanager
+    def _visible_gpus(self, i: int) -> Iterator[None]:
+        """Replica i's GPUs as the spawned engine process's environment (it copies os.environ)."""
+        if self.gpus_per_replica is None:
+            yield
+            return
+        before = os.environ.get("CUDA_VISIBLE_DEVICES")
+        first = i * self.gpus_per_replica
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(first, first + self.gpus_per_replica))
+        try:
+            yield
+        finally:
+            if before is None:
+                del os.environ["CUDA_VISIBLE_DEVICES"]
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
+def _summed(beats: list[Heartbeat]) -> Heartbeat:
+    """One heartbeat whose numbers are the replicas' added up."""
+    core = CoreStats(*(sum(getattr(b.stats.core, f.name) for b in beats) for f in dataclasses.fields(CoreStats)))
+    counts: dict[str, int] = {}
+    for beat in beats:
+        for name, n in beat.stats.compile_counts.items():
+            counts[name] = counts.get(name, 0) + n
+    return Heartbeat(sum(b.steps for b in beats), EngineStats(core, counts))

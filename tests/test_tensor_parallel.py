@@ -1,0 +1,170 @@
+"""Tensor parallelism on the CPU: ranks are processes meeting over gloo (each engine with a
+tensor-parallel artifact starts its ranks 1..N-1 as `atom-run ART worker` processes).
+
+Greedy output of TP-2 and TP-4 artifacts equals TP-1's on tiny Llama and Qwen3 models (4 ranks
+over 2 KV heads replicate them); weights-only (`--compile none`) artifacts except one compiled TP-2
+Qwen3, whose one package serves both ranks.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from atom_aot.artifact.reader import Artifact
+from atom_aot.build.config import BuildConfig
+from atom_aot.build.export import export_model
+from atom_aot.build.pipeline import plan
+from atom_aot.build.shard import shard_state_dict
+from atom_aot.distributed.group import RankPlace
+from atom_aot.artifact.phase import Phase
+from atom_aot.entrypoints.llm import LLMEngine
+from atom_aot.errors import BuildError
+from atom_aot.models import model_class
+from atom_aot.runtime.placement import placement_problem
+from atom_aot.runtime.sampling_params import SamplingParams
+from atom_aot.runtime.tp_lead import RankFailure
+from model_factories import tiny_model
+
+PROMPTS = ["Hello world! How are", "The quick brown fox", "0123456789 + - * / ="]
+GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
+ENGINE = dict(num_kv_blocks=64, num_threads=1)
+
+
+def greedy_tokens(artifact) -> list[list[int]]:
+    engine = LLMEngine(str(artifact), **ENGINE)
+    try:
+        return [out["token_ids"] for out in engine.generate(PROMPTS, GREEDY)]
+    finally:
+        engine.close()
+
+
+def rank_model(full, tp: int, rank: int):
+    with torch.device("meta"):
+        model = model_class(full.config.architecture)(full.config, torch.float32, tp=tp)
+    model.load_state_dict(shard_state_dict(full.state_dict(), full.config, tp, rank), assign=True)
+    return model.eval()
+
+
+class TestShardStateDict:
+    @pytest.mark.parametrize("tp", [2, 4])
+    def test_each_rank_matches_the_rank_model_name_for_name_and_shape_for_shape(self, tp):
+        full = tiny_model(vocab_size=66)            # 66 rows: padded to a multiple of 4
+        for rank in range(tp):
+            model = rank_model(full, tp, rank)
+            assert model.model.embed_tokens.vocab_start.item() == rank * -(-66 // tp)
+
+    def test_four_ranks_over_two_kv_heads_each_hold_the_kv_head_their_query_heads_read(self):
+        full = tiny_model()                         # 4 query heads, 2 KV heads of 32
+        qkv = full.state_dict()["model.layers.0.self_attn.qkv_proj.weight"]
+        d, q_rows = 32, 4 * 32
+        for rank in range(4):
+            part = shard_state_dict(full.state_dict(), full.config, 4, rank)["model.layers.0.self_attn.qkv_proj.weight"]
+            kv_head = rank // 2
+            assert torch.equal(part[:d], qkv[rank * d:(rank + 1) * d])
+            assert torch.equal(part[d:2 * d], qkv[q_rows + kv_head * d:q_rows + (kv_head + 1) * d])
+
+    def test_the_ranks_export_the_same_graph_so_one_package_serves_them(self):
+        full = tiny_model()
+        graphs = [export_model(rank_model(full, 2, rank), torch.float32, 16, 128, torch.device("cpu"),
+                               Phase.MIXED).graph_module.code for rank in range(2)]
+        assert graphs[0] == graphs[1]
+        assert "atom.all_reduce" in graphs[0] and "atom.all_gather" in graphs[0]
+
+
+class TestBuild:
+    def test_the_build_key_and_name_change_with_tp(self, tiny_llama_dir):
+        keys = {tp: plan(str(tiny_llama_dir), BuildConfig(arch="cpu", tensor_parallel_size=tp))[2] for tp in (1, 2)}
+        assert keys[1] != keys[2]
+
+    def test_a_tp_that_does_not_divide_the_heads_is_refused_before_anything_is_built(self, tiny_llama_dir):
+        with pytest.raises(BuildError, match="num_attention_heads 4 is not a multiple of tp"):
+            plan(str(tiny_llama_dir), BuildConfig(arch="cpu", tensor_parallel_size=3))
+
+    def test_a_tp2_artifact_has_a_weights_file_per_rank(self, build_artifact, tiny_llama_dir):
+        manifest = Artifact.open(build_artifact(tiny_llama_dir, compile="none", tensor_parallel_size=2)).manifest
+        assert manifest.layout.tensor_parallel_size == 2
+        assert {"weights/rank0.safetensors", "weights/rank1.safetensors"} <= set(manifest.members)
+
+
+def test_a_gpu_artifact_with_more_ranks_than_gpus_is_refused_with_the_build_that_fits(build_artifact, tiny_llama_dir):
+    manifest = Artifact.open(build_artifact(tiny_llama_dir, compile="none", tensor_parallel_size=2)).manifest
+    on_gpu = dataclasses.replace(manifest, target=dataclasses.replace(manifest.target, arch="sm90"),
+                                 options=dataclasses.replace(manifest.options, arch="sm90"))
+    problem = placement_problem(on_gpu, gpus=1)
+    assert "2 tensor-parallel ranks need one GPU each, and this machine has 1" in problem
+    assert "atom-build --model" in problem and "--arch sm90" in problem and "-tp" not in problem.split("with:")[1]
+    assert placement_problem(on_gpu, gpus=2) is None and placement_problem(manifest, gpus=0) is None
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen3"])
+def test_greedy_output_of_tp2_and_tp4_equals_tp1(architecture, build_artifact, tiny_llama_dir, tiny_qwen3_dir):
+    model = tiny_llama_dir if architecture == "llama" else tiny_qwen3_dir     # 4 heads over 2 KV heads
+    expected = greedy_tokens(build_artifact(model, compile="none"))
+    for tp in (2, 4):
+        assert greedy_tokens(build_artifact(model, compile="none", tensor_parallel_size=tp)) == expected, f"tp={tp}"
+
+
+def test_a_compiled_tp2_artifact_shares_one_package_and_matches_tp1(build_artifact, tiny_qwen3_dir):
+    art = build_artifact(tiny_qwen3_dir, compile="aoti", tensor_parallel_size=2)
+    manifest = Artifact.open(art).manifest
+    assert manifest.compiled.packages == {Phase.MIXED: "compiled/mixed.pt2"}
+    assert "-tp2-" in art.name
+    assert greedy_tokens(art) == greedy_tokens(build_artifact(tiny_qwen3_dir, compile="none"))
+    assert build_artifact(tiny_qwen3_dir, compile="aoti", tensor_parallel_size=2) == art     # a cache hit
+
+
+def test_a_killed_rank_ends_the_engine_with_an_error_naming_it(build_artifact, tiny_llama_dir):
+    engine = LLMEngine(str(build_artifact(tiny_llama_dir, compile="none", tensor_parallel_size=2)), **ENGINE)
+    worker = engine.core.runner.forwards.mixed.lead.children[0]
+    worker.kill()
+    worker.wait()
+    start = time.monotonic()
+    with pytest.raises(RankFailure, match=r"tensor-parallel rank 1 \(pid \d+\) exited with code -9"):
+        engine.generate(PROMPTS, GREEDY)
+    assert time.monotonic() - start < 10
+    engine.close()
+
+
+def test_a_killed_rank_ends_the_server_with_an_error_naming_it(build_artifact, tiny_llama_dir, tmp_path):
+    from test_server_support import ServerProcess
+    from atom_aot.server.lifecycle import EXIT_ENGINE_DIED
+    server = ServerProcess(build_artifact(tiny_llama_dir, compile="none", tensor_parallel_size=2), tmp_path,
+                           api_key=None).wait_healthy()
+    try:
+        engine = server.engine_pid()
+        children = Path(f"/proc/{engine}/task/{engine}/children").read_text().split()
+        worker = next(int(pid) for pid in children if b"worker" in Path(f"/proc/{pid}/cmdline").read_bytes())
+        os.kill(worker, signal.SIGKILL)
+        killed = time.monotonic()
+        assert server.proc.wait(30) == EXIT_ENGINE_DIED
+        assert time.monotonic() - killed < 30
+        assert re.search(r"tensor-parallel rank 1 \(pid \d+\) exited with code -9", server.log())
+    finally:
+        server.stop()
+
+
+class TestRankPlace:
+    def test_torchrun_variables_place_the_rank_and_meet_through_env(self, monkeypatch):
+        for name, value in dict(MASTER_ADDR="10.0.0.1", MASTER_PORT="29500", WORLD_SIZE="4", RANK="3",
+                                LOCAL_RANK="1").items():
+            monkeypatch.setenv(name, value)
+        place = RankPlace.from_env()
+        assert (place.rank, place.world_size, place.local_rank, place.init_method) == (3, 4, 1, "env://")
+
+    def test_a_partial_set_of_variables_is_refused_naming_the_missing_ones(self, monkeypatch):
+        monkeypatch.setenv("RANK", "1")
+        for name in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE"):
+            monkeypatch.delenv(name, raising=False)
+        with pytest.raises(ValueError, match="RANK set but not MASTER_ADDR, MASTER_PORT, WORLD_SIZE"):
+            RankPlace.from_env()
+
+    def test_ranks_started_here_meet_on_a_local_tcp_store(self):
+        place = RankPlace.local_leader(2)
+        assert place.init_method == f"tcp://127.0.0.1:{place.master_port}" and place.peer(1).rank == 1
