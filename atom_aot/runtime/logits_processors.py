@@ -46,8 +46,9 @@ class TokenCounts:
             self._reset(new)
         return to_device([self.slots[seq] for seq in seqs], torch.int64, self.device)
 
-    def record(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
-        """Count the sampled tokens ([n], one per slot) in their requests' rows, on the device."""
+    def record(self, seqs: list[Sequence], tokens: torch.Tensor) -> None:
+        """Count the sampled tokens ([n], one per sequence, each with its slot) in their rows, on the device."""
+        slots = to_device([self.slots[seq] for seq in seqs], torch.int64, self.device)
         self.counts.index_put_((slots, tokens), torch.ones_like(tokens, dtype=torch.int32), accumulate=True)
 
     def _release_finished(self) -> None:
@@ -157,8 +158,8 @@ class LogitsProcessors:
         """After sampling (tokens: [N], row i of seqs[i]): count each penalized request's token."""
         penalized = [row for row, seq in enumerate(seqs) if seq.params.penalizes]
         if penalized:
-            slots = self.token_counts.slots_of([seqs[row] for row in penalized], self.token_counts.counts.shape[1])
-            self.token_counts.record(slots, tokens[to_device(penalized, torch.int64, self.device)])
+            self.token_counts.record([seqs[row] for row in penalized],
+                                     tokens[to_device(penalized, torch.int64, self.device)])
 
     def _penalize(self, logits: torch.Tensor, seqs: list[Sequence], rows: list[int]) -> torch.Tensor:
         slots = self.token_counts.slots_of(seqs, logits.shape[-1])

@@ -33,7 +33,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
                    req.include_usage)
     group = await submit(state, rid.engine_base(env.id), [prompt_ids] * len(params), params, arrival)
     if req.stream:
-        return StreamResponse(_stream(state, req, plan, group, env, len(prompt_ids)), group)
+        return StreamResponse(_stream(state, req, group, env, len(prompt_ids), plan), group)
     results = await collect_unless_disconnected(request, group)
     if results is None:
         return Response(status_code=499)        # the client is gone; nobody reads this
@@ -81,8 +81,8 @@ def _response(state: ServerState, req: ChatCompletionRequest, plan: ToolPlan | N
     return env.wrap(choices, usage(num_prompt_tokens, completion_tokens, cached, [r.last for r in results]))
 
 
-async def _stream(state: ServerState, req: ChatCompletionRequest, plan: ToolPlan | None, group: RequestGroup,
-                  env: Envelope, num_prompt_tokens: int):
+async def _stream(state: ServerState, req: ChatCompletionRequest, group: RequestGroup, env: Envelope,
+                  num_prompt_tokens: int, plan: ToolPlan | None = None):
     """The `{"role": "assistant"}` chunks are sent with the engine's first output, not before the
     prefill: benchmark clients (vLLM's, ATOM's) start the first-token clock on the first chunk."""
     finals = [None] * len(group.request_ids)
