@@ -72,14 +72,15 @@ class MoEForCausalLM(DecoderForCausalLM):
     EXPERT_MODULES = {"gate_proj": ("w13", 0), "up_proj": ("w13", 1), "down_proj": ("w2", 0)}
     MODULE_RENAMES: dict[str, str] = {}
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None,
+                 tp: int = 1):
         served = max_positions or cfg.max_position_embeddings
         if cfg.sliding_window is not None and cfg.sliding_window < served:
             raise BuildError(
                 f"{cfg.architecture}'s config sets sliding_window={cfg.sliding_window}, smaller than the served "
                 f"max length {served}; atom-aot's attention has no sliding window. Build with "
                 f"--max-model-len {cfg.sliding_window} (or less).")
-        super().__init__(cfg, dtype, quant, max_positions)
+        super().__init__(cfg, dtype, quant, max_positions, tp)
 
     def routing_renormalizes(self) -> bool:
         return self.config.norm_topk_prob
