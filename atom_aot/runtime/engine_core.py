@@ -5,7 +5,8 @@ server's engine process.
 
 With async scheduling a step launches batch N+1 before it reads batch N's tokens, so the host's
 work (scheduling, inputs, reading and updating N, and the caller's output processing of N) runs
-while the device computes N+1. Without it, a step reads the batch it launched.
+while the device computes N+1. Without it, a step reads the batch it launched. Speculative
+decoding (a runner that verifies draft tokens, atom_aot/spec/) runs synchronously.
 """
 from __future__ import annotations
 
@@ -20,16 +21,19 @@ from atom_aot.runtime.outputs import CoreOutput, CoreStats, TokenLogprobs
 from atom_aot.runtime.sampling_params import SamplingParams
 from atom_aot.runtime.scheduler import ScheduledBatch, Scheduler
 from atom_aot.runtime.sequence import Sequence
+from atom_aot.spec.stats import SpecCounters
+from atom_aot.spec.verifier import VerifiedOutput
 
 
 class EngineCore:
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, eos_token_ids: frozenset[int], block_size: int,
-                 async_scheduling: bool = False):
+                 async_scheduling: bool = False, spec_counters: SpecCounters | None = None):
         self.scheduler = scheduler
         self.runner = runner
         self.eos_token_ids = eos_token_ids
         self.block_size = block_size
-        self.async_scheduling = async_scheduling
+        self.async_scheduling = async_scheduling and spec_counters is None
+        self.spec_counters = spec_counters      # speculative decoding's acceptance, when it runs
         self._in_flight: deque[tuple[ScheduledBatch, LaunchedStep]] = deque()   # launched, not read yet
         self._ids = itertools.count()
         self._prompt_logprobs: dict[str, list[TokenLogprobs]] = {}
@@ -79,7 +83,8 @@ class EngineCore:
             kv_blocks_total=bm.num_blocks, kv_blocks_free=bm.num_free_blocks, prefix_cache_queries=bm.prefix_queries,
             prefix_cache_hits=bm.prefix_hits, num_preemptions=self.scheduler.num_preemptions,
             prompt_tokens_total=self.num_prompt_tokens_total,
-            generation_tokens_total=self.num_generation_tokens_total)
+            generation_tokens_total=self.num_generation_tokens_total,
+            spec=self.spec_counters.snapshot() if self.spec_counters is not None else None)
 
     def step(self) -> list[CoreOutput]:
         """Schedule and launch a batch; return the outputs of the one before it (async scheduling),
@@ -95,11 +100,22 @@ class EngineCore:
 
     def _complete(self, batch: ScheduledBatch, launched: LaunchedStep) -> list[CoreOutput]:
         result = self.runner.complete(launched)
+        if batch.is_verify:
+            return self._complete_verified(batch, result)
         self._collect_prompt_logprobs(batch, result.prompt_logprobs)
         advanced = self.scheduler.update(batch, result.sampled)
         self.num_generation_tokens_total += len(advanced)
-        logprobs = {seq.request_id: lp for seq, lp in zip(batch.seqs, result.logprobs)}
+        logprobs = {seq.request_id: [lp] if lp is not None else [] for seq, lp in zip(batch.seqs, result.logprobs)}
         return [self._output(seq, logprobs[seq.request_id]) for seq in advanced]
+
+    def _complete_verified(self, batch: ScheduledBatch, result: VerifiedOutput) -> list[CoreOutput]:
+        """A verify step: each sequence's run of tokens (see SpeculativeRunner), cut at its first stop."""
+        logprobs = {seq.request_id: lp for seq, lp in zip(batch.seqs, result.logprobs)}
+        outputs = []
+        for seq, count in self.scheduler.update_verified(batch, result.runs):
+            self.num_generation_tokens_total += count
+            outputs.append(self._output(seq, (logprobs[seq.request_id] or [])[:count], count))
+        return outputs
 
     def _collect_prompt_logprobs(self, batch: ScheduledBatch, prompt_logprobs) -> None:
         for seq, start, scored in zip(batch.seqs, batch.num_computed_tokens, prompt_logprobs):
@@ -113,11 +129,12 @@ class EngineCore:
                                    f"before those of positions {len(collected)}..{start - 1}")
             collected.extend(scored[seen:])
 
-    def _output(self, seq: Sequence, logprobs: TokenLogprobs | None) -> CoreOutput:
-        first = len(seq.token_ids) == seq.num_prompt_tokens + 1
+    def _output(self, seq: Sequence, logprobs: list[TokenLogprobs], num_new: int = 1) -> CoreOutput:
+        """Its `num_new` newest tokens (one, or a verified run)."""
+        first = len(seq.token_ids) - num_new == seq.num_prompt_tokens
         return CoreOutput(
-            request_id=seq.request_id, new_token_ids=[seq.token_ids[-1]], finish_reason=seq.finish_reason,
-            logprobs=[logprobs] if logprobs is not None else [],
+            request_id=seq.request_id, new_token_ids=seq.token_ids[-num_new:], finish_reason=seq.finish_reason,
+            logprobs=logprobs,
             prompt_logprobs=self._prompt_logprobs.pop(seq.request_id, None) if first else None,
             num_prompt_tokens=seq.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens,
             arrival_time=seq.arrival_time, first_token_time=seq.first_token_time, finish_time=seq.finish_time)

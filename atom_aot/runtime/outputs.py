@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from atom_aot.spec.stats import SpecCounters
+
 
 @dataclass
 class TokenLogprobs:
@@ -40,3 +42,4 @@ class CoreStats:
     num_preemptions: int
     prompt_tokens_total: int
     generation_tokens_total: int
+    spec: SpecCounters | None = None   # speculative decoding's acceptance counters (None: it is off)

@@ -20,6 +20,7 @@ from atom_aot.runtime.model_runner import ModelRunner
 from atom_aot.runtime.sampler import Sampler
 from atom_aot.runtime.scheduler import Scheduler, SchedulerConfig
 from atom_aot.runtime.threads import set_torch_threads
+from atom_aot.spec.setup import start_speculation
 
 log = logging.getLogger("atom_aot")
 
@@ -89,12 +90,17 @@ def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig) -> EngineCo
     kv_cache = allocate_kv_cache(loaded.model_config, num_blocks, loaded.block_size, loaded.kv_dtype, loaded.device)
     log.info("KV cache: %d blocks x %d tokens (%.1f MiB, %s)", num_blocks, loaded.block_size,
              kv_cache.numel() * kv_cache.element_size() / 2**20, str(loaded.kv_dtype).removeprefix("torch."))
-    scheduler = Scheduler(
-        SchedulerConfig.from_runtime(config, max_model_len),
-        BlockManager(num_blocks, loaded.block_size, config.enable_prefix_caching))
     forwards = make_forwards(loaded, config, kv_cache, max_model_len)
     runner = ModelRunner(forwards, kv_cache, loaded.block_size, loaded.device, Sampler(loaded.device, config.seed))
-    return EngineCore(scheduler, runner, eos_token_ids(loaded), loaded.block_size, config.async_scheduling)
+    speculation = start_speculation(loaded, config, runner, max_model_len, num_blocks, config.max_num_seqs)
+    scheduler = Scheduler(
+        SchedulerConfig.from_runtime(config, max_model_len),
+        BlockManager(num_blocks, loaded.block_size, config.enable_prefix_caching),
+        proposer=speculation.proposer if speculation else None)
+    if speculation is None:
+        return EngineCore(scheduler, runner, eos_token_ids(loaded), loaded.block_size, config.async_scheduling)
+    return EngineCore(scheduler, speculation.runner, eos_token_ids(loaded), loaded.block_size,
+                      spec_counters=speculation.runner.counters)
 
 
 def load_and_start(artifact_path, config: RuntimeConfig) -> tuple[LoadedArtifact, EngineCore]:
