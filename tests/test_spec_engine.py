@@ -4,6 +4,8 @@ stops inside an accepted run, preemption and prefix caching, sampled tokens that
 target's distribution, the statistics (print_mtp_statistics, /metrics) and refusals."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -12,6 +14,7 @@ from atom_aot.errors import StartupError
 from atom_aot.server.engine_client import EngineStatus
 from atom_aot.server.messages import EngineStats, Heartbeat
 from atom_aot.server.metrics import ServerMetrics
+from atom_aot.spec.setup import check_draft
 from factories import make_tiny_model, random_prompts
 from test_spec_rejection import chi_square_p_value
 
@@ -171,3 +174,17 @@ class TestRefusals:
     def test_options_are_checked_before_loading(self, target):
         with pytest.raises(ValueError, match="draft_model .* exactly with --method draft"):
             LLMEngine(target, method="draft", num_speculative_tokens=2)
+
+    @pytest.mark.parametrize("draft, problem", [
+        (dict(tokenizer_hash="b" * 32), "has another tokenizer"),
+        (dict(max_model_len=64), "built for sequences of up to 64 tokens, fewer than the 128 served"),
+        (dict(device=torch.device("cuda")), "runs on cuda"),
+    ])
+    def test_a_draft_model_that_cannot_serve_as_one(self, draft, problem):
+        def loaded(tokenizer_hash="a" * 32, max_model_len=128, device=torch.device("cpu")):
+            model = SimpleNamespace(name="m", tokenizer_hash=tokenizer_hash)
+            return SimpleNamespace(manifest=SimpleNamespace(model=model), path="m.atom", max_model_len=max_model_len,
+                                   device=device)
+        check_draft(loaded(), loaded(), 128)
+        with pytest.raises(StartupError, match=problem):
+            check_draft(loaded(), loaded(**draft), 128)
