@@ -149,6 +149,15 @@ def test_sampled_tokens_follow_the_targets_distribution(target, baseline):
     assert 0 < engine.print_mtp_statistics()["acceptance_rate"] < 1
 
 
+def test_a_seeded_request_gets_the_same_tokens_in_any_batch(target, prompts):
+    engine = speculative(target, method="draft", draft_model=target)      # proposes at every step
+    seeded = SamplingParams(max_tokens=16, seed=11, ignore_eos=True)
+    unseeded = SamplingParams(max_tokens=16, ignore_eos=True)
+    alone = engine.generate(prompts[:1], seeded)[0]["token_ids"]
+    assert engine.generate(prompts, [seeded, unseeded, unseeded, unseeded])[0]["token_ids"] == alone
+    assert engine.print_mtp_statistics()["proposed_total"] > 0
+
+
 def test_acceptance_counters_in_metrics(target, prompts):
     engine = speculative(target, method="ngram", k=2)
     engine.generate(prompts, GREEDY)
