@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields
 
 from atom_aot.config_flags import flag
 from atom_aot.errors import StartupError
+from atom_aot.spec.proposer import METHODS
 
 DEFAULT_CPU_KV_BYTES = 1 << 30
 
@@ -37,6 +38,14 @@ class RuntimeConfig:
                                        "tokens are read, not while the device computes it")
     num_threads: int | None = flag(None, "--num-threads", help="torch threads for CPU work (default: "
                                    "OMP_NUM_THREADS if set, else the CPUs this process may run on)")
+    method: str | None = flag(None, "--method", choices=METHODS,
+                              help="speculative decoding: the proposer of draft tokens (docs/speculative.md)")
+    num_speculative_tokens: int | None = flag(None, "--num-speculative-tokens",
+                                              help="speculative decoding: draft tokens verified per step (K)")
+    draft_model: str | None = flag(None, "--draft-model", help="--method draft: the draft model's artifact "
+                                   "(same tokenizer as the served model)")
+    ngram_min_n: int = flag(2, "--ngram-min-n", help="--method ngram: the shortest suffix matched")
+    ngram_max_n: int = flag(4, "--ngram-max-n", help="--method ngram: the longest suffix matched")
 
     def __post_init__(self):
         _check_int(self, "max_num_seqs", minimum=1)
@@ -46,12 +55,24 @@ class RuntimeConfig:
         _check_int(self, "num_kv_blocks", minimum=2, optional=True)
         _check_int(self, "seed", minimum=0)
         _check_int(self, "num_threads", minimum=1, optional=True)
+        self._check_speculation()
         for name in ("enable_prefix_caching", "enforce_eager"):
             _require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
         _require(_is_number(self.scheduler_delay_factor) and self.scheduler_delay_factor >= 0,
                  "scheduler_delay_factor", f"must be a number >= 0, got {self.scheduler_delay_factor!r}")
         _require(_is_number(self.gpu_memory_utilization) and 0 < self.gpu_memory_utilization <= 1,
                  "gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization!r}")
+
+    def _check_speculation(self) -> None:
+        _require(self.method is None or self.method in METHODS, "method",
+                 f"must be one of {', '.join(METHODS)}, got {self.method!r}")
+        _check_int(self, "num_speculative_tokens", minimum=1, optional=self.method is None)
+        _require(self.method is not None or self.num_speculative_tokens is None, "num_speculative_tokens",
+                 "needs a speculative method (--method ngram|draft|mtp)")
+        _require((self.method == "draft") == (self.draft_model is not None), "draft_model",
+                 "is given exactly with --method draft (the draft model's artifact)")
+        _check_int(self, "ngram_min_n", minimum=1)
+        _check_int(self, "ngram_max_n", minimum=self.ngram_min_n)
 
     def served_max_model_len(self, artifact_limit: int) -> int:
         """The artifact's limit, or a lower one asked for; a higher one is an error, never a silent clamp."""

@@ -8,7 +8,8 @@ work (scheduling, inputs, reading and updating N, and the caller's output proces
 while the device computes N+1. Without it, a step reads the batch it launched. A request whose logits depend on the values of its
 last tokens on the host (a grammar, a bad word of several tokens: `SamplingParams.needs_last_tokens`)
 makes the steps run synchronously while it is unfinished: its next step is launched only after its
-last one is read.
+last one is read. Speculative
+decoding (a runner that verifies draft tokens, atom_aot/spec/) runs synchronously.
 """
 from __future__ import annotations
 
@@ -25,19 +26,22 @@ from atom_aot.runtime.sampling_params import SamplingParams
 from atom_aot.runtime.scheduler import ScheduledBatch, Scheduler
 from atom_aot.runtime.sequence import Sequence
 from atom_aot.runtime.structured_output import Grammars, accept_sampled
+from atom_aot.spec.stats import SpecCounters
+from atom_aot.spec.verifier import VerifiedOutput
 
 
 class EngineCore:
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, eos_token_ids: frozenset[int], block_size: int,
                  async_scheduling: bool = False, grammars: Grammars | None = None,
-                 on_close: Callable[[], None] = lambda: None):
+                 on_close: Callable[[], None] = lambda: None, spec_counters: SpecCounters | None = None):
         """`on_close`: what `close` releases besides this object (the other tensor-parallel ranks)."""
         self.scheduler = scheduler
         self.on_close = on_close
         self.runner = runner
         self.eos_token_ids = eos_token_ids
         self.block_size = block_size
-        self.async_scheduling = async_scheduling
+        self.async_scheduling = async_scheduling and spec_counters is None
+        self.spec_counters = spec_counters      # speculative decoding's acceptance, when it runs
         self._in_flight: deque[tuple[ScheduledBatch, LaunchedStep]] = deque()   # launched, not read yet
         self._ids = itertools.count()
         self._prompt_logprobs: dict[str, list[TokenLogprobs]] = {}
@@ -79,6 +83,9 @@ class EngineCore:
             raise ContextLengthError(
                 f"this model's maximum context length is {max_len} tokens, but the request needs "
                 f"{wanted} ({num_prompt_tokens} in the prompt + {params.max_tokens or 1} to generate)")
+        if self.spec_counters is not None and params.processes_logits:
+            raise RequestError("penalties, logit_bias, min_tokens, bad_words and structured outputs are not "
+                               "supported with speculative decoding yet: serve without --method for these requests")
         if params.grammar is not None:
             if self.grammars is None:
                 raise RequestError("structured outputs are not available in this engine (no tokenizer for a grammar)")
@@ -102,7 +109,8 @@ class EngineCore:
             prefix_cache_hits=bm.prefix_hits, num_preemptions=self.scheduler.num_preemptions,
             prompt_tokens_total=self.num_prompt_tokens_total,
             generation_tokens_total=self.num_generation_tokens_total,
-            synchronous_steps_total=self.num_synchronous_steps)
+            synchronous_steps_total=self.num_synchronous_steps,
+            spec=self.spec_counters.snapshot() if self.spec_counters is not None else None)
 
     def step(self) -> list[CoreOutput]:
         """Schedule and launch a batch; return the outputs of the one before it (async scheduling),
@@ -127,13 +135,15 @@ class EngineCore:
 
     def _complete(self, batch: ScheduledBatch, launched: LaunchedStep) -> list[CoreOutput]:
         result = self.runner.complete(launched)
+        if batch.is_verify:
+            return self._complete_verified(batch, result)
         self._collect_prompt_logprobs(batch, result.prompt_logprobs)
         advanced = self.scheduler.update(batch, result.sampled)
         self.num_generation_tokens_total += len(advanced)
         for seq in advanced:
             if seq.grammar_matcher is not None:
                 self._advance_grammar(seq)
-        logprobs = {seq.request_id: lp for seq, lp in zip(batch.seqs, result.logprobs)}
+        logprobs = {seq.request_id: [lp] if lp is not None else [] for seq, lp in zip(batch.seqs, result.logprobs)}
         return [self._output(seq, logprobs[seq.request_id]) for seq in advanced]
 
     def _advance_grammar(self, seq: Sequence) -> None:
@@ -144,6 +154,15 @@ class EngineCore:
             self.scheduler.abort(seq.request_id, "abort")
         elif seq.grammar_matcher.is_terminated():
             self.scheduler.abort(seq.request_id, "stop")
+
+    def _complete_verified(self, batch: ScheduledBatch, result: VerifiedOutput) -> list[CoreOutput]:
+        """A verify step: each sequence's run of tokens (see SpeculativeRunner), cut at its first stop."""
+        logprobs = {seq.request_id: lp for seq, lp in zip(batch.seqs, result.logprobs)}
+        outputs = []
+        for seq, count in self.scheduler.update_verified(batch, result.runs):
+            self.num_generation_tokens_total += count
+            outputs.append(self._output(seq, (logprobs[seq.request_id] or [])[:count], count))
+        return outputs
 
     def _collect_prompt_logprobs(self, batch: ScheduledBatch, prompt_logprobs) -> None:
         for seq, start, scored in zip(batch.seqs, batch.num_computed_tokens, prompt_logprobs):
@@ -157,11 +176,12 @@ class EngineCore:
                                    f"before those of positions {len(collected)}..{start - 1}")
             collected.extend(scored[seen:])
 
-    def _output(self, seq: Sequence, logprobs: TokenLogprobs | None) -> CoreOutput:
-        first = len(seq.token_ids) == seq.num_prompt_tokens + 1
+    def _output(self, seq: Sequence, logprobs: list[TokenLogprobs], num_new: int = 1) -> CoreOutput:
+        """Its `num_new` newest tokens (one, or a verified run)."""
+        first = len(seq.token_ids) - num_new == seq.num_prompt_tokens
         return CoreOutput(
-            request_id=seq.request_id, new_token_ids=[seq.token_ids[-1]], finish_reason=seq.finish_reason,
-            logprobs=[logprobs] if logprobs is not None else [],
+            request_id=seq.request_id, new_token_ids=seq.token_ids[-num_new:], finish_reason=seq.finish_reason,
+            logprobs=logprobs,
             prompt_logprobs=self._prompt_logprobs.pop(seq.request_id, None) if first else None,
             num_prompt_tokens=seq.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens,
             arrival_time=seq.arrival_time, first_token_time=seq.first_token_time, finish_time=seq.finish_time)

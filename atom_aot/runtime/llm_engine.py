@@ -90,6 +90,16 @@ class ArtifactEngine:
                     finished[update.request_id] = update
         return [finished[i].as_dict() for i in ids]
 
+    def print_mtp_statistics(self) -> dict:
+        """ATOM's name, for every speculative method: prints the acceptance of draft tokens (per
+        position, totals, mean accepted length) and returns it as a dict."""
+        counters = self.core.spec_counters
+        if counters is None:
+            raise RuntimeError("speculative decoding is off in this engine: start it with method='ngram' (or "
+                               "'draft' with draft_model=ARTIFACT) and num_speculative_tokens=K")
+        print(counters.format())
+        return counters.summary()
+
     def _abort_stopped(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
             self.core.abort(request_id, reason="stop")

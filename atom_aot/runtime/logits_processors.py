@@ -18,8 +18,7 @@ from atom_aot.runtime.transfer import to_device
 
 
 def _uses_processors(seq: Sequence) -> bool:
-    p = seq.params
-    return bool(p.penalizes or p.logit_bias or p.min_tokens or p.bad_words_token_ids or p.grammar is not None)
+    return seq.params.processes_logits
 
 
 class TokenCounts:

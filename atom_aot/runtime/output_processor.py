@@ -8,6 +8,7 @@ characters are held back so a stop string is never half-streamed.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -91,9 +92,10 @@ class OutputProcessor:
             if state is None:          # aborted meanwhile
                 continue
             finish_reason = out.finish_reason
-            state.token_ids += out.new_token_ids
-            state.text += state.stream.add(out.new_token_ids)
-            if state.params.stop_strings and self._match_stop_string(state):
+            kept, matched = self._add_tokens(state, out.new_token_ids)
+            if kept < len(out.new_token_ids):
+                out = dataclasses.replace(out, new_token_ids=out.new_token_ids[:kept], logprobs=out.logprobs[:kept])
+            if matched:
                 if finish_reason is None:
                     stopped.append(out.request_id)
                 finish_reason = "stop"
@@ -106,6 +108,21 @@ class OutputProcessor:
         if stopped:
             self.abort_in_core(stopped)
         return updates
+
+    def _add_tokens(self, state: _RequestState, token_ids: list[int]) -> tuple[int, bool]:
+        """Add the tokens to the text; with stop strings one at a time, up to the first that
+        completes one (a verified run of speculative decoding brings several). Returns (tokens
+        kept, whether a stop string matched)."""
+        if not state.params.stop_strings:
+            state.token_ids += token_ids
+            state.text += state.stream.add(token_ids)
+            return len(token_ids), False
+        for kept, token in enumerate(token_ids, 1):
+            state.token_ids.append(token)
+            state.text += state.stream.add([token])
+            if self._match_stop_string(state):
+                return kept, True
+        return len(token_ids), False
 
     def _match_stop_string(self, state: _RequestState) -> bool:
         search_from = max(0, state.emitted - state.holdback)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from atom_aot.spec.stats import SpecCounters
+
 
 @dataclass
 class TokenLogprobs:
@@ -41,3 +43,4 @@ class CoreStats:
     prompt_tokens_total: int
     generation_tokens_total: int
     synchronous_steps_total: int = 0   # steps not overlapped because a request needed its last tokens read
+    spec: SpecCounters | None = None   # speculative decoding's acceptance counters (None: it is off)

@@ -76,6 +76,12 @@ class SamplingParams:
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
     @property
+    def processes_logits(self) -> bool:
+        """Whether the sampler changes this request's logits before drawing (runtime/logits_processors.py)."""
+        return bool(self.penalizes or self.logit_bias or self.min_tokens or self.bad_words_token_ids
+                    or self.grammar is not None)
+
+    @property
     def needs_last_tokens(self) -> bool:
         """Whether each step's logits depend on the values of the tokens just sampled, on the host: a
         grammar's mask, a bad word of several tokens. Such a request's steps run synchronously."""

@@ -12,6 +12,13 @@ checks stops. A stop that depends on a token's value (EOS, stop_token_ids) is th
 step late: the sequence may be in the batch after it, whose result for it is dropped. Length
 stops (max_tokens, max_model_len) are known at schedule time: nothing is scheduled past them.
 
+Speculative decoding (a proposer given): a decode step verifies, for each sequence, its last
+token and up to K draft tokens the proposer guessed; slots are allocated for all of them, but only
+the last token counts as computed when the batch is made. `update_verified` appends the accepted
+run (stopping at the first stop) and sets the computed count to the tokens whose KV is right: the
+slots of rejected drafts stay in the sequence's table and its next tokens overwrite them. Verify
+steps run synchronously (the engine core reads each before scheduling the next).
+
 Freeing the blocks of a sequence that a launched step still writes (it stopped or was preempted
 while that step runs) is safe because every step runs on one CUDA stream, in order: a later step
 that reuses the blocks writes them after the earlier one is done with them.
@@ -27,6 +34,7 @@ from atom_aot.errors import RequestError
 from atom_aot.runtime.block_manager import BlockManager
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.sequence import Sequence, SequenceStatus
+from atom_aot.spec.proposer import Proposer
 
 
 @dataclass(frozen=True)
@@ -97,29 +105,40 @@ class ScheduledBatch:
     num_new_tokens: tuple[int, ...]          # tokens each sequence computes this step
     num_computed_tokens: tuple[int, ...]     # tokens each had in the cache before: its first new position
     sampling: tuple[bool, ...]               # whether each reaches its last token, so its next one is sampled
-    is_prefill: bool                         # False: every sequence computes exactly its one newest token
+    is_prefill: bool                         # False: every sequence computes its newest token (and its drafts)
     freed: tuple[Sequence, ...] = ()         # sequences whose blocks were freed since the last batch
     scheduled_at: float = 0.0                # the scheduler's clock when the batch was made
+    # a verify step (speculative decoding): each sequence's draft tokens, computed after its newest
+    # token (num_new_tokens counts both); None: an ordinary step
+    draft_token_ids: tuple[tuple[int, ...], ...] | None = None
 
     @classmethod
     def of(cls, seqs: tuple[Sequence, ...], num_new_tokens: tuple[int, ...], is_prefill: bool,
-           freed: tuple[Sequence, ...] = (), scheduled_at: float = 0.0) -> ScheduledBatch:
+           freed: tuple[Sequence, ...] = (), scheduled_at: float = 0.0,
+           draft_token_ids: tuple[tuple[int, ...], ...] | None = None) -> ScheduledBatch:
         """The batch of these sequences as they are now (before their counts advance)."""
         starts = tuple(seq.num_computed_tokens for seq in seqs)
-        sampling = tuple(start + count == seq.num_tokens for seq, start, count in zip(seqs, starts, num_new_tokens))
-        return cls(seqs, num_new_tokens, starts, sampling, is_prefill, freed, scheduled_at)
+        drafts = [len(d) for d in draft_token_ids] if draft_token_ids is not None else [0] * len(seqs)
+        sampling = tuple(start + count - k == seq.num_tokens
+                         for seq, start, count, k in zip(seqs, starts, num_new_tokens, drafts))
+        return cls(seqs, num_new_tokens, starts, sampling, is_prefill, freed, scheduled_at, draft_token_ids)
 
     @property
     def num_tokens(self) -> int:
         return sum(self.num_new_tokens)
 
+    @property
+    def is_verify(self) -> bool:
+        return self.draft_token_ids is not None
+
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, proposer: Proposer | None = None):
         self.config = config
         self.block_manager = block_manager
         self.clock = clock               # the time source of latencies and of sequences' timings
+        self.proposer = proposer         # speculative decoding: every decode step verifies its drafts
         self.waiting = SequenceQueue()   # first in, first out; preempted sequences go back to the front
         self.running = SequenceQueue()   # oldest first: the youngest is preempted first
         self.num_preemptions = 0
@@ -203,24 +222,42 @@ class Scheduler:
         return self._commit(seqs, counts, is_prefill=True, now=now)
 
     def _schedule_decode(self, now: float) -> ScheduledBatch | None:
-        scheduled: list[Sequence] = []
-        for seq in list(self.running):
-            if seq.status != SequenceStatus.RUNNING or seq.num_uncomputed_tokens != 1:
-                continue                          # preempted meanwhile, or still in its prefill
-            if self._reached_length(seq):
-                continue                          # its last token is pending: it finishes when read
-            if self._reserve(seq, 1, scheduled):
-                scheduled.append(seq)
+        # preempted sequences, those still in their prefill, and those whose last token is pending
+        # and ends them (they finish when it is read) do not decode
+        candidates = [seq for seq in self.running if seq.num_uncomputed_tokens == 1 and not self._reached_length(seq)]
+        drafts = self._propose(candidates)
+        scheduled, scheduled_drafts = [], []
+        for seq, draft in zip(candidates, drafts):
+            if seq.status != SequenceStatus.RUNNING:
+                continue                          # preempted meanwhile
+            if self._reserve(seq, 1 + len(draft), scheduled):
+                scheduled.append(seq), scheduled_drafts.append(tuple(draft))
         if not scheduled:
             return None
-        return self._commit(scheduled, [1] * len(scheduled), is_prefill=False, now=now)
+        verify = tuple(scheduled_drafts) if self.proposer is not None else None
+        return self._commit(scheduled, [1 + len(d) for d in scheduled_drafts], is_prefill=False, now=now,
+                            draft_token_ids=verify)
 
-    def _commit(self, seqs: list[Sequence], counts: list[int], is_prefill: bool, now: float) -> ScheduledBatch:
-        """The batch, and the accounting it implies: computed tokens advance, samples are pending."""
-        batch = ScheduledBatch.of(tuple(seqs), tuple(counts), is_prefill, tuple(self._freed), now)
+    def _propose(self, seqs: list[Sequence]) -> list[list[int]]:
+        """Each sequence's draft tokens: none without a proposer; at most what its limits leave room
+        for (the verify step emits one token more than it accepts)."""
+        if self.proposer is None or not seqs:
+            return [[] for _ in seqs]
+        limits = [self.config.max_model_len - seq.num_tokens - 1 for seq in seqs]
+        for i, seq in enumerate(seqs):
+            if seq.params.max_tokens is not None:
+                limits[i] = min(limits[i], seq.params.max_tokens - seq.num_output_tokens - 1)
+        return self.proposer.propose(seqs, limits)
+
+    def _commit(self, seqs: list[Sequence], counts: list[int], is_prefill: bool, now: float,
+                draft_token_ids: tuple[tuple[int, ...], ...] | None = None) -> ScheduledBatch:
+        """The batch, and the accounting it implies: computed tokens advance (draft tokens do not:
+        they are not the sequence's until accepted), samples are pending."""
+        batch = ScheduledBatch.of(tuple(seqs), tuple(counts), is_prefill, tuple(self._freed), now, draft_token_ids)
         self._freed.clear()
-        for seq, count, samples in zip(seqs, counts, batch.sampling):
-            seq.num_computed_tokens += count
+        drafts = draft_token_ids or [()] * len(seqs)
+        for seq, count, draft, samples in zip(seqs, counts, drafts, batch.sampling):
+            seq.num_computed_tokens += count - len(draft)
             seq.num_pending_tokens += samples
         return batch
 
@@ -271,6 +308,30 @@ class Scheduler:
                 seq.first_token_time = self.clock()
             advanced.append(seq)
             reason = self._stop_reason(seq, token)
+            if reason is not None:
+                self._dequeue(seq)
+                self.finish(seq, reason)
+        return advanced
+
+    def update_verified(self, batch: ScheduledBatch, runs: list[list[int]]) -> list[tuple[Sequence, int]]:
+        """Append each sequence's verified run (its accepted drafts, then the target's token),
+        cut after the first token that stops it. Returns (sequence, tokens appended) for those
+        that got tokens; the KV of the appended tokens but the last is the verify step's."""
+        advanced = []
+        for seq, start, run in zip(batch.seqs, batch.num_computed_tokens, runs):
+            if seq.is_finished:
+                continue
+            seq.num_pending_tokens -= 1
+            seq.num_computed_tokens = start + len(run)    # the newest token and the accepted drafts
+            reason, appended = None, 0
+            for token in run:
+                seq.token_ids.append(token)
+                appended += 1
+                reason = self._stop_reason(seq, token)
+                if reason is not None:
+                    break
+            self.block_manager.cache_full_blocks(seq)
+            advanced.append((seq, appended))
             if reason is not None:
                 self._dequeue(seq)
                 self.finish(seq, reason)

@@ -22,6 +22,7 @@ from atom_aot.runtime.scheduler import Scheduler, SchedulerConfig
 from atom_aot.runtime.structured_output import Grammars
 from atom_aot.runtime.tp_lead import LeadRank, start_other_ranks
 from atom_aot.runtime.threads import set_torch_threads
+from atom_aot.spec.setup import start_speculation
 
 log = logging.getLogger("atom_aot")
 
@@ -96,20 +97,26 @@ def prepare_model(loaded: LoadedArtifact, config: RuntimeConfig, num_blocks: int
 
 def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig, ranks: LeadRank | None = None) -> EngineCore:
     """`ranks`: rank 0's link to the other tensor-parallel ranks (None: the model has one rank)."""
+    max_model_len = config.served_max_model_len(loaded.max_model_len)
     num_blocks = kv_block_count(loaded, config)
     if ranks is not None:
         num_blocks = ranks.agree_num_blocks(num_blocks)
     kv_cache, forwards = prepare_model(loaded, config, num_blocks)
     if ranks is not None:
         forwards = ranks.lead(forwards)
-    scheduler = Scheduler(
-        SchedulerConfig.from_runtime(config, config.served_max_model_len(loaded.max_model_len)),
-        BlockManager(num_blocks, loaded.block_size, config.enable_prefix_caching))
     runner = ModelRunner(forwards, kv_cache, loaded.block_size, loaded.device, Sampler(loaded.device, config.seed))
+    speculation = start_speculation(loaded, config, runner, max_model_len, num_blocks, config.max_num_seqs)
+    scheduler = Scheduler(
+        SchedulerConfig.from_runtime(config, max_model_len),
+        BlockManager(num_blocks, loaded.block_size, config.enable_prefix_caching),
+        proposer=speculation.proposer if speculation else None)
     eos = eos_token_ids(loaded)
     grammars = Grammars(loaded.tokenizer_dir, loaded.model_config.vocab_size, eos)
-    return EngineCore(scheduler, runner, eos, loaded.block_size, config.async_scheduling, grammars,
-                      on_close=ranks.close if ranks is not None else lambda: None)
+    on_close = ranks.close if ranks is not None else lambda: None
+    if speculation is None:
+        return EngineCore(scheduler, runner, eos, loaded.block_size, config.async_scheduling, grammars, on_close)
+    return EngineCore(scheduler, speculation.runner, eos, loaded.block_size, grammars=grammars, on_close=on_close,
+                      spec_counters=speculation.runner.counters)
 
 
 def load_and_start(artifact_path, config: RuntimeConfig) -> tuple[LoadedArtifact, EngineCore]:

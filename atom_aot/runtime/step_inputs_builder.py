@@ -4,7 +4,9 @@ The work is O(batch) numpy with one host->device copy per tensor: positions and 
 from per-sequence starts and counts, block tables from rows kept between steps
 (persistent_rows.py). A decode input whose token the host has not read yet (async scheduling) is
 gathered on the device from the previous step's sampled tokens: at most one step is in flight, so
-a pending input token was always sampled by the step launched just before.
+a pending input token was always sampled by the step launched just before. A verify step
+(speculative decoding) feeds each sequence's newest token then its draft tokens, and returns the
+logits of every one of them.
 """
 from __future__ import annotations
 
@@ -87,20 +89,25 @@ class StepInputsBuilder:
 def _token_ids(batch: ScheduledBatch, num_tokens: int) -> np.ndarray:
     """[T] the ids of the batch's new tokens; -1 for a token sampled on the device, not read yet."""
     pieces = []
-    for seq, start, count in zip(batch.seqs, batch.num_computed_tokens, batch.num_new_tokens):
-        known = len(seq.token_ids)
+    drafts = batch.draft_token_ids or itertools.repeat(())
+    for seq, start, count, draft in zip(batch.seqs, batch.num_computed_tokens, batch.num_new_tokens, drafts):
+        known, count = len(seq.token_ids), count - len(draft)
         if start + count <= known:
             pieces.append(seq.token_ids[start:start + count])
-        elif count == 1 and start == known:
+        elif count == 1 and start == known and not draft:
             pieces.append(PENDING)
         else:
             raise RuntimeError(f"request {seq.request_id!r}: positions {start}..{start + count - 1} are scheduled "
                                f"but only {known} tokens are known; only a decode may take a pending token")
+        pieces.append(draft)
     return np.fromiter(itertools.chain.from_iterable(pieces), dtype=np.int64, count=num_tokens)
 
 
 def _logits_rows(batch: ScheduledBatch, query_start: np.ndarray) -> tuple[np.ndarray, LogitsRows]:
     """[N] the token rows whose logits the forward returns, and what each is for."""
+    if batch.is_verify:                 # every row: the newest token's and each draft's
+        indices = np.arange(query_start[-1])
+        return indices, LogitsRows(list(range(len(indices))), {})
     if not (batch.is_prefill and any(seq.params.prompt_logprobs is not None for seq in batch.seqs)):
         indices = query_start[1:][np.asarray(batch.sampling, dtype=bool)] - 1    # each sampling sequence's last
         return indices, LogitsRows(list(range(len(indices))), {})

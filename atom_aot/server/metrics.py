@@ -13,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from atom_aot.runtime.output_processor import RequestOutput
 from atom_aot.server.engine_client import EngineStatus
+from atom_aot.spec.stats import SpecCounters
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96)
@@ -67,6 +68,25 @@ class EngineStatsCollector:
         for kind, count in engine.compile_counts.items():
             compilations.add_metric([kind], count)
         yield compilations
+        if engine.core.spec is not None:
+            yield from spec_metrics(engine.core.spec)
+
+
+def spec_metrics(counters: SpecCounters):
+    """Speculative decoding's acceptance, per draft position (vLLM's spec_decode names, atom_ prefix)."""
+    proposed = CounterMetricFamily("atom_spec_decode_num_draft_tokens", "Draft tokens proposed, by position",
+                                   labels=["position"])
+    accepted = CounterMetricFamily("atom_spec_decode_num_accepted_tokens", "Draft tokens accepted, by position",
+                                   labels=["position"])
+    for position, (p, a) in enumerate(zip(counters.proposed, counters.accepted)):
+        proposed.add_metric([str(position)], p)
+        accepted.add_metric([str(position)], a)
+    yield proposed
+    yield accepted
+    yield CounterMetricFamily("atom_spec_decode_num_verified", "Sequence-steps verified (each emits 1 + its "
+                              "accepted drafts)", value=counters.num_verified)
+    yield GaugeMetricFamily("atom_spec_decode_mean_accepted_length", "Tokens emitted per verified sequence-step",
+                            value=counters.mean_accepted_length)
 
 
 def with_derived(stats: dict) -> dict:

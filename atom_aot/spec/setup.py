@@ -1,0 +1,88 @@
+"""From the runtime config's speculative options to the proposer and verifying runner an engine
+core runs with (None without --method)."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from atom_aot.artifact.phase import Phase
+from atom_aot.errors import StartupError
+from atom_aot.runtime.block_manager import BlockManager
+from atom_aot.runtime.config import RuntimeConfig
+from atom_aot.runtime.forwards import Forwards
+from atom_aot.runtime.kv_cache import allocate_kv_cache
+from atom_aot.runtime.loader import LoadedArtifact, load_artifact
+from atom_aot.runtime.model_runner import ModelRunner
+from atom_aot.runtime.sampler import Sampler
+from atom_aot.spec.draft import DraftModelProposer
+from atom_aot.spec.ngram import NgramProposer
+from atom_aot.spec.proposer import Proposer
+from atom_aot.spec.stats import SpecCounters
+from atom_aot.spec.verifier import SpeculativeRunner
+
+log = logging.getLogger("atom_aot")
+
+
+@dataclass(frozen=True)
+class Speculation:
+    proposer: Proposer
+    runner: SpeculativeRunner
+
+
+def start_speculation(loaded: LoadedArtifact, config: RuntimeConfig, runner: ModelRunner, max_model_len: int,
+                      num_kv_blocks: int, max_num_seqs: int) -> Speculation | None:
+    if config.method is None:
+        return None
+    k = config.num_speculative_tokens
+    if config.method == "mtp":
+        refuse_mtp(loaded)
+    if config.method == "ngram":
+        proposer = NgramProposer(k, config.ngram_min_n, config.ngram_max_n)
+    else:
+        proposer = start_draft(loaded, config, max_model_len, num_kv_blocks * loaded.block_size, max_num_seqs)
+    log.info("speculative decoding: %s proposer, %d draft tokens per step; verify steps run the mixed package "
+             "(CUDA graphs hold one token per sequence) and synchronously (async scheduling is off)", config.method, k)
+    return Speculation(proposer, SpeculativeRunner(runner, SpecCounters(config.method, k)))
+
+
+def refuse_mtp(loaded: LoadedArtifact) -> None:
+    layers = loaded.hf_config.get("num_nextn_predict_layers") or 0
+    name = loaded.manifest.model.name
+    if not layers:
+        raise StartupError(f"--method mtp needs a model with MTP layers, and {name} "
+                           f"({loaded.manifest.model.architecture}) has none (its config's num_nextn_predict_layers "
+                           f"is {layers}). Use --method ngram, or --method draft --draft-model ARTIFACT.")
+    raise StartupError(f"--method mtp: {name} has {layers} MTP layer(s), but atom-aot's MTP proposer is not built "
+                       f"yet (it needs the DeepSeek MTP layer in atom_aot/models and the artifact's MTP weights). "
+                       f"Use --method ngram, or --method draft --draft-model ARTIFACT.")
+
+
+def start_draft(target: LoadedArtifact, config: RuntimeConfig, max_model_len: int, target_tokens: int,
+                max_num_seqs: int) -> DraftModelProposer:
+    """The draft artifact loaded beside the target, with a KV pool that holds every token the
+    target's does (plus one block per sequence for a different block size's rounding)."""
+    draft = load_artifact(config.draft_model, enforce_eager=config.enforce_eager)
+    check_draft(target, draft, max_model_len)
+    num_blocks = -(-target_tokens // draft.block_size) + max_num_seqs
+    kv_cache = allocate_kv_cache(draft.model_config, num_blocks, draft.block_size, draft.kv_dtype, draft.device)
+    forwards = Forwards(draft.forwards[Phase.MIXED], draft.forwards.get(Phase.DECODE))
+    runner = ModelRunner(forwards, kv_cache, draft.block_size, draft.device, Sampler(draft.device, config.seed))
+    log.info("draft model %s: %d KV blocks of %d tokens", draft.manifest.model.name, num_blocks, draft.block_size)
+    return DraftModelProposer(runner, BlockManager(num_blocks, draft.block_size, enable_prefix_caching=False),
+                              config.num_speculative_tokens)
+
+
+def check_draft(target: LoadedArtifact, draft: LoadedArtifact, max_model_len: int) -> None:
+    """Its tokens must mean the target's (the same tokenizer files) and reach as far."""
+    ours, theirs = target.manifest.model, draft.manifest.model
+    if ours.tokenizer_hash != theirs.tokenizer_hash:
+        raise StartupError(f"the draft model {draft.path} ({theirs.name}) has another tokenizer than {ours.name} "
+                           f"(tokenizer hash {theirs.tokenizer_hash[:12]} vs {ours.tokenizer_hash[:12]}): its token "
+                           f"ids would mean other text. Use a draft model of the same family (same tokenizer).")
+    if draft.max_model_len < max_model_len:
+        raise StartupError(f"the draft model {draft.path} was built for sequences of up to {draft.max_model_len} "
+                           f"tokens, fewer than the {max_model_len} served. Build it with atom-build "
+                           f"--max-model-len {max_model_len}, or serve with --max-model-len {draft.max_model_len}.")
+    if draft.device != target.device:
+        raise StartupError(f"the draft model {draft.path} runs on {draft.device} but {ours.name} on "
+                           f"{target.device}: build both for the same arch")
