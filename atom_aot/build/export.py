@@ -43,8 +43,7 @@ def example_inputs(model: DecoderForCausalLM, kv_dtype: torch.dtype, block_size:
     values = dict(
         input_ids=torch.randint(0, cfg.vocab_size, (sum(counts),)),
         positions=positions,
-        kv_cache=torch.zeros(cfg.num_hidden_layers, 2, num_blocks, block_size, cfg.num_key_value_heads,
-                             cfg.head_dim),
+        kv_cache=torch.zeros(model.kv_cache_layout(cfg).shape(num_blocks, block_size)),
         slot_mapping=block_tables[rows, positions // block_size] * block_size + positions % block_size,
         block_tables=block_tables,
         seq_lens=torch.tensor(context),

@@ -18,17 +18,20 @@ import torch
 from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning, Tuning
 from atom_aot.build.config import BuildConfig
-from atom_aot.models import ModelConfig
+from atom_aot.models import ModelConfig, model_class
 
 DECODE_BATCHES = (1, 8, 32, 128, 256)
 PREFILL_BATCHES = ((1, 1024), (4, 512))      # (sequences, tokens each)
 
 
 def tune_kernels(config: BuildConfig, model_config: ModelConfig, max_model_len: int) -> Tuning:
-    if config.arch == "cpu":
-        return Tuning(arch="cpu", measured=False,
-                      phases={Phase.MIXED: PhaseTuning({"attention": BackendChoice("reference")})},
-                      kernels={"attention": "torch reference (atom::paged_attention)",
+    ops = model_class(model_config.architecture).ATTENTION_OPS
+    if config.arch == "cpu" or "mla_attention" in ops:     # MLA: the reference op until a Triton MLA backend
+        attention = {"attention": "torch reference (atom::paged_attention)",
+                     "mla_attention": "torch reference (atom::mla_attention)"}
+        return Tuning(arch=config.arch, measured=False,
+                      phases={Phase.MIXED: PhaseTuning({op: BackendChoice("reference") for op in ops})},
+                      kernels={**{op: attention[op] for op in ops},
                                "gemm": "aten (Inductor extern call)", "norms/activations": "Inductor C++ (fused)",
                                "sampling": "torch"})
     return _tune_triton(config, model_config, max_model_len)

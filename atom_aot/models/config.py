@@ -10,7 +10,9 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+from atom_aot.models.deepseek_config import DeepseekFields
+
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn")
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,7 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool = False
     rope_scaling: tuple[tuple[str, float | str], ...] | None = None  # frozen form of a dict
+    deepseek: DeepseekFields | None = None     # latent attention, MoE routing, MTP (DeepSeek-V2/V3 only)
 
     def __post_init__(self):
         if self.num_attention_heads % self.num_key_value_heads:
@@ -72,6 +75,7 @@ class ModelConfig:
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             attention_bias=bool(d.get("attention_bias", False)),
             rope_scaling=tuple(sorted(scaling.items())) or None,
+            deepseek=DeepseekFields.from_hf_dict(d) if "kv_lora_rank" in d else None,
         )
 
     @classmethod

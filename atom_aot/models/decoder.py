@@ -6,12 +6,15 @@ the build exports. Attention runs through the backend the tuning row names (atom
 """
 from __future__ import annotations
 
+from typing import Iterable
+
 import torch
 from torch import nn
 import torch.nn.functional as F
 
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
 from atom_aot.models.config import ModelConfig
+from atom_aot.models.kv_layout import KVCacheLayout
 from atom_aot.models.layers import RMSNorm, RotaryEmbedding, make_linear
 from atom_aot.models.step_inputs import StepInputs
 from atom_aot.ops.backends import make_backend
@@ -45,10 +48,11 @@ class DecoderAttention(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str, intermediate_size: int | None = None):
         super().__init__()
-        self.gate_up_proj = make_linear(cfg.hidden_size, 2 * cfg.intermediate_size, False, dtype, quant)
-        self.down_proj = make_linear(cfg.intermediate_size, cfg.hidden_size, False, dtype, quant)
+        inner = intermediate_size or cfg.intermediate_size
+        self.gate_up_proj = make_linear(cfg.hidden_size, 2 * inner, False, dtype, quant)
+        self.down_proj = make_linear(inner, cfg.hidden_size, False, dtype, quant)
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -93,6 +97,7 @@ class DecoderForCausalLM(nn.Module):
     """Base of the causal-LM families. Subclasses set `qk_norm` and `WEIGHT_MAP`."""
 
     qk_norm = False
+    ATTENTION_OPS = ("attention",)     # the backend-registry ops this family calls (tuning.json has a row for each)
     # checkpoint module name -> (runtime module name, index of its part in the fused parameter)
     PACKED_MODULES = {
         "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
@@ -105,6 +110,17 @@ class DecoderForCausalLM(nn.Module):
         self.model = DecoderModel(cfg, dtype, quant, self.qk_norm, max_positions or cfg.max_position_embeddings)
         # lm_head stays unquantized: it decides the argmax.
         self.lm_head = None if cfg.tie_word_embeddings else make_linear(cfg.hidden_size, cfg.vocab_size, False, dtype, "none")
+
+    @classmethod
+    def adapt_checkpoint(cls, cfg: ModelConfig, tensors: Iterable[tuple[str, torch.Tensor]]
+                         ) -> Iterable[tuple[str, torch.Tensor]]:
+        """Checkpoint tensors renamed/reshaped to this family's names before fusing (none for the dense ones)."""
+        return tensors
+
+    @classmethod
+    def kv_cache_layout(cls, cfg: ModelConfig) -> KVCacheLayout:
+        """Per-head keys and values for every layer (atom_aot/ops/attention.py)."""
+        return KVCacheLayout(cfg.num_hidden_layers, 2, cfg.num_key_value_heads, cfg.head_dim)
 
     def use_kernels(self, row: PhaseTuning) -> "DecoderForCausalLM":
         """Run every op through the backend `row` (one phase of tuning.json) names; the build exports

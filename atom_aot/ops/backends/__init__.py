@@ -26,6 +26,9 @@ REGISTRY: dict[str, dict[str, BackendEntry]] = {
         "reference": BackendEntry("atom_aot.ops.backends.reference", "ReferenceAttention"),
         "triton": BackendEntry("atom_aot.ops.backends.triton", "TritonAttention"),
     },
+    "mla_attention": {
+        "reference": BackendEntry("atom_aot.ops.backends.mla", "ReferenceMLA"),
+    },
 }
 
 
