@@ -95,3 +95,4 @@ def test_checkpoint_without_its_mtp_layer_is_refused(q_lora_dir):
                if not k.startswith("model.layers.4.")]
     with pytest.raises(ValueError, match="set num_nextn_predict_layers to 0"):
         convert_state_dict(tensors, model, cfg, "none")
+

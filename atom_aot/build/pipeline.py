@@ -30,6 +30,7 @@ from atom_aot.artifact.writer import write_artifact
 from atom_aot.build.cache import artifact_name, default_cache_dir, find_cached
 from atom_aot.build.config import BuildConfig
 from atom_aot.build.export import compile_package, export_model
+from atom_aot.build.export_mtp import export_mtp
 from atom_aot.build.graphs import probe_capture_sizes
 from atom_aot.build.key import build_key, key_inputs
 from atom_aot.build.progress import StageProgress
@@ -148,6 +149,14 @@ def _compile(staging: Path, model, tuning: Tuning, config: BuildConfig, max_len:
             exported = export_model(model, config.kv_torch_dtype, config.block_size, max_len, device, phase)
         with progress.stage(f"compile ({phase})"):
             compile_package(exported, staging / package_member(phase))
+    mtp_step = model.mtp_step()
+    if mtp_step is not None:       # the MTP proposer's own package, any batch: the mixed row's kernels
+        model.use_kernels(tuning.for_phase(Phase.MTP))
+        with progress.stage("export (mtp)"):
+            exported = export_mtp(model, mtp_step, config.kv_torch_dtype, config.block_size, max_len, device)
+        with progress.stage("compile (mtp)"):
+            compile_package(exported, staging / package_member(Phase.MTP))
+        phases.append(Phase.MTP)
     return phases
 
 

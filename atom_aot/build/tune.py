@@ -26,7 +26,10 @@ PREFILL_BATCHES = ((1, 1024), (4, 512))      # (sequences, tokens each)
 
 def tune_kernels(config: BuildConfig, model_config: ModelConfig, max_model_len: int) -> Tuning:
     ops = model_class(model_config.architecture).ATTENTION_OPS
-    if config.arch == "cpu" or "mla_attention" in ops:     # MLA: the reference op until a Triton MLA backend
+    if config.arch != "cpu" and "mla_attention" in ops:
+        from atom_aot.build.tune_mla import tune_mla
+        return tune_mla(config, model_config, max_model_len, _best)
+    if config.arch == "cpu":
         attention = {"attention": "torch reference (atom::paged_attention)",
                      "mla_attention": "torch reference (atom::mla_attention)"}
         return Tuning(arch=config.arch, measured=False,

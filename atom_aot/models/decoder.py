@@ -122,6 +122,10 @@ class DecoderForCausalLM(nn.Module):
         """Per-head keys and values for every layer (atom_aot/ops/attention.py)."""
         return KVCacheLayout(cfg.num_hidden_layers, 2, cfg.num_key_value_heads, cfg.head_dim)
 
+    def mtp_step(self) -> nn.Module | None:
+        """The multi-token-prediction step module the build compiles as the `mtp` package (dense families: none)."""
+        return None
+
     def use_kernels(self, row: PhaseTuning) -> "DecoderForCausalLM":
         """Run every op through the backend `row` (one phase of tuning.json) names; the build exports
         once per phase's row."""

@@ -46,3 +46,19 @@ class MTPLayer(nn.Module):
         h = h + residual
         logits = F.linear(self.shared_head.norm(h[inputs.logits_indices]), self.shared_head.head.weight)
         return logits.float(), h
+
+
+class MTPStep(nn.Module):
+    """The MTP proposer's forward as its own module, what the build exports as the `mtp` package.
+
+    It holds the causal LM's `model` (rotary table) and `mtp` modules under the same names, so its
+    parameters are the artifact's weights by name: the package binds to the same weights file.
+    """
+
+    def __init__(self, causal_lm: nn.Module, depth: int = 0):
+        super().__init__()
+        self.model, self.mtp, self.depth = causal_lm.model, causal_lm.mtp, depth
+
+    def forward(self, inputs: StepInputs, previous_hidden: torch.Tensor):
+        """(float32 logits [N, vocab], hidden [T, hidden]); see MTPLayer.forward."""
+        return self.mtp[self.depth](previous_hidden, inputs, self.model.rotary)

@@ -63,6 +63,23 @@ for _key in ("CPU", "CUDA"):     # the CUDA entry serves GPU arches until a fast
     LIBRARY.impl("mla_attention", mla_attention_reference, _key)
 
 
+LIBRARY.define("mla_cache_write(Tensor c_kv, Tensor k_pe, Tensor(a!) kv_cache, int layer, Tensor slot_mapping) -> ()")
+
+
+def mla_cache_write_impl(c_kv, k_pe, kv_cache, layer, slot_mapping) -> None:
+    """The latent-cache write alone, for backends whose attention kernel only reads the cache."""
+    write_latent_cache(kv_cache[layer], c_kv, k_pe, slot_mapping)
+
+
+for _key in ("CPU", "CUDA"):
+    LIBRARY.impl("mla_cache_write", mla_cache_write_impl, _key)
+
+
+@torch.library.register_fake("atom::mla_cache_write", lib=LIBRARY)
+def _(c_kv, k_pe, kv_cache, layer, slot_mapping):
+    return None
+
+
 @torch.library.register_fake("atom::mla_attention", lib=LIBRARY)
 def _(q_nope, q_pe, c_kv, k_pe, kv_cache, layer, slot_mapping, block_tables, seq_lens, query_start_loc, w_uk,
       w_uv, scale):
@@ -70,6 +87,7 @@ def _(q_nope, q_pe, c_kv, k_pe, kv_cache, layer, slot_mapping, block_tables, seq
 
 
 mla_attention = torch.ops.atom.mla_attention
+mla_cache_write = torch.ops.atom.mla_cache_write
 
 
 def write_latent_cache(kv_layer: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor,
