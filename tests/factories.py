@@ -38,16 +38,19 @@ def make_tokenizer(out: Path, vocab_size: int = 384):
 
 
 def make_tiny_model(out: Path, architecture: str = "LlamaForCausalLM", seed: int = 0, **overrides) -> Path:
-    """Write a random-weight HF model folder; returns it."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+    """Write a random-weight HF model folder; returns it. MoE families store one tensor per expert, as on the Hub."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, MixtralConfig, Qwen3Config, Qwen3MoeConfig
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = make_tokenizer(out)
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     fields = {**TINY, "vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id, "eos_token_id": eos,
               "pad_token_id": tokenizer.pad_token_id, "tie_word_embeddings": False, **overrides}
-    if architecture == "Qwen3ForCausalLM":
-        config = Qwen3Config(head_dim=fields.pop("head_dim", 24), **fields)
+    if architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
+        config_class = Qwen3Config if architecture == "Qwen3ForCausalLM" else Qwen3MoeConfig
+        config = config_class(head_dim=fields.pop("head_dim", 24), **fields)
+    elif architecture == "MixtralForCausalLM":
+        config = MixtralConfig(**fields)
     else:
         config = LlamaConfig(**fields)
     torch.manual_seed(seed)

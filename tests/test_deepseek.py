@@ -96,3 +96,24 @@ def test_checkpoint_without_its_mtp_layer_is_refused(q_lora_dir):
     with pytest.raises(ValueError, match="set num_nextn_predict_layers to 0"):
         convert_state_dict(tensors, model, cfg, "none")
 
+
+
+def test_compiled_artifact_serves_and_packages_the_mtp_step(q_lora_dir, q_lora, build_artifact):
+    """The one AOTInductor build: the mixed package decodes like transformers, and the `mtp` package (its own
+    member, bound to the same weights) gives the checkpoint MTP block's logits."""
+    from atom_aot.artifact.phase import Phase
+    from atom_aot.runtime.compiled import CompiledMTP
+    from atom_aot.runtime.loader import load_artifact
+    _, prompts, expected = q_lora
+    artifact = build_artifact(q_lora_dir, compile="aoti")
+    _, got = engine_greedy(artifact, prompts[:3])
+    assert got == expected[:3]
+    loaded = load_artifact(artifact)
+    assert isinstance(loaded.forwards[Phase.MTP], CompiledMTP)
+    tokens = random_prompts(1, 380, seed=31, lengths=(30, 30))[0]
+    cfg, model = loaded_model(q_lora_dir)
+    kv = allocate_kv_cache(cfg, 4, 16, torch.float32, torch.device("cpu"))
+    with torch.no_grad():
+        hidden = model.hidden_states(one_sequence_step(tokens, torch.arange(30), kv))
+        logits, _ = loaded.forwards[Phase.MTP](one_sequence_step(tokens[1:30], torch.arange(29), kv), hidden[:29])
+    torch.testing.assert_close(logits, mtp_reference(q_lora_dir, tokens), rtol=1e-4, atol=1e-4)

@@ -36,11 +36,10 @@ import json
 import sys
 import torch
 from torch.export import Dim, export
-from torch.fx import Interpreter
-from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table, triton_kernel_wrapper_functional
 import atom_aot.ops.triton  # noqa: F401  registers atom_triton::*
 from atom_aot.ops.triton import paged_attention as attention_module
 from triton_aot_check import record_launches
+from export_recording import RecordingInterpreter, describe, host_reads, launch_kinds
 
 CONFIG, BATCHES = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 
@@ -69,41 +68,10 @@ print("OPS", sorted({str(n.target) for n in calls}))
 attention = next(n for n in calls if "paged_attention" in str(n.target))
 print("ATTENTION_CONFIG", list(attention.args[-len(CONFIG):]))
 
-def jit_function(kernel_idx):
-    kernel = kernel_side_table.get_kernel(kernel_idx)
-    while not hasattr(kernel, "arg_names") or not hasattr(kernel, "fn") or hasattr(kernel, "configs"):
-        kernel = kernel.fn
-    return kernel
-
 decomposed = ep.run_decompositions(decompose_custom_triton_ops=True)
-launches = [n for n in decomposed.graph.nodes if n.target is triton_kernel_wrapper_functional]
-for n in launches:
-    symbolic = [str(g) for g in n.kwargs["grid"][0] if not isinstance(g, int)]
-    print("LAUNCH", jit_function(n.kwargs["kernel_idx"]).fn.__name__, "symbolic_grid" if symbolic else "static_grid")
-reads = [n for n in decomposed.graph.nodes if "_local_scalar_dense" in str(n.target)]   # what .item() becomes
-print("HOST_READS", len(reads))
-
-def describe(kernel, grid, args):
-    """A launch as plain data: kernel name, grid, and each argument (a tensor by shape, strides, dtype)."""
-    def value(v):
-        return [list(v.shape), list(v.stride()), str(v.dtype)] if isinstance(v, torch.Tensor) else v
-    grid = [int(g) for g in grid] + [1] * (3 - len(grid))
-    return {"kernel": kernel.fn.__name__, "grid": grid,
-            "args": {name: value(args[name]) for name in kernel.arg_names}}
-
-class RecordingInterpreter(Interpreter):
-    """Runs the decomposed graph on real CPU tensors; kernel launches are recorded instead of made."""
-    def __init__(self, gm):
-        super().__init__(gm)
-        self.launches = []
-
-    def call_function(self, target, args, kwargs):
-        if target is not triton_kernel_wrapper_functional:
-            return super().call_function(target, args, kwargs)
-        kernel = jit_function(kwargs["kernel_idx"])
-        named = {**kernel_side_table.get_constant_args(kwargs["constant_args_idx"]), **kwargs["kwargs"]}
-        self.launches.append(describe(kernel, kwargs["grid"][0], named))
-        return {name: named[name] for name in kwargs["tensors_to_clone"]}
+for name, symbolic in launch_kinds(decomposed):
+    print("LAUNCH", name, "symbolic_grid" if symbolic else "static_grid")
+print("HOST_READS", host_reads(decomposed))
 
 for batch in BATCHES:   # decode: one token per sequence
     inputs = step_inputs(batch, batch, num_blocks=5 + batch, width=3)

@@ -59,6 +59,7 @@ def test_backend_decode_step_equals_reference_backend():
         model(step_of(cache, [[5, 6, 7, 8, 9], list(range(20, 40)), [3]], [0, 0, 0]))
         decode = [[11], [12], [13]]
         ref = model(step_of(cache.clone(), decode, [5, 20, 1]))
-        triton_row = PhaseTuning({"mla_attention": BackendChoice("triton", {"mla_decode": (16, 16, 4, 2, 1 << 20, 2)})})
+        triton_row = PhaseTuning({"mla_attention": BackendChoice("triton", {"mla_decode": (16, 16, 4, 2, 1 << 20, 2)}),
+                                  "moe": BackendChoice("reference")})
         got = model.use_kernels(triton_row)(step_of(cache.clone(), decode, [5, 20, 1]))
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)

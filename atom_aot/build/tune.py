@@ -8,6 +8,8 @@ measured. On a GPU arch each Triton kernel's candidate configs are timed on the 
 fastest is kept per phase: `decode` for the decode package the CUDA graphs replay, `mixed` for
 everything else. A decode config's key-split count adapts to the batch at run time
 (atom_aot/ops/triton/paged_attention.split_count), so one config can be near-best from batch 1 to 256.
+A model with experts also gets the fused MoE op's fastest config per token-count bucket, timed on its
+own expert shapes (both phases carry the whole table: the op picks the bucket from T as it runs).
 """
 from __future__ import annotations
 
@@ -22,19 +24,21 @@ from atom_aot.models import ModelConfig, model_class
 
 DECODE_BATCHES = (1, 8, 32, 128, 256)
 PREFILL_BATCHES = ((1, 1024), (4, 512))      # (sequences, tokens each)
+PREFILL_MOE_TOKENS = 2048                    # where the MoE op's last (prefill) bucket is timed
 
 
 def tune_kernels(config: BuildConfig, model_config: ModelConfig, max_model_len: int) -> Tuning:
     ops = model_class(model_config.architecture).ATTENTION_OPS
     if config.arch != "cpu" and "mla_attention" in ops:
         from atom_aot.build.tune_mla import tune_mla
-        return tune_mla(config, model_config, max_model_len, _best)
+        return tune_mla(config, model_config, max_model_len, _best, _tune_moe)
     if config.arch == "cpu":
-        attention = {"attention": "torch reference (atom::paged_attention)",
-                     "mla_attention": "torch reference (atom::mla_attention)"}
-        return Tuning(arch=config.arch, measured=False,
-                      phases={Phase.MIXED: PhaseTuning({op: BackendChoice("reference") for op in ops})},
-                      kernels={**{op: attention[op] for op in ops},
+        names = {"attention": "torch reference (atom::paged_attention)",
+                 "mla_attention": "torch reference (atom::mla_attention)", "moe": "torch reference (atom::fused_moe)"}
+        chosen = list(ops) + (["moe"] if model_config.num_experts else [])
+        return Tuning(arch="cpu", measured=False,
+                      phases={Phase.MIXED: PhaseTuning({op: BackendChoice("reference") for op in chosen})},
+                      kernels={**{op: names[op] for op in chosen},
                                "gemm": "aten (Inductor extern call)", "norms/activations": "Inductor C++ (fused)",
                                "sampling": "torch"})
     return _tune_triton(config, model_config, max_model_len)
@@ -53,6 +57,10 @@ def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int) -> T
                                                                       [0] * seqs, [tokens] * seqs)
     for tokens in (8, 1024):
         measurements["rope_cache"][tokens] = _time_rope(cfg, config, ROPE, tokens)
+    moe_ops, moe_kernels = {}, {}
+    if cfg.num_experts:
+        moe_ops["moe"], measurements["moe"] = _tune_moe(cfg, config)
+        moe_kernels["moe"] = "triton atom_triton::fused_moe (sort by expert, grouped GEMMs; config per token bucket)"
     rope, decode = _best(measurements["rope_cache"]), _best(measurements["decode"])
     chosen = AttentionConfig(*decode)
     decode_splits = {str(batch): split_count(batch, cfg.num_key_value_heads, chosen.target_programs, chosen.max_splits)
@@ -60,14 +68,14 @@ def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int) -> T
 
     def attention_row(attention_config: tuple[int, ...]) -> PhaseTuning:
         params = {"paged_attention": attention_config, "qk_norm_rope_cache_write": rope}
-        return PhaseTuning({"attention": BackendChoice("triton", params)})
+        return PhaseTuning({"attention": BackendChoice("triton", params), **moe_ops})
 
     return Tuning(
         arch=config.arch, measured=True,
         phases={Phase.DECODE: attention_row(decode),
                 Phase.MIXED: attention_row(_best(measurements["prefill"]))},
         kernels={"attention": "triton atom_triton::paged_attention (decode / mixed configs above)",
-                 "qk_norm+rope+kv write": "triton atom_triton::qk_norm_rope_cache_write",
+                 "qk_norm+rope+kv write": "triton atom_triton::qk_norm_rope_cache_write", **moe_kernels,
                  "gemm": "aten -> cuBLAS (Inductor extern call)",
                  "norms/activations": "Inductor-generated Triton (fused, compiled into the package)",
                  "sampling": "torch on the GPU"},
@@ -121,3 +129,26 @@ def _time_rope(cfg, config: BuildConfig, candidates, tokens: int) -> dict:
         times[args] = measure_ms(lambda: op(q, k, v, positions, cos_sin, w, w, 1e-6, b.kv_cache, 0,
                                             b.slot_mapping, *args))[0]
     return times
+
+
+def _tune_moe(cfg: ModelConfig, config: BuildConfig, dev: str = "cuda") -> tuple[BackendChoice, dict]:
+    """Per token-count bucket, the fastest candidate on one layer of the model's experts (random weights,
+    softmax top-k routing of random logits); timed at each bucket's first token count, the last at
+    PREFILL_MOE_TOKENS. Returns the `triton` choice and the timings."""
+    from atom_aot.ops.moe import softmax_topk
+    from atom_aot.ops.triton.fused_moe import CANDIDATE_CONFIGS, TOKEN_BUCKETS
+    from atom_aot.ops.triton.timing import measure_ms
+    dt, experts, hidden = config.torch_dtype, cfg.num_experts, cfg.hidden_size
+    w13 = torch.randn(experts, 2 * cfg.moe_intermediate_size, hidden, device=dev, dtype=dt) * hidden ** -0.5
+    w2 = torch.randn(experts, hidden, cfg.moe_intermediate_size, device=dev, dtype=dt) * cfg.moe_intermediate_size ** -0.5
+    op, params, times = torch.ops.atom_triton.fused_moe, {}, {}
+    for first in TOKEN_BUCKETS:
+        tokens = PREFILL_MOE_TOKENS if first == TOKEN_BUCKETS[-1] else first
+        x = torch.randn(tokens, hidden, device=dev, dtype=dt)
+        weights, ids = softmax_topk(torch.randn(tokens, experts, device=dev), cfg.num_experts_per_tok, True)
+        row = {c.as_args(): measure_ms(lambda: op(x, w13, w2, weights, ids, [1, *c.as_args()]))[0]
+               for c in CANDIDATE_CONFIGS}
+        params[f"fused_moe@{first}"] = min(row, key=row.get)
+        times[tokens] = row
+    del w13, w2
+    return BackendChoice("triton", params), times

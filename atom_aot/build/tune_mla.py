@@ -14,23 +14,27 @@ from atom_aot.models import ModelConfig
 DECODE_BATCHES = (1, 8, 32, 128, 256)
 
 
-def tune_mla(config: BuildConfig, cfg: ModelConfig, max_model_len: int, best) -> Tuning:
-    """`best`: build/tune.py's pick of the config nearest every shape's fastest."""
+def tune_mla(config: BuildConfig, cfg: ModelConfig, max_model_len: int, best, tune_moe) -> Tuning:
+    """`best`: build/tune.py's pick of the config nearest every shape's fastest; `tune_moe`: its MoE
+    tuning (the experts op's config per token bucket, the same in both rows)."""
     import atom_aot.ops.triton  # noqa: F401  (registers the ops)
     from atom_aot.ops.triton.mla_decode import CANDIDATE_CONFIGS
     context = min(max_model_len - 1, 2048)
     measured = {batch: _time_decode(cfg, config, CANDIDATE_CONFIGS, [context] * batch) for batch in DECODE_BATCHES}
     chosen = best(measured)
+    moe, moe_ms = tune_moe(cfg, config)
     return Tuning(
         arch=config.arch, measured=True,
-        phases={Phase.DECODE: PhaseTuning({"mla_attention": BackendChoice("triton", {"mla_decode": chosen})}),
-                Phase.MIXED: PhaseTuning({"mla_attention": BackendChoice("reference")})},
+        phases={Phase.DECODE: PhaseTuning({"mla_attention": BackendChoice("triton", {"mla_decode": chosen}),
+                                           "moe": moe}),
+                Phase.MIXED: PhaseTuning({"mla_attention": BackendChoice("reference"), "moe": moe})},
         kernels={"mla_attention": "decode: triton atom_triton::mla_decode (absorbed, split-K); "
                                   "mixed: torch reference atom::mla_attention (naive prefill)",
+                 "moe": "triton atom_triton::fused_moe (config per token bucket)",
                  "gemm": "aten -> cuBLAS (Inductor extern call)",
                  "norms/activations": "Inductor-generated Triton (fused, compiled into the package)",
                  "sampling": "torch on the GPU"},
-        measurements_ms={"context_tokens": context, "mla_decode": {
+        measurements_ms={"context_tokens": context, "moe": moe_ms, "mla_decode": {
             str(batch): {",".join(map(str, c)): ms for c, ms in row.items()} for batch, row in measured.items()}})
 
 

@@ -11,6 +11,7 @@ from typing import Iterable, Iterator
 
 import torch
 
+from atom_aot.build.experts import ExpertStacker
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.decoder import DecoderForCausalLM
 from atom_aot.ops.rope import rope_cos_sin_cache
@@ -36,17 +37,26 @@ def runtime_name(name: str, packed: dict[str, tuple[str, int]]) -> tuple[str, in
     return name, None
 
 
+def renamed(name: str, renames: dict[str, str]) -> str:
+    """Module names the checkpoint spells otherwise (Mixtral's `block_sparse_moe` -> `mlp`)."""
+    return ".".join(renames.get(part, part) for part in name.split(".")) if renames else name
+
+
 def convert_state_dict(tensors: Iterable[tuple[str, torch.Tensor]], model: DecoderForCausalLM, cfg: ModelConfig,
                        quant: str, on_tensor=lambda name: None) -> dict[str, torch.Tensor]:
     """Fuse, cast and quantize `tensors` into the state dict of `model` (a meta-device instance)."""
     expected = model.state_dict()
-    packed = type(model).PACKED_MODULES
+    packed, renames = type(model).PACKED_MODULES, type(model).MODULE_RENAMES
+    experts = ExpertStacker(type(model).EXPERT_MODULES, expected)
     num_parts = {fused: 1 + max(i for f, i in packed.values() if f == fused) for fused, _ in packed.values()}
     pending: dict[str, dict[int, torch.Tensor]] = {}
     out: dict[str, torch.Tensor] = {}
     for name, tensor in type(model).adapt_checkpoint(cfg, tensors):
         on_tensor(name)
         if name.endswith(IGNORED_SUFFIXES) or (name == "lm_head.weight" and cfg.tie_word_embeddings):
+            continue
+        name = renamed(name, renames)
+        if experts.add(name, tensor):
             continue
         target, index = runtime_name(name, packed)
         if index is None:
@@ -57,6 +67,7 @@ def convert_state_dict(tensors: Iterable[tuple[str, torch.Tensor]], model: Decod
         if len(parts) == num_parts[target.split(".")[-2]]:
             out[target] = torch.cat([parts[i] for i in sorted(parts)], dim=0)
             del pending[target]
+    out.update(experts.complete)
     max_positions, rotary_dim = expected["model.rotary.cos_sin_cache"].shape
     out["model.rotary.cos_sin_cache"] = rope_cos_sin_cache(rotary_dim, cfg.rope_theta, cfg.rope_scaling_dict,
                                                            max_positions)
@@ -64,11 +75,11 @@ def convert_state_dict(tensors: Iterable[tuple[str, torch.Tensor]], model: Decod
         out = dict(_quantize_fp8(out, expected))
     unexpected = sorted(set(out) - set(expected))
     missing = sorted(set(expected) - set(out))
-    if unexpected or missing or pending:
+    if unexpected or missing or pending or experts.incomplete:
         raise ValueError("the checkpoint does not match the model: "
                          f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
                          f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}, "
-                         f"incomplete fused {sorted(pending)[:5]}")
+                         f"incomplete fused {sorted(pending)[:5]}, incomplete experts {experts.incomplete[:5]}")
     for name, meta in expected.items():
         if tuple(out[name].shape) != tuple(meta.shape):
             raise ValueError(f"{name}: checkpoint shape {tuple(out[name].shape)} != model shape {tuple(meta.shape)}")

@@ -31,7 +31,15 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool = False
     rope_scaling: tuple[tuple[str, float | str], ...] | None = None  # frozen form of a dict
-    deepseek: DeepseekFields | None = None     # latent attention, MoE routing, MTP (DeepSeek-V2/V3 only)
+    sliding_window: int | None = None      # attention window, if the config enables one (not implemented)
+    # mixture of experts (0 experts: a dense model); router aux-loss fields are training-only, ignored
+    num_experts: int = 0                   # HF `num_experts`, `num_local_experts` or `n_routed_experts` (DeepSeek)
+    num_experts_per_tok: int = 0           # top-k
+    moe_intermediate_size: int = 0         # I of each expert (Mixtral: its intermediate_size)
+    norm_topk_prob: bool = False           # renormalize the top-k weights to sum to 1
+    decoder_sparse_step: int = 1           # every n-th layer has experts ...
+    mlp_only_layers: tuple[int, ...] = ()  # ... except these, which are dense
+    deepseek: DeepseekFields | None = None     # latent attention, grouped routing, MTP (DeepSeek-V2/V3 only)
 
     def __post_init__(self):
         if self.num_attention_heads % self.num_key_value_heads:
@@ -42,6 +50,17 @@ class ModelConfig:
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(f"rope scaling type {rope_type!r} is not supported; "
                              f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+        if self.num_experts and not (1 <= self.num_experts_per_tok <= self.num_experts
+                                     and self.moe_intermediate_size > 0 and self.decoder_sparse_step >= 1):
+            raise ValueError(f"a mixture of experts needs 1 <= num_experts_per_tok ({self.num_experts_per_tok}) "
+                             f"<= num_experts ({self.num_experts}), moe_intermediate_size > 0 "
+                             f"({self.moe_intermediate_size}) and decoder_sparse_step >= 1 "
+                             f"({self.decoder_sparse_step})")
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether `layer` has experts (Hugging Face's rule for Qwen3-MoE; every layer for Mixtral)."""
+        return (self.num_experts > 0 and layer not in self.mlp_only_layers
+                and (layer + 1) % self.decoder_sparse_step == 0)
 
     @property
     def rope_scaling_dict(self) -> dict:
@@ -75,6 +94,8 @@ class ModelConfig:
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             attention_bias=bool(d.get("attention_bias", False)),
             rope_scaling=tuple(sorted(scaling.items())) or None,
+            sliding_window=d.get("sliding_window") if d.get("use_sliding_window", True) else None,
+            **_moe_fields(d),
             deepseek=DeepseekFields.from_hf_dict(d) if "kv_lora_rank" in d else None,
         )
 
@@ -86,3 +107,17 @@ class ModelConfig:
         d = asdict(self)
         d["rope_scaling"] = self.rope_scaling_dict or None
         return d
+
+
+def _moe_fields(d: dict) -> dict:
+    """The mixture-of-experts fields of an HF config in its spellings (none for a dense model); DeepSeek's
+    `first_k_dense_replace` dense layers are its mlp_only_layers."""
+    num_experts = d.get("num_experts") or d.get("num_local_experts") or d.get("n_routed_experts") or 0
+    if not num_experts:
+        return {}
+    dense_first = tuple(range(d.get("first_k_dense_replace") or 0))
+    return dict(num_experts=num_experts, num_experts_per_tok=d.get("num_experts_per_tok", 0),
+                moe_intermediate_size=d.get("moe_intermediate_size") or d["intermediate_size"],
+                norm_topk_prob=bool(d.get("norm_topk_prob", False)),
+                decoder_sparse_step=d.get("decoder_sparse_step") or 1,
+                mlp_only_layers=tuple(d.get("mlp_only_layers") or ()) or dense_first)

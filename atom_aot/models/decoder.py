@@ -6,7 +6,7 @@ the build exports. Attention runs through the backend the tuning row names (atom
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
@@ -60,12 +60,12 @@ class GatedMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, quant: str, qk_norm: bool):
+    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, quant: str, qk_norm: bool, mlp: nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.self_attn = DecoderAttention(cfg, layer, dtype, quant, qk_norm)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.mlp = GatedMLP(cfg, dtype, quant)
+        self.mlp = mlp     # [T, hidden] -> [T, hidden]: GatedMLP, or a family's MoE block
 
     def forward(self, positions, hidden, residual, rotary, attn: AttentionInputs):
         if residual is None:
@@ -78,11 +78,13 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str, qk_norm: bool, max_positions: int):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str, qk_norm: bool, max_positions: int,
+                 make_mlp: Callable[[int], nn.Module]):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, quant, qk_norm) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, quant, qk_norm, make_mlp(i))
+                                    for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
     def forward(self, input_ids, positions, attn: AttentionInputs):
@@ -94,7 +96,8 @@ class DecoderModel(nn.Module):
 
 
 class DecoderForCausalLM(nn.Module):
-    """Base of the causal-LM families. Subclasses set `qk_norm` and `WEIGHT_MAP`."""
+    """Base of the causal-LM families. Subclasses set `qk_norm`, may extend `PACKED_MODULES` and
+    override `make_mlp` (the MoE families: atom_aot/models/moe.py)."""
 
     qk_norm = False
     ATTENTION_OPS = ("attention",)     # the backend-registry ops this family calls (tuning.json has a row for each)
@@ -103,13 +106,22 @@ class DecoderForCausalLM(nn.Module):
         "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
         "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
     }
+    # checkpoint expert projection -> (stacked parameter, part): models with experts (models/moe.py)
+    EXPERT_MODULES: dict[str, tuple[str, int]] = {}
+    # checkpoint module name -> runtime module name, where they differ
+    MODULE_RENAMES: dict[str, str] = {}
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None):
         super().__init__()
         self.config = cfg
-        self.model = DecoderModel(cfg, dtype, quant, self.qk_norm, max_positions or cfg.max_position_embeddings)
+        self.model = DecoderModel(cfg, dtype, quant, self.qk_norm, max_positions or cfg.max_position_embeddings,
+                                  lambda layer: self.make_mlp(layer, dtype, quant))
         # lm_head stays unquantized: it decides the argmax.
         self.lm_head = None if cfg.tie_word_embeddings else make_linear(cfg.hidden_size, cfg.vocab_size, False, dtype, "none")
+
+    def make_mlp(self, layer: int, dtype: torch.dtype, quant: str) -> nn.Module:
+        """The feed-forward block of `layer` (a family with experts chooses per layer)."""
+        return GatedMLP(self.config, dtype, quant)
 
     @classmethod
     def adapt_checkpoint(cls, cfg: ModelConfig, tensors: Iterable[tuple[str, torch.Tensor]]

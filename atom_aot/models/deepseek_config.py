@@ -12,21 +12,13 @@ class DeepseekFields:
     qk_nope_head_dim: int
     qk_rope_head_dim: int            # the decoupled, roped part of q and k (k's is shared by all heads)
     v_head_dim: int
-    n_routed_experts: int
-    n_shared_experts: int
-    moe_intermediate_size: int
-    num_experts_per_tok: int
-    n_group: int
+    n_shared_experts: int            # experts count, top-k, sizes, norm_topk_prob and the dense first layers:
+    n_group: int                     # ModelConfig's MoE fields
     topk_group: int
     routed_scaling_factor: float
-    norm_topk_prob: bool
-    first_k_dense_replace: int       # layers below this one have a dense MLP
     num_nextn_predict_layers: int    # MTP layers stored after the decoder's layers
 
     def __post_init__(self):
-        if self.n_routed_experts % self.n_group:
-            raise ValueError(f"n_routed_experts ({self.n_routed_experts}) must be a multiple of n_group "
-                             f"({self.n_group})")
         if not 0 < self.topk_group <= self.n_group:
             raise ValueError(f"topk_group ({self.topk_group}) must be in 1..n_group ({self.n_group})")
 
@@ -47,13 +39,12 @@ class DeepseekFields:
                              f"not supported; supported: sigmoid scoring with noaux_tc (DeepSeek-V3/R1)")
         if d.get("rope_interleave", True) is not True:
             raise ValueError("DeepSeek configs with rope_interleave=false are not supported")
+        n_group = d.get("n_group") or 1
+        if d["n_routed_experts"] % n_group:
+            raise ValueError(f"n_routed_experts ({d['n_routed_experts']}) must be a multiple of n_group ({n_group})")
         return cls(
             q_lora_rank=d.get("q_lora_rank"), kv_lora_rank=d["kv_lora_rank"],
             qk_nope_head_dim=d["qk_nope_head_dim"], qk_rope_head_dim=d["qk_rope_head_dim"],
-            v_head_dim=d["v_head_dim"], n_routed_experts=d["n_routed_experts"],
-            n_shared_experts=d.get("n_shared_experts") or 0, moe_intermediate_size=d["moe_intermediate_size"],
-            num_experts_per_tok=d["num_experts_per_tok"], n_group=d.get("n_group") or 1,
+            v_head_dim=d["v_head_dim"], n_shared_experts=d.get("n_shared_experts") or 0, n_group=n_group,
             topk_group=d.get("topk_group") or 1, routed_scaling_factor=float(d.get("routed_scaling_factor", 1.0)),
-            norm_topk_prob=bool(d.get("norm_topk_prob", True)),
-            first_k_dense_replace=d.get("first_k_dense_replace") or 0,
             num_nextn_predict_layers=d.get("num_nextn_predict_layers") or 0)

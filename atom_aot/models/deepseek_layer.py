@@ -21,5 +21,4 @@ class DeepseekDecoderLayer(DecoderLayer):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.self_attn = MLAAttention(cfg, layer, dtype, quant)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        dense = layer < cfg.deepseek.first_k_dense_replace
-        self.mlp = GatedMLP(cfg, dtype, quant) if dense else DeepseekMoE(cfg, dtype, quant)
+        self.mlp = DeepseekMoE(cfg, dtype, quant) if cfg.is_moe_layer(layer) else GatedMLP(cfg, dtype, quant)

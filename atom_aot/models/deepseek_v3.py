@@ -21,10 +21,10 @@ from atom_aot.models.deepseek_mtp import MTPLayer, MTPStep
 from atom_aot.models.kv_layout import KVCacheLayout
 from atom_aot.models.layers import RMSNorm, RotaryEmbedding, make_linear
 from atom_aot.models.mla import split_kv_b_proj
+from atom_aot.models.moe import MoEForCausalLM, use_moe_kernels
 from atom_aot.models.step_inputs import StepInputs
 from atom_aot.ops.backends import make_backend
 
-EXPERT = re.compile(r"(.*\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 LAYER = re.compile(r"model\.layers\.(\d+)\.(.*)$")
 # MTP layer tensors that belong to the MTP module itself (the rest are its decoder block's)
 MTP_OWN = ("enorm.", "hnorm.", "eh_proj.", "embed_tokens.", "shared_head.")
@@ -41,6 +41,7 @@ class DeepseekModel(DecoderModel):
 
 class DeepseekV3ForCausalLM(DecoderForCausalLM):
     PACKED_MODULES = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+    EXPERT_MODULES = MoEForCausalLM.EXPERT_MODULES
     ATTENTION_OPS = ("mla_attention",)
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None):
@@ -63,6 +64,7 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
         mla = make_backend("mla_attention", row.op("mla_attention"))
         for layer in [*self.model.layers, *(m.block for m in self.mtp)]:
             layer.self_attn.mla_backend = mla
+        use_moe_kernels(self, row.op("moe"))
         return self
 
     def hidden_states(self, inputs: StepInputs) -> torch.Tensor:
@@ -80,10 +82,9 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
     @classmethod
     def adapt_checkpoint(cls, cfg: ModelConfig, tensors: Iterable[tuple[str, torch.Tensor]]
                          ) -> Iterator[tuple[str, torch.Tensor]]:
-        """HF DeepSeek names -> this module's: kv_b_proj split into W_UK / W_UV, each MoE layer's experts
-        stacked into w13 [E, 2I, H] / w2 [E, H, I] (a layer's experts are held only until its last
-        arrives), the router renamed, and layers >= num_hidden_layers moved under `mtp.{i}`."""
-        ds, pending, seen_mtp = cfg.deepseek, {}, False
+        """HF DeepSeek names -> this module's, as they stream: kv_b_proj split into W_UK / W_UV, and layers
+        >= num_hidden_layers moved under `mtp.{i}`. (Experts are stacked by build/experts.py.)"""
+        ds, seen_mtp = cfg.deepseek, False
         for name, tensor in tensors:
             name = _mtp_name(name, cfg.num_hidden_layers)
             seen_mtp = seen_mtp or name.startswith("mtp.")
@@ -92,17 +93,8 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
                 prefix = name.removesuffix("kv_b_proj.weight")
                 yield prefix + "w_uk", w_uk
                 yield prefix + "w_uv", w_uv
-            elif (expert := EXPERT.match(name)) is not None:
-                layer, index, proj = expert.group(1), int(expert.group(2)), expert.group(3)
-                parts = pending.setdefault(layer, {})
-                parts[(index, proj)] = tensor
-                if len(parts) == 3 * ds.n_routed_experts:
-                    yield from _stacked_experts(layer, pending.pop(layer), ds.n_routed_experts)
             else:
-                yield name.replace(".mlp.gate.weight", ".mlp.gate_weight").replace(
-                    ".mlp.gate.e_score_correction_bias", ".mlp.e_score_correction_bias"), tensor
-        if pending:
-            raise ValueError(f"the checkpoint's experts are incomplete for {sorted(pending)[:3]}")
+                yield name, tensor
         if ds.num_nextn_predict_layers and not seen_mtp:
             raise ValueError(f"config.json says num_nextn_predict_layers={ds.num_nextn_predict_layers}, but the "
                              f"checkpoint has no model.layers.{cfg.num_hidden_layers}.* (MTP) tensors; set "
@@ -118,8 +110,3 @@ def _mtp_name(name: str, num_hidden_layers: int) -> str:
     depth, rest = int(match.group(1)) - num_hidden_layers, match.group(2)
     return f"mtp.{depth}.{rest}" if rest.startswith(MTP_OWN) else f"mtp.{depth}.block.{rest}"
 
-
-def _stacked_experts(layer: str, parts: dict, num_experts: int) -> Iterator[tuple[str, torch.Tensor]]:
-    experts = range(num_experts)
-    yield f"{layer}.w13", torch.stack([torch.cat([parts[(e, "gate_proj")], parts[(e, "up_proj")]]) for e in experts])
-    yield f"{layer}.w2", torch.stack([parts[(e, "down_proj")] for e in experts])

@@ -1,3 +1,4 @@
 """Operators the models call. Importing this package registers the `atom::` custom ops, which must
 happen before a compiled model that calls them is loaded."""
 from atom_aot.ops.attention import paged_attention  # noqa: F401  (registers atom::paged_attention)
+from atom_aot.ops.moe import fused_moe  # noqa: F401  (registers atom::fused_moe)

@@ -30,6 +30,10 @@ REGISTRY: dict[str, dict[str, BackendEntry]] = {
         "reference": BackendEntry("atom_aot.ops.backends.mla", "ReferenceMLA"),
         "triton": BackendEntry("atom_aot.ops.backends.mla", "TritonMLA"),
     },
+    "moe": {
+        "reference": BackendEntry("atom_aot.ops.backends.moe", "ReferenceMoE"),
+        "triton": BackendEntry("atom_aot.ops.backends.moe", "TritonMoE"),
+    },
 }
 
 

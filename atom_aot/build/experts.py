@@ -1,0 +1,63 @@
+"""Per-expert checkpoint tensors -> one stacked parameter per layer and projection, as they stream in.
+
+A checkpoint stores `<block>.experts.<e>.<proj>.weight` per expert; the runtime holds
+`<block>.experts.w13 [E, 2I, H]` and `<block>.experts.w2 [E, H, I]` (atom_aot/ops/moe.py). The model
+class's EXPERT_MODULES says which projection fills which part of which stacked parameter. Each
+stacked tensor is allocated once, in the runtime's dtype, when its first part arrives; every part
+is copied into its slice and dropped, so the build never holds a second copy of the experts.
+A checkpoint written from transformers 5's modules (scripts/make_random_model.py) already stores the
+stacked `<block>.experts.gate_up_proj [E, 2I, H]` and `down_proj [E, H, I]`: the same layout, taken whole.
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+
+EXPERT_TENSOR = re.compile(r"(?P<block>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>[^.]+)\.weight")
+STACKED_TENSOR = re.compile(r"(?P<block>.+\.experts)\.(?P<proj>gate_up_proj|down_proj)")
+STACKED_NAMES = {"gate_up_proj": "w13", "down_proj": "w2"}     # transformers 5's stacked names -> ours
+
+
+class ExpertStacker:
+    def __init__(self, mapping: dict[str, tuple[str, int]], expected: dict[str, torch.Tensor]):
+        self.mapping = mapping                  # checkpoint projection -> (stacked parameter, part)
+        self.expected = expected                # the meta model's state dict: shapes and dtypes
+        self.num_parts = {param: 1 + max(i for p, i in mapping.values() if p == param) for param, _ in mapping.values()}
+        self.filling: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}   # name -> (stack, [E, parts] bool: arrived)
+        self.complete: dict[str, torch.Tensor] = {}
+
+    def add(self, name: str, tensor: torch.Tensor) -> bool:
+        """Copies `tensor` into its stack if it is an expert's projection this model stacks; False if not."""
+        stacked = STACKED_TENSOR.fullmatch(name)
+        if stacked is not None and f"{stacked['block']}.{STACKED_NAMES[stacked['proj']]}" in self.expected:
+            self.complete[f"{stacked['block']}.{STACKED_NAMES[stacked['proj']]}"] = tensor
+            return True
+        match = EXPERT_TENSOR.fullmatch(name)
+        if match is None or match["proj"] not in self.mapping:
+            return False
+        param, part = self.mapping[match["proj"]]
+        target = f"{match['block']}.{param}"
+        if target not in self.expected:
+            return False
+        stack, arrived = self.filling.get(target) or self._start(target, param)
+        expert = int(match["expert"])
+        rows = stack.shape[1] // self.num_parts[param]
+        if expert >= stack.shape[0] or tuple(tensor.shape) != (rows, stack.shape[2]) or arrived[expert, part]:
+            raise ValueError(f"{name}: shape {tuple(tensor.shape)} does not fit expert {expert} of {target} "
+                             f"{tuple(stack.shape)} (expected [{rows}, {stack.shape[2]}] once per expert)")
+        stack[expert, part * rows:(part + 1) * rows].copy_(tensor)
+        arrived[expert, part] = True
+        if bool(arrived.all()):
+            self.complete[target] = self.filling.pop(target)[0]
+        return True
+
+    def _start(self, target: str, param: str) -> tuple[torch.Tensor, torch.Tensor]:
+        meta = self.expected[target]
+        entry = (torch.empty(meta.shape, dtype=meta.dtype), torch.zeros(meta.shape[0], self.num_parts[param], dtype=torch.bool))
+        self.filling[target] = entry
+        return entry
+
+    @property
+    def incomplete(self) -> list[str]:
+        return sorted(self.filling)

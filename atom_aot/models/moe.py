@@ -1,0 +1,95 @@
+"""The mixture-of-experts layer and the decoder families built on it (Qwen3-MoE, Mixtral).
+
+`MoEExperts` owns one layer's stacked expert weights and runs them through the `moe` backend the
+tuning row names (atom_aot/ops/backends/moe.py); `SparseMoeBlock` adds the router (a linear gate
+and softmax top-k). A family with other routing (DeepSeek's grouped sigmoid, shared experts)
+reuses `MoEExperts` with its own block. `MoEForCausalLM` is the dense decoder with a per-layer
+choice of feed-forward block.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
+from atom_aot.errors import BuildError
+from atom_aot.models.config import ModelConfig
+from atom_aot.models.decoder import DecoderForCausalLM
+from atom_aot.models.layers import Linear
+from atom_aot.ops.backends import make_backend
+from atom_aot.ops.backends.moe import MoEBackend
+from atom_aot.ops.moe import softmax_topk
+
+
+class MoEExperts(nn.Module):
+    """E experts of one layer, stacked as the `fused_moe` op reads them (atom_aot/ops/moe.py).
+
+    Under expert parallelism a rank holds only its experts: `num_experts` is then the local count,
+    and the router's ids are mapped to local ids, with -1 for an expert of another rank.
+    """
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, dtype: torch.dtype):
+        super().__init__()
+        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size, dtype=dtype))
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size, dtype=dtype))
+        # the reference backend until use_moe_kernels sets the phase's choice
+        self.moe_backend: MoEBackend = make_backend("moe", BackendChoice("reference"))
+
+    def forward(self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        # hidden: [T, H]; topk_weights: [T, k] float32; topk_ids: [T, k] int32 -> [T, H]
+        return self.moe_backend(hidden, self.w13, self.w2, topk_weights, topk_ids)
+
+
+class SparseMoeBlock(nn.Module):
+    """Router (`gate`, unquantized: it decides the experts) + softmax top-k + experts."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, renormalize: bool):
+        super().__init__()
+        self.top_k, self.renormalize = cfg.num_experts_per_tok, renormalize
+        self.gate = Linear(cfg.hidden_size, cfg.num_experts, False, dtype)
+        self.experts = MoEExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        weights, ids = softmax_topk(self.gate(hidden), self.top_k, self.renormalize)   # [T, k] each
+        return self.experts(hidden, weights, ids)
+
+
+def use_moe_kernels(model: nn.Module, choice: BackendChoice) -> None:
+    """Run every `MoEExperts` in `model` through the backend `choice` names."""
+    backend = make_backend("moe", choice)
+    for module in model.modules():
+        if isinstance(module, MoEExperts):
+            module.moe_backend = backend
+
+
+class MoEForCausalLM(DecoderForCausalLM):
+    """A decoder whose layers have experts where `ModelConfig.is_moe_layer` says, a dense MLP elsewhere.
+
+    Subclasses set `EXPERT_MODULES` (checkpoint expert projection -> (stacked parameter, part)), and
+    `MODULE_RENAMES` where the checkpoint names the block otherwise than `mlp`; build/weights.py reads both.
+    """
+
+    EXPERT_MODULES = {"gate_proj": ("w13", 0), "up_proj": ("w13", 1), "down_proj": ("w2", 0)}
+    MODULE_RENAMES: dict[str, str] = {}
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None):
+        served = max_positions or cfg.max_position_embeddings
+        if cfg.sliding_window is not None and cfg.sliding_window < served:
+            raise BuildError(
+                f"{cfg.architecture}'s config sets sliding_window={cfg.sliding_window}, smaller than the served "
+                f"max length {served}; atom-aot's attention has no sliding window. Build with "
+                f"--max-model-len {cfg.sliding_window} (or less).")
+        super().__init__(cfg, dtype, quant, max_positions)
+
+    def routing_renormalizes(self) -> bool:
+        return self.config.norm_topk_prob
+
+    def make_mlp(self, layer: int, dtype: torch.dtype, quant: str) -> nn.Module:
+        if self.config.is_moe_layer(layer):
+            return SparseMoeBlock(self.config, dtype, self.routing_renormalizes())
+        return super().make_mlp(layer, dtype, quant)
+
+    def use_kernels(self, row: PhaseTuning) -> "MoEForCausalLM":
+        super().use_kernels(row)
+        use_moe_kernels(self, row.op("moe"))
+        return self

@@ -1,0 +1,68 @@
+"""Mixture-of-experts: the routing function and the custom op `atom::fused_moe`.
+
+The op takes the routing already decided (a family's own routing: softmax top-k here, DeepSeek's
+grouped sigmoid elsewhere) and runs every token through its k experts:
+
+    out[t] = sum_j  w[t, j] * down_e( SiLU(gate_e(x_t)) * up_e(x_t) ),   e = ids[t, j]
+
+Being a custom op keeps it whole in `torch.export` (the compiled model calls it by name, each arch
+registers its kernel for it). Expert weights are stacked per layer:
+
+    w13: [E, 2I, H]   rows 0..I-1 = gate_proj, rows I..2I-1 = up_proj (per expert, like nn.Linear)
+    w2:  [E, H, I]    down_proj
+
+An id < 0 means "this expert is not on this rank" (expert parallelism masks remote experts so):
+that slot contributes nothing.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# A fragment of the `atom` namespace that atom_aot/ops/attention.py defines; registered through the
+# dispatcher directly for the same reason (custom_op's wrapper imports torch._dynamo on first call).
+LIBRARY = torch.library.Library("atom", "FRAGMENT")
+LIBRARY.define("fused_moe(Tensor hidden, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids) -> Tensor")
+
+
+def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over experts in float32, the top_k of it, optionally renormalized to sum to 1.
+
+    router_logits [T, E] -> (weights [T, k] float32, ids [T, k] int32), as Hugging Face's
+    Qwen3-MoE (`norm_topk_prob`) and Mixtral (always renormalized) routers compute them.
+    """
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)   # [T, E]
+    weights, ids = torch.topk(probs, top_k, dim=-1)                      # [T, k]
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids.to(torch.int32)
+
+
+def fused_moe_reference(
+    hidden: torch.Tensor,         # [T, H]
+    w13: torch.Tensor,            # [E, 2I, H]
+    w2: torch.Tensor,             # [E, H, I]
+    topk_weights: torch.Tensor,   # [T, k] float32
+    topk_ids: torch.Tensor,       # [T, k] int32, < 0: not on this rank
+) -> torch.Tensor:
+    """Expert by expert in plain torch; the weighted sum accumulates in float32, then casts to hidden's dtype."""
+    out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)   # [T, H]
+    for expert in range(w13.shape[0]):
+        tokens, slots = torch.where(topk_ids == expert)                  # [n] each
+        if tokens.numel() == 0:
+            continue
+        gate, up = F.linear(hidden[tokens], w13[expert]).chunk(2, dim=-1)   # [n, I] each
+        y = F.linear(F.silu(gate) * up, w2[expert])                          # [n, H]
+        out.index_add_(0, tokens, y.float() * topk_weights[tokens, slots, None])
+    return out.to(hidden.dtype)
+
+
+LIBRARY.impl("fused_moe", fused_moe_reference, "CPU")
+
+
+@torch.library.register_fake("atom::fused_moe", lib=LIBRARY)
+def _(hidden, w13, w2, topk_weights, topk_ids):
+    return torch.empty_like(hidden)
+
+
+fused_moe = torch.ops.atom.fused_moe

@@ -1,0 +1,240 @@
+"""`atom_triton::fused_moe`: the `atom::fused_moe` contract (atom_aot/ops/moe.py) as grouped GEMMs.
+
+Four steps, none of which reads a tensor value on the host (so a CUDA graph captures the call):
+
+1. sort: the T*k (token, slot) assignments sorted by expert (a stable sort, torch), and each
+   expert's first sorted position (`searchsorted`, [E + 1]); ids < 0 sort after every expert
+   and are never read.
+2. gate_up: program (m, n) finds its expert and its BLOCK_M rows of that expert's sorted
+   assignments from the per-expert counts (`_expert_tile`: no padded index buffer), gathers the
+   rows' tokens, multiplies by the expert's gate and up rows of w13 and writes SiLU(gate) * up
+   into `inter [T*k, I]` at the sorted positions.
+3. down: the same tiling over `inter` times the expert's w2, scaled by the routing weight, written
+   to `per_slot [T*k, H]` at the assignment's own row (token * k + slot).
+4. combine: out[t] = sum over slots of per_slot in float32 (slots with id < 0 skipped), cast (torch;
+   Inductor compiles it into one kernel).
+
+Each expert has ceil(count / BLOCK_M) row tiles, so the tiles number at most
+min(T*k, cdiv(T*k + E*(BLOCK_M - 1), BLOCK_M)): the grid's static bound; programs past the last tile return.
+
+Launch configs come per token-count bucket as a flat int table (atom_aot/ops/backends/moe.py): each
+bucket's kernels are launched with a grid of 0 unless T falls in the bucket (an expression of T,
+never a guard), so one exported graph carries every bucket's config and runs the right one for
+each batch; Triton's launcher and AOTInductor's wrapper skip empty grids.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from atom_aot.ops.triton._common import check_last_dim_contiguous, next_pow2
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    block_m: int        # sorted assignments per tile (all of one expert)
+    block_n: int        # output columns per tile
+    block_k: int        # reduction step
+    group_m: int        # row tiles per L2 group (program order swizzle)
+    num_warps: int
+    num_stages: int
+
+    def as_args(self) -> tuple[int, int, int, int, int, int]:
+        return (self.block_m, self.block_n, self.block_k, self.group_m, self.num_warps, self.num_stages)
+
+
+# What the build measures per token-count bucket on the model's shapes (winner -> tuning.json).
+# Small batches want short row tiles (few assignments per expert), large ones long tiles and wide N.
+CANDIDATE_CONFIGS = (
+    MoEConfig(16, 32, 64, 1, 4, 3), MoEConfig(16, 64, 64, 1, 4, 3), MoEConfig(16, 64, 128, 1, 4, 4),
+    MoEConfig(16, 128, 64, 1, 4, 3), MoEConfig(32, 64, 64, 8, 4, 3), MoEConfig(64, 64, 64, 8, 4, 3),
+    MoEConfig(64, 128, 64, 8, 4, 3), MoEConfig(64, 128, 64, 8, 8, 4), MoEConfig(128, 128, 64, 8, 8, 3),
+    MoEConfig(128, 64, 64, 8, 4, 4),
+)
+DEFAULT_CONFIG = MoEConfig(64, 64, 64, 8, 4, 3)
+# the first token count of each bucket the build tunes: decode batches, then prefill (512 and up)
+TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+TABLE_ROW = 1 + len(DEFAULT_CONFIG.as_args())     # first token count, then the config's ints
+
+
+@triton.jit
+def _expert_tile(offsets_ptr, pid_m, E: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Row tile `pid_m` -> (expert, first row, end row) in sorted order; expert == E: past the last tile."""
+    lanes = tl.arange(0, E_PAD)
+    start = tl.load(offsets_ptr + lanes, mask=lanes < E, other=0)
+    end = tl.load(offsets_ptr + lanes + 1, mask=lanes < E, other=0)
+    tiles = (end - start + BLOCK_M - 1) // BLOCK_M                  # [E_PAD] row tiles per expert
+    tiles_before = tl.cumsum(tiles, 0) - tiles                      # [E_PAD] exclusive prefix sum
+    expert = tl.sum((tiles_before + tiles <= pid_m).to(tl.int32), 0)   # experts whose tiles all precede
+    mine = lanes == expert
+    first = tl.sum(tl.where(mine, start + (pid_m - tiles_before) * BLOCK_M, 0), 0)
+    return expert, first, tl.sum(tl.where(mine, end, 0), 0)
+
+
+@triton.jit
+def _swizzle(num_m_tiles, N, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) with GROUP_M row tiles walked together, so their weight columns stay in L2."""
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N, BLOCK_N)
+    group = pid // (GROUP_M * num_n)
+    first_m = group * GROUP_M
+    size_m = tl.minimum(num_m_tiles - first_m, GROUP_M)
+    local = pid % (GROUP_M * num_n)
+    return first_m + local % size_m, local // size_m
+
+
+@triton.jit
+def _tile(offsets_ptr, num_m_tiles, N, E: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+          BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's tile: (expert, rows [BLOCK_M] sorted positions, their mask, cols [BLOCK_N], their mask)."""
+    pid_m, pid_n = _swizzle(num_m_tiles, N, BLOCK_N, GROUP_M)
+    expert, first, end = _expert_tile(offsets_ptr, pid_m, E, E_PAD, BLOCK_M)
+    rows = first + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return expert, rows, rows < end, cols, cols < N
+
+
+@triton.jit
+def _dot(a, b, acc, IEEE: tl.constexpr):
+    if IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def moe_gate_up_kernel(
+    x_ptr, w13_ptr, inter_ptr, order_ptr, offsets_ptr, num_m_tiles, N, K, top_k,
+    stride_xt, stride_we, stride_wn, stride_it,
+    E: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, IEEE: tl.constexpr,
+):
+    """inter[r, n] = SiLU(x[tok(r)] . w13[e, n]) * (x[tok(r)] . w13[e, N + n]) for the tile's rows r of expert e."""
+    expert, rows, row_ok, cols, col_ok = _tile(offsets_ptr, num_m_tiles, N, E, E_PAD, BLOCK_M, BLOCK_N, GROUP_M)
+    if expert >= E:
+        return
+    tokens = tl.load(order_ptr + rows, mask=row_ok, other=0) // top_k
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = x_ptr + tokens.to(tl.int64)[:, None] * stride_xt + ks[None, :]                     # [BLOCK_M, BLOCK_K]
+    g_ptrs = w13_ptr + expert.to(tl.int64) * stride_we + cols[None, :] * stride_wn + ks[:, None]  # [BLOCK_K, BLOCK_N]
+    gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = ks + k0 < K
+        a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        g = tl.load(g_ptrs + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        u = tl.load(g_ptrs + N * stride_wn + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        gate = _dot(a, g, gate, IEEE)
+        up = _dot(a, u, up, IEEE)
+    h = gate * tl.sigmoid(gate) * up
+    tl.store(inter_ptr + rows.to(tl.int64)[:, None] * stride_it + cols[None, :],
+             h.to(inter_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def moe_down_kernel(
+    inter_ptr, w2_ptr, out_ptr, order_ptr, offsets_ptr, weights_ptr, num_m_tiles, N, K,
+    stride_it, stride_we, stride_wn, stride_ot,
+    E: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, IEEE: tl.constexpr,
+):
+    """per_slot[a(r), n] = weight[a(r)] * (inter[r] . w2[e, n]) for the tile's rows r, a(r) their assignment."""
+    expert, rows, row_ok, cols, col_ok = _tile(offsets_ptr, num_m_tiles, N, E, E_PAD, BLOCK_M, BLOCK_N, GROUP_M)
+    if expert >= E:
+        return
+    assignment = tl.load(order_ptr + rows, mask=row_ok, other=0)
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = inter_ptr + rows.to(tl.int64)[:, None] * stride_it + ks[None, :]
+    b_ptrs = w2_ptr + expert.to(tl.int64) * stride_we + cols[None, :] * stride_wn + ks[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = ks + k0 < K
+        a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        acc = _dot(a, b, acc, IEEE)
+    weight = tl.load(weights_ptr + assignment, mask=row_ok, other=0.0)   # float32
+    tl.store(out_ptr + assignment.to(tl.int64)[:, None] * stride_ot + cols[None, :],
+             (acc * weight[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+def sort_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(order [T*k] int32: assignment indices sorted by expert, offsets [E + 1] int32: each expert's first
+    sorted position, offsets[E] = assignments on this rank). Ids < 0 sort last, past offsets[E]."""
+    flat = topk_ids.flatten()
+    expert = torch.where(flat < 0, num_experts, flat)                               # [T*k]
+    sorted_expert, order = torch.sort(expert, stable=True)
+    boundaries = torch.arange(num_experts + 1, dtype=sorted_expert.dtype, device=flat.device)
+    offsets = torch.searchsorted(sorted_expert, boundaries)                          # [E + 1]
+    return order.to(torch.int32), offsets.to(torch.int32)
+
+
+def in_bucket(num_tokens, first: int, next_first: int | None):
+    """1 if first <= num_tokens < next_first, else 0; on a SymInt an expression of it, never a guard."""
+    def at_least(n: int):
+        return torch.sym_min(torch.sym_max(num_tokens - n + 1, 0), 1)
+    return at_least(first) - (0 if next_first is None else at_least(next_first))
+
+
+def check_config(config: MoEConfig) -> None:
+    if min(config.block_m, config.block_n, config.block_k) < 16 or config.group_m < 1:
+        raise ValueError(f"block_m, block_n, block_k must be >= 16 (tl.dot) and group_m >= 1, got {config}")
+
+
+def table_buckets(table: list[int]) -> list[tuple[int, int | None, MoEConfig]]:
+    """The flat table as (first token count, next bucket's first or None, config), adjacent equal configs merged."""
+    rows = [table[i:i + TABLE_ROW] for i in range(0, len(table), TABLE_ROW)]
+    if not rows or len(table) % TABLE_ROW or rows[0][0] != 1 or any(a[0] >= b[0] for a, b in zip(rows, rows[1:])):
+        raise ValueError(f"the config table must be rows of [first tokens, {TABLE_ROW - 1} ints], the first "
+                         f"starting at 1, ascending; got {table}")
+    merged: list[tuple[int, MoEConfig]] = []
+    for first, *ints in rows:
+        config = MoEConfig(*ints)
+        check_config(config)
+        if not merged or merged[-1][1] != config:
+            merged.append((first, config))
+    nexts = [first for first, _ in merged[1:]] + [None]
+    return [(first, nxt, config) for (first, config), nxt in zip(merged, nexts)]
+
+
+def launch_fused_moe(
+    hidden: torch.Tensor,         # [T, H]
+    w13: torch.Tensor,            # [E, 2I, H]
+    w2: torch.Tensor,             # [E, H, I]
+    topk_weights: torch.Tensor,   # [T, k] float32
+    topk_ids: torch.Tensor,       # [T, k] int32, < 0: not on this rank
+    table: list[int],             # per bucket: first token count, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages
+) -> torch.Tensor:
+    for name, t in (("hidden", hidden), ("w13", w13), ("w2", w2)):
+        check_last_dim_contiguous(name, t)
+    num_tokens, hidden_size = hidden.shape
+    num_experts, two_inter, _ = w13.shape
+    inter_size, top_k = two_inter // 2, topk_ids.shape[1]
+    num_slots = num_tokens * top_k
+    order, offsets = sort_by_expert(topk_ids, num_experts)
+    weights = topk_weights.to(torch.float32).contiguous().view(-1)                  # [T*k]
+    inter = torch.empty((num_slots, inter_size), dtype=hidden.dtype, device=hidden.device)
+    per_slot = torch.empty((num_slots, hidden_size), dtype=hidden.dtype, device=hidden.device)
+    common = dict(E=num_experts, E_PAD=next_pow2(num_experts), IEEE=hidden.dtype == torch.float32)
+    for first, next_first, c in table_buckets(table):
+        active = in_bucket(num_tokens, first, next_first)
+        num_m_tiles = torch.sym_min(num_slots, (num_slots + num_experts * (c.block_m - 1) + c.block_m - 1) // c.block_m)
+        tiles = dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
+                     num_warps=c.num_warps, num_stages=c.num_stages, **common)
+        wrap_triton(moe_gate_up_kernel)[(active * num_m_tiles * triton.cdiv(inter_size, c.block_n),)](
+            hidden, w13, inter, order, offsets, num_m_tiles, inter_size, hidden_size, top_k,
+            hidden.stride(0), w13.stride(0), w13.stride(1), inter.stride(0), **tiles)
+        wrap_triton(moe_down_kernel)[(active * num_m_tiles * triton.cdiv(hidden_size, c.block_n),)](
+            inter, w2, per_slot, order, offsets, weights, num_m_tiles, hidden_size, inter_size,
+            inter.stride(0), w2.stride(0), w2.stride(1), per_slot.stride(0), **tiles)
+    kept = (topk_ids >= 0).unsqueeze(-1)                                            # [T, k, 1]
+    per_slot = per_slot.view(num_tokens, top_k, hidden_size).float()
+    return torch.where(kept, per_slot, 0.0).sum(dim=1).to(hidden.dtype)
+
+
+@triton_op("atom_triton::fused_moe", mutates_args=())
+def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, table: list[int]) -> torch.Tensor:
+    return launch_fused_moe(hidden, w13, w2, topk_weights, topk_ids, table)

@@ -1,0 +1,36 @@
+"""Random MoE problems and a naive per-token reference, shared by the MoE op tests (reference and Triton)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from atom_aot.ops.moe import softmax_topk
+
+
+def random_problem(tokens: int, experts: int, top_k: int, hidden: int = 32, inter: int = 24, *, seed: int = 0,
+                   dtype=torch.float32, device="cpu", router_bias: torch.Tensor | None = None):
+    """hidden [T, H], w13 [E, 2I, H], w2 [E, H, I] and a softmax top-k routing of fresh random logits.
+
+    `router_bias` [E] is added to the logits (a large negative entry starves that expert of tokens).
+    """
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=g)
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=g) / hidden ** 0.5
+    w2 = torch.randn(experts, hidden, inter, generator=g) / inter ** 0.5
+    logits = torch.randn(tokens, experts, generator=g) + (0 if router_bias is None else router_bias)
+    weights, ids = softmax_topk(logits, top_k, renormalize=True)
+    cast = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731
+    return cast(x), cast(w13), cast(w2), weights.to(device), ids.to(device)
+
+
+def naive_moe(x, w13, w2, weights, ids) -> torch.Tensor:
+    """Token by token, slot by slot, in float64: the independent check of both implementations."""
+    x, w13, w2, weights = x.double().cpu(), w13.double().cpu(), w2.double().cpu(), weights.double().cpu()
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j, e in enumerate(ids[t].tolist()):
+            if e < 0:
+                continue
+            gate, up = (w13[e] @ x[t]).chunk(2)
+            out[t] += weights[t, j] * (w2[e] @ (F.silu(gate) * up))
+    return out

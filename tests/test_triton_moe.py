@@ -1,0 +1,80 @@
+"""atom_triton::fused_moe against the `atom::fused_moe` reference on fresh random inputs, with every
+buffer the op allocates NaN-poisoned, under TRITON_INTERPRET=1 without a GPU: experts that get no
+token, one token routed to every expert, odd E and k, T = 1 and T larger than a row tile, masked
+(other-rank) experts, several token-count buckets in one table."""
+import pytest
+import torch
+
+from moe_checks import random_problem
+from triton_kernel_checks import rel_error
+from triton_support import DEVICE, poisoned_outputs  # noqa: F401 (an autouse fixture)
+
+from atom_aot.ops.moe import fused_moe_reference
+from atom_aot.ops.triton import fused_moe as triton_moe
+from atom_aot.ops.triton.fused_moe import in_bucket, sort_by_expert, table_buckets
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+SMALL = [1, 16, 16, 32, 1, 2, 1]       # one bucket: BLOCK_M 16, BLOCK_N 16, BLOCK_K 32, GROUP_M 1, 2 warps, 1 stage
+
+
+def check(problem, table=SMALL, dtype=torch.float32):
+    reference = fused_moe_reference(*(t.cpu() for t in problem))
+    got = torch.ops.atom_triton.fused_moe(*problem, table)
+    assert got.dtype == dtype and got.shape == problem[0].shape
+    assert rel_error(got.cpu(), reference) < TOL[dtype]
+
+
+class TestFusedMoE:
+    @pytest.mark.parametrize("tokens,experts,top_k", [(1, 6, 3), (1, 8, 2), (7, 5, 3), (40, 8, 2), (21, 3, 1)])
+    def test_matches_reference(self, tokens, experts, top_k):
+        check(random_problem(tokens, experts, top_k, hidden=48, inter=40, seed=tokens, device=DEVICE))
+
+    def test_experts_without_tokens(self):
+        starve = torch.zeros(7)
+        starve[[0, 3, 6]] = -1e4
+        problem = random_problem(18, 7, 2, seed=1, device=DEVICE, router_bias=starve)
+        assert not set(problem[4].flatten().tolist()) & {0, 3, 6}
+        check(problem)
+
+    def test_one_token_routed_to_every_expert(self):
+        check(random_problem(1, 5, 5, seed=2, device=DEVICE))        # k = E
+
+    def test_masked_experts_contribute_nothing(self):
+        x, w13, w2, weights, ids = random_problem(9, 6, 3, seed=3, device=DEVICE)
+        masked = torch.where(ids % 3 == 1, -1, ids)
+        check((x, w13, w2, weights, masked))
+        none = torch.ops.atom_triton.fused_moe(x, w13, w2, weights, torch.full_like(ids, -1), SMALL)
+        assert torch.equal(none, torch.zeros_like(x))
+
+    def test_bf16(self):
+        check(random_problem(12, 6, 2, hidden=64, inter=32, seed=4, dtype=torch.bfloat16, device=DEVICE),
+              dtype=torch.bfloat16)
+
+    @pytest.mark.parametrize("tokens", [1, 3, 4, 9])
+    def test_bucket_table_picks_by_token_count(self, tokens):
+        """Three buckets with other tiles (BLOCK_M 16 / 32 with GROUP_M 2 / 64): each T runs exactly one."""
+        table = [1, 16, 16, 16, 1, 2, 1, 3, 32, 32, 16, 2, 4, 1, 8, 64, 16, 32, 1, 4, 1]
+        check(random_problem(tokens, 6, 3, seed=5 + tokens, device=DEVICE), table)
+
+
+class TestHelpers:
+    def test_sort_by_expert(self):
+        ids = torch.tensor([[2, 0], [-1, 2], [0, 1]], dtype=torch.int32)
+        order, offsets = sort_by_expert(ids, 4)
+        assert order.tolist() == [1, 4, 5, 0, 3, 2]      # stable within an expert; -1 sorts last
+        assert offsets.tolist() == [0, 2, 3, 5, 5]
+
+    def test_in_bucket(self):
+        assert [in_bucket(t, 4, 8) for t in (3, 4, 7, 8)] == [0, 1, 1, 0]
+        assert [in_bucket(t, 512, None) for t in (511, 512, 9000)] == [0, 1, 1]
+
+    def test_table_merges_equal_neighbours(self):
+        row = [16, 32, 64, 1, 4, 2]
+        buckets = table_buckets([1, *row, 2, *row, 4, 64, 32, 64, 8, 4, 2])
+        assert [(first, nxt) for first, nxt, _ in buckets] == [(1, 4), (4, None)]
+
+    @pytest.mark.parametrize("table", [[2, 16, 32, 64, 1, 4, 2], [1, 16, 32, 64, 1, 4], [1, 8, 32, 64, 1, 4, 2],
+                                       [1, 16, 32, 64, 1, 4, 2, 1, 16, 32, 64, 1, 4, 2]])
+    def test_bad_tables_refused(self, table):
+        with pytest.raises(ValueError):
+            table_buckets(table)

@@ -1,0 +1,92 @@
+"""torch.export of a MoE block that calls atom_triton::fused_moe with a three-bucket config table.
+
+Runs in a subprocess without TRITON_INTERPRET (export traces on fake tensors and launches nothing).
+Checks that the table stays an int argument of the op; that decomposed (as AOTInductor compiles
+it) every launch's grid is an expression of the dynamic token count and nothing reads a tensor on
+the host (no .item(), so CUDA graphs capture it); and that the graph, run at several token counts
+with launches recorded, gives programs only to the kernels of the bucket that T falls in, with the
+tile bound min(T*k, cdiv(T*k + E*(BLOCK_M-1), BLOCK_M)) x column tiles.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parents[1]
+E, K, H, I = 6, 3, 64, 48
+# first token count, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages
+TABLE = [1, 16, 16, 32, 1, 2, 2, 4, 32, 32, 32, 4, 4, 2, 16, 64, 64, 32, 8, 4, 3]
+TOKENS = (1, 3, 4, 15, 16, 40)
+
+SCRIPT = r'''
+import json, sys
+import torch
+from torch.export import Dim, export
+import atom_aot.ops.triton  # noqa: F401  registers atom_triton::*
+from export_recording import RecordingInterpreter, host_reads, launch_kinds
+
+E, K, H, I, TABLE, TOKENS = json.loads(sys.argv[1])
+
+class Block(torch.nn.Module):
+    def forward(self, x, w13, w2, weights, ids):
+        return torch.ops.atom_triton.fused_moe(x, w13, w2, weights, ids, TABLE)
+
+def inputs(tokens):
+    return (torch.randn(tokens, H), torch.randn(E, 2 * I, H), torch.randn(E, H, I), torch.rand(tokens, K),
+            torch.randint(0, E, (tokens, K), dtype=torch.int32))
+
+t = Dim("T", min=1, max=8192)
+ep = export(Block(), inputs(7), dynamic_shapes=({0: t}, None, None, {0: t}, {0: t}))
+op = next(n for n in ep.graph.nodes if "fused_moe" in str(n.target))
+print("TABLE", json.dumps(list(op.args[-1])))
+decomposed = ep.run_decompositions(decompose_custom_triton_ops=True)
+print("LAUNCHES", json.dumps(launch_kinds(decomposed)))
+print("HOST_READS", host_reads(decomposed))
+for tokens in TOKENS:
+    graph = RecordingInterpreter(decomposed.graph_module)
+    graph.run(*inputs(tokens))
+    print("RUN", json.dumps({"tokens": tokens, "launches": [(l["kernel"], l["grid"][0], l["args"].get("BLOCK_M"))
+                                                            for l in graph.launches]}))
+'''
+
+
+@pytest.fixture(scope="module")
+def lines() -> list[str]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps([E, K, H, I, TABLE, TOKENS])],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout.splitlines()
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def test_export_keeps_table_and_symbolic_grids(lines):
+    assert f"TABLE {json.dumps(TABLE)}" in lines
+    launches = json.loads(next(line for line in lines if line.startswith("LAUNCHES"))[9:])
+    assert [name for name, _ in launches] == ["moe_gate_up_kernel", "moe_down_kernel"] * 3
+    assert all(symbolic for _, symbolic in launches), launches
+    assert "HOST_READS 0" in lines
+
+
+def test_each_token_count_runs_only_its_bucket(lines):
+    runs = {run["tokens"]: run["launches"] for run in (json.loads(line[4:]) for line in lines if line.startswith("RUN "))}
+    assert set(runs) == set(TOKENS)
+    buckets = [(1, 16, 16), (4, 32, 32), (16, 64, 64)]     # (first tokens, BLOCK_M, BLOCK_N)
+    for tokens, launches in runs.items():
+        active = max(i for i, (first, _, _) in enumerate(buckets) if tokens >= first)
+        for i, (_, block_m, block_n) in enumerate(buckets):
+            gate_up, down = launches[2 * i], launches[2 * i + 1]
+            assert gate_up[2] == down[2] == block_m
+            slots = tokens * K
+            tiles = min(slots, cdiv(slots + E * (block_m - 1), block_m))
+            expected = (tiles * cdiv(I, block_n), tiles * cdiv(H, block_n)) if i == active else (0, 0)
+            assert (gate_up[1], down[1]) == expected, (tokens, i)
