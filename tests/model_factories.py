@@ -15,15 +15,21 @@ TINY_QWEN3 = dict(architectures=["Qwen3ForCausalLM"], vocab_size=64, hidden_size
                   max_position_embeddings=128)
 
 
-def tiny_model(seed: int = 0, **overrides):
-    """A float32 model whose weights are drawn from `seed` (norm weights near 1)."""
-    cfg = ModelConfig.from_hf_dict({**TINY_QWEN3, **overrides})
-    model = model_class(cfg.architecture)(cfg, torch.float32)
+def randomize(model, seed: int):
+    """Every parameter drawn from `seed`: norm weights near 1, the rest small."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=g)
             p.copy_(1 + 0.1 * noise if name.endswith("norm.weight") else 0.1 * noise)
+    return model
+
+
+def tiny_model(seed: int = 0, **overrides):
+    """A float32 model whose weights are drawn from `seed` (norm weights near 1)."""
+    cfg = ModelConfig.from_hf_dict({**TINY_QWEN3, **overrides})
+    model = randomize(model_class(cfg.architecture)(cfg, torch.float32), seed)
+    with torch.no_grad():
         model.model.rotary.cos_sin_cache.copy_(rope_cos_sin_cache(cfg.head_dim, cfg.rope_theta, {},
                                                                   cfg.max_position_embeddings))
     return model.eval()

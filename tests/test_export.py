@@ -10,7 +10,7 @@ from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.signature import INPUT_NAMES
 from atom_aot.build.export import export_model
 from atom_aot.models.step_inputs import SERIALIZED_NAME
-from atom_aot.runtime.compiled import input_type_name
+from atom_aot.runtime.compiled import input_type_names
 
 BLOCK_SIZE = 16
 
@@ -37,7 +37,7 @@ def test_mixed_phase_keeps_every_dimension_of_the_signature_dynamic(model):
     assert sizes["block_tables"][0] == seqs and sizes["query_start_loc"] == [f"{seqs} + 1"]
     assert not sizes["kv_cache"][2].isdigit() and sizes["kv_cache"][3] == str(BLOCK_SIZE)
     # what the runtime checks before it calls a package (AOTInductor stores the spec dumped like this)
-    assert input_type_name(treespec_dumps(exported.call_spec.in_spec)) == SERIALIZED_NAME
+    assert input_type_names(treespec_dumps(exported.call_spec.in_spec)) == (SERIALIZED_NAME,)
 
 
 def test_decode_phase_ties_tokens_and_logits_rows_to_sequences(model):

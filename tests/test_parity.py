@@ -49,18 +49,24 @@ class TestLlama:
         assert steps == expected[:1]
 
 
+def check_shared_prefixes(model_dir, artifact):
+    """8 prompts sharing a 40-token prefix, the first run alone: the rest hit its cached blocks and
+    every output equals transformers'."""
+    shared = random_prompts(1, 380, seed=7, lengths=(40, 40))[0]
+    prompts = random_prompts(8, 380, seed=8, lengths=(1, 20), prefix=shared)
+    expected = hf_greedy(model_dir, prompts, MAX_NEW)
+    engine = LLMEngine(str(artifact), enable_prefix_caching=True)
+    first = engine.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=MAX_NEW))
+    rest = engine.generate(prompts[1:], SamplingParams(temperature=0, max_tokens=MAX_NEW))
+    assert [o["token_ids"] for o in first + rest] == expected
+    bm = engine.core.block_manager
+    assert bm.prefix_hits >= 7 * (40 // 16)       # every later prompt reuses the shared blocks
+    assert bm.num_free_blocks == bm.num_blocks
+
+
 class TestPrefixCaching:
     def test_shared_prefixes_hit_and_match_hf(self, tiny_llama_dir, build_artifact):
-        shared = random_prompts(1, 380, seed=7, lengths=(40, 40))[0]
-        prompts = random_prompts(8, 380, seed=8, lengths=(1, 20), prefix=shared)
-        expected = hf_greedy(tiny_llama_dir, prompts, MAX_NEW)
-        engine = LLMEngine(str(build_artifact(tiny_llama_dir, compile="none")), enable_prefix_caching=True)
-        first = engine.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=MAX_NEW))
-        rest = engine.generate(prompts[1:], SamplingParams(temperature=0, max_tokens=MAX_NEW))
-        assert [o["token_ids"] for o in first + rest] == expected
-        bm = engine.core.block_manager
-        assert bm.prefix_hits >= 7 * (40 // 16)       # every later prompt reuses the shared blocks
-        assert bm.num_free_blocks == bm.num_blocks
+        check_shared_prefixes(tiny_llama_dir, build_artifact(tiny_llama_dir, compile="none"))
 
     def test_repeated_prompt_recomputes_only_its_tail(self, llama):
         _, artifact, prompts, expected = llama

@@ -1,4 +1,5 @@
-"""The compiled phases of a model: which batches each package serves."""
+"""The compiled phases of a model: which batches each package serves (and, for `mtp`, which forward:
+the one documented in atom_aot/models/deepseek_mtp.py, not the model's)."""
 from __future__ import annotations
 
 import enum
@@ -7,6 +8,7 @@ import enum
 class Phase(str, enum.Enum):
     MIXED = "mixed"     # any batch: prefill, chunked prefill and decode tokens together
     DECODE = "decode"   # exactly one new token per sequence: what CUDA graphs replay
+    MTP = "mtp"         # the MTP layer's proposer step (DeepSeek): (step inputs, previous hidden) -> logits, hidden
 
     def __str__(self) -> str:
         return self.value

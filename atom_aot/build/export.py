@@ -19,7 +19,7 @@ from torch.export import Dim
 from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.signature import DYNAMIC_DIMS, STEP_INPUTS
 from atom_aot.models.decoder import DecoderForCausalLM
-from atom_aot.models.parallel import local_kv_heads
+from atom_aot.models.parallel import rank_shapes
 from atom_aot.models.step_inputs import StepInputs, input_dtype
 
 MAX_TOKENS_PER_STEP = 1 << 16
@@ -44,8 +44,7 @@ def example_inputs(model: DecoderForCausalLM, kv_dtype: torch.dtype, block_size:
     values = dict(
         input_ids=torch.randint(0, cfg.vocab_size, (sum(counts),)),
         positions=positions,
-        kv_cache=torch.zeros(cfg.num_hidden_layers, 2, num_blocks, block_size, local_kv_heads(cfg, model.tp),
-                             cfg.head_dim),
+        kv_cache=torch.zeros(model.kv_cache_layout(rank_shapes(cfg, model.tp)).shape(num_blocks, block_size)),
         slot_mapping=block_tables[rows, positions // block_size] * block_size + positions % block_size,
         block_tables=block_tables,
         seq_lens=torch.tensor(context),

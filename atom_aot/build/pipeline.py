@@ -30,6 +30,7 @@ from atom_aot.artifact.writer import write_artifact
 from atom_aot.build.cache import artifact_name, default_cache_dir, find_cached
 from atom_aot.build.config import BuildConfig
 from atom_aot.build.export import compile_package, export_model
+from atom_aot.build.export_mtp import export_mtp
 from atom_aot.build.graphs import probe_capture_sizes
 from atom_aot.build.key import build_key, key_inputs
 from atom_aot.build.progress import StageProgress
@@ -70,6 +71,10 @@ def plan(model: str | None, config: BuildConfig) -> tuple[ModelSource, ModelConf
     model_config = ModelConfig.from_hf_dict(source.config)
     model_class(model_config.architecture)          # fails early on an unsupported architecture
     linear_quant = resolve_linear_quant(source.config, config.quant)   # and on a quantization it cannot load
+    if linear_quant.scheme != "none" and "mla_attention" in model_class(model_config.architecture).ATTENTION_OPS:
+        raise BuildError(f"{model_config.architecture} with quantized linears ({linear_quant.scheme}) is not "
+                         f"supported yet (FP8 is wired into the dense and MoE decoders, not MLA): build it from a "
+                         f"bf16 checkpoint without --quant")
     if config.tensor_parallel_size > 1 and linear_quant.scheme == "fp8-block":
         raise BuildError("block-scaled FP8 (128x128 weight blocks) is not sharded over tensor-parallel ranks yet: "
                          "build this checkpoint with -tp 1")
@@ -177,6 +182,14 @@ def _compile(staging: Path, model, tuning: Tuning, config: BuildConfig, max_len:
             exported = export_model(model, config.kv_torch_dtype, config.block_size, max_len, device, phase)
         with progress.stage(f"compile ({phase})"):
             compile_package(exported, staging / package_member(phase))
+    mtp_step = model.mtp_step()
+    if mtp_step is not None:       # the MTP proposer's own package, any batch: the mixed row's kernels
+        model.use_kernels(tuning.for_phase(Phase.MTP))
+        with progress.stage("export (mtp)"):
+            exported = export_mtp(model, mtp_step, config.kv_torch_dtype, config.block_size, max_len, device)
+        with progress.stage("compile (mtp)"):
+            compile_package(exported, staging / package_member(Phase.MTP))
+        phases.append(Phase.MTP)
     return phases
 
 

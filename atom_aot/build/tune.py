@@ -20,7 +20,7 @@ import torch
 from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning, Tuning
 from atom_aot.build.config import BuildConfig
-from atom_aot.models import ModelConfig
+from atom_aot.models import ModelConfig, model_class
 
 DECODE_BATCHES = (1, 8, 32, 128, 256)
 PREFILL_BATCHES = ((1, 1024), (4, 512))      # (sequences, tokens each)
@@ -30,15 +30,20 @@ PREFILL_MOE_TOKENS = 2048                    # where the MoE op's last (prefill)
 def tune_kernels(config: BuildConfig, model_config: ModelConfig, max_model_len: int,
                  linear_scheme: str = "none") -> Tuning:
     """`linear_scheme`: the decoder linears' (quant_layers.py); a quantized one adds an fp8_linear choice."""
+    ops = model_class(model_config.architecture).ATTENTION_OPS
+    if config.arch != "cpu" and "mla_attention" in ops:
+        from atom_aot.build.tune_mla import tune_mla
+        return tune_mla(config, model_config, max_model_len, _best, _tune_moe)
     if config.arch == "cpu":
-        ops = {"attention": BackendChoice("reference")}
-        kernels = {"attention": "torch reference (atom::paged_attention)", "gemm": "aten (Inductor extern call)"}
-        if model_config.num_experts:
-            ops["moe"], kernels["moe"] = BackendChoice("reference"), "torch reference (atom::fused_moe)"
+        names = {"attention": "torch reference (atom::paged_attention)",
+                 "mla_attention": "torch reference (atom::mla_attention)", "moe": "torch reference (atom::fused_moe)"}
+        chosen = list(ops) + (["moe"] if model_config.num_experts else [])
+        choices = {op: BackendChoice("reference") for op in chosen}
+        kernels = {**{op: names[op] for op in chosen}, "gemm": "aten (Inductor extern call)"}
         if linear_scheme != "none":
-            ops["fp8_linear"] = BackendChoice("aten")
+            choices["fp8_linear"] = BackendChoice("aten")
             kernels["fp8 gemm"] = f"{linear_scheme}: float32 reference on fp8 values (atom::fp8_linear)"
-        return Tuning(arch="cpu", measured=False, phases={Phase.MIXED: PhaseTuning(ops)},
+        return Tuning(arch="cpu", measured=False, phases={Phase.MIXED: PhaseTuning(choices)},
                       kernels={**kernels, "norms/activations": "Inductor C++ (fused)", "sampling": "torch"})
     tuning = _tune_triton(config, model_config, max_model_len)
     return tuning if linear_scheme == "none" else _with_fp8_linear(tuning, config, model_config, linear_scheme)

@@ -59,8 +59,7 @@ def convert_state_dict(tensors: Iterable[tuple[str, torch.Tensor]], model: Decod
     num_parts = {fused: 1 + max(i for f, i in packed.values() if f == fused) for fused, _ in packed.values()}
     pending: dict[str, dict[int, torch.Tensor]] = {}
     out: dict[str, torch.Tensor] = {}
-    unexpected = []
-    for name, tensor in tensors:
+    for name, tensor in type(model).adapt_checkpoint(cfg, tensors):
         on_tensor(name)
         if name.endswith(IGNORED_SUFFIXES) or (name == "lm_head.weight" and cfg.tie_word_embeddings):
             continue
@@ -77,8 +76,9 @@ def convert_state_dict(tensors: Iterable[tuple[str, torch.Tensor]], model: Decod
             out[target] = torch.cat([parts[i] for i in sorted(parts)], dim=0)
             del pending[target]
     out.update(experts.complete)
-    out["model.rotary.cos_sin_cache"] = rope_cos_sin_cache(
-        cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_dict, expected["model.rotary.cos_sin_cache"].shape[0])
+    max_positions, rotary_dim = expected["model.rotary.cos_sin_cache"].shape
+    out["model.rotary.cos_sin_cache"] = rope_cos_sin_cache(rotary_dim, cfg.rope_theta, cfg.rope_scaling_dict,
+                                                           max_positions)
     if checkpoint_quant is not None:
         out = finish_fused(out, expected, checkpoint_quant)
     elif quant == "fp8":

@@ -10,7 +10,9 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+from atom_aot.models.deepseek_config import DeepseekFields
+
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn")
 
 
 @dataclass(frozen=True)
@@ -31,12 +33,13 @@ class ModelConfig:
     rope_scaling: tuple[tuple[str, float | str], ...] | None = None  # frozen form of a dict
     sliding_window: int | None = None      # attention window, if the config enables one (not implemented)
     # mixture of experts (0 experts: a dense model); router aux-loss fields are training-only, ignored
-    num_experts: int = 0                   # HF `num_experts` (Qwen3-MoE) or `num_local_experts` (Mixtral)
+    num_experts: int = 0                   # HF `num_experts`, `num_local_experts` or `n_routed_experts` (DeepSeek)
     num_experts_per_tok: int = 0           # top-k
     moe_intermediate_size: int = 0         # I of each expert (Mixtral: its intermediate_size)
     norm_topk_prob: bool = False           # renormalize the top-k weights to sum to 1
     decoder_sparse_step: int = 1           # every n-th layer has experts ...
     mlp_only_layers: tuple[int, ...] = ()  # ... except these, which are dense
+    deepseek: DeepseekFields | None = None     # latent attention, grouped routing, MTP (DeepSeek-V2/V3 only)
 
     def __post_init__(self):
         if self.num_attention_heads % self.num_key_value_heads:
@@ -93,6 +96,7 @@ class ModelConfig:
             rope_scaling=tuple(sorted(scaling.items())) or None,
             sliding_window=d.get("sliding_window") if d.get("use_sliding_window", True) else None,
             **_moe_fields(d),
+            deepseek=DeepseekFields.from_hf_dict(d) if "kv_lora_rank" in d else None,
         )
 
     @classmethod
@@ -106,12 +110,14 @@ class ModelConfig:
 
 
 def _moe_fields(d: dict) -> dict:
-    """The mixture-of-experts fields of an HF config in both spellings (none for a dense model)."""
-    num_experts = d.get("num_experts") or d.get("num_local_experts") or 0
+    """The mixture-of-experts fields of an HF config in its spellings (none for a dense model); DeepSeek's
+    `first_k_dense_replace` dense layers are its mlp_only_layers."""
+    num_experts = d.get("num_experts") or d.get("num_local_experts") or d.get("n_routed_experts") or 0
     if not num_experts:
         return {}
+    dense_first = tuple(range(d.get("first_k_dense_replace") or 0))
     return dict(num_experts=num_experts, num_experts_per_tok=d.get("num_experts_per_tok", 0),
                 moe_intermediate_size=d.get("moe_intermediate_size") or d["intermediate_size"],
                 norm_topk_prob=bool(d.get("norm_topk_prob", False)),
                 decoder_sparse_step=d.get("decoder_sparse_step") or 1,
-                mlp_only_layers=tuple(d.get("mlp_only_layers") or ()))
+                mlp_only_layers=tuple(d.get("mlp_only_layers") or ()) or dense_first)

@@ -6,7 +6,7 @@ the build exports. Attention runs through the backend the tuning row names (atom
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
 from atom_aot.models.config import ModelConfig
+from atom_aot.models.kv_layout import KVCacheLayout
 from atom_aot.models.layers import RMSNorm, RotaryEmbedding, make_linear
 from atom_aot.models.parallel import make_embedding, rank_shapes, reduce_partial_sums, vocab_logits
 from atom_aot.models.quant_layers import use_linear_kernels
@@ -51,10 +52,13 @@ class DecoderAttention(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str, tp: int = 1):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str, tp: int = 1,
+                 intermediate_size: int | None = None):
+        """`intermediate_size`: the block's own width where a family sets it (DeepSeek's dense and shared
+        experts); this rank holds 1/tp of it."""
         super().__init__()
         self.tp = tp
-        width = rank_shapes(cfg, tp).intermediate_size
+        width = (intermediate_size or cfg.intermediate_size) // tp
         self.gate_up_proj = make_linear(cfg.hidden_size, 2 * width, False, dtype, quant)
         self.down_proj = make_linear(width, cfg.hidden_size, False, dtype, quant)
 
@@ -105,6 +109,7 @@ class DecoderForCausalLM(nn.Module):
     override `make_mlp` (the MoE families: atom_aot/models/moe.py)."""
 
     qk_norm = False
+    ATTENTION_OPS = ("attention",)     # the backend-registry ops this family calls (tuning.json has a row for each)
     # checkpoint module name -> (runtime module name, index of its part in the fused parameter)
     PACKED_MODULES = {
         "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
@@ -130,6 +135,21 @@ class DecoderForCausalLM(nn.Module):
     def make_mlp(self, layer: int, dtype: torch.dtype, quant: str) -> nn.Module:
         """The feed-forward block of `layer` (a family with experts chooses per layer)."""
         return GatedMLP(self.config, dtype, quant, self.tp)
+
+    @classmethod
+    def adapt_checkpoint(cls, cfg: ModelConfig, tensors: Iterable[tuple[str, torch.Tensor]]
+                         ) -> Iterable[tuple[str, torch.Tensor]]:
+        """Checkpoint tensors renamed/reshaped to this family's names before fusing (none for the dense ones)."""
+        return tensors
+
+    @classmethod
+    def kv_cache_layout(cls, cfg: ModelConfig) -> KVCacheLayout:
+        """Per-head keys and values for every layer (atom_aot/ops/attention.py)."""
+        return KVCacheLayout(cfg.num_hidden_layers, 2, cfg.num_key_value_heads, cfg.head_dim)
+
+    def mtp_step(self) -> nn.Module | None:
+        """The multi-token-prediction step module the build compiles as the `mtp` package (dense families: none)."""
+        return None
 
     def use_kernels(self, row: PhaseTuning) -> "DecoderForCausalLM":
         """Run every op through the backend `row` (one phase of tuning.json) names; the build exports

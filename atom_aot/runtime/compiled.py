@@ -19,6 +19,8 @@ from atom_aot.models.step_inputs import SERIALIZED_NAME, StepInputs
 class CompiledModel:
     """Opened first (library load, kernels), bound to the weights after: the two can overlap."""
 
+    INPUT_TYPES: tuple[str, ...] = (SERIALIZED_NAME,)     # the exported forward's arguments, by pytree type
+
     def __init__(self, package: Path, device: torch.device):
         device_index = -1 if device.type == "cpu" else (device.index or 0)
         # run_single_threaded: the thread-safe entry point queries a CUDA event left by the previous
@@ -27,10 +29,10 @@ class CompiledModel:
         # locking it buys is not needed.
         self._loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", True, 1, device_index)
         self._constants: dict[str, torch.Tensor] | None = None
-        found = input_type_name(self._loader.get_call_spec()[0])
-        if found != SERIALIZED_NAME:
+        found = input_type_names(self._loader.get_call_spec()[0])
+        if found != self.INPUT_TYPES:
             raise ArtifactError(f"{package} was exported for another forward signature ({found or 'positional'}) "
-                                f"than this runtime's ({SERIALIZED_NAME}). Rebuild the artifact with this "
+                                f"than this runtime's ({self.INPUT_TYPES}). Rebuild the artifact with this "
                                 f"atom-aot's atom-build.")
 
     def bind(self, constants: dict[str, torch.Tensor]) -> "CompiledModel":
@@ -50,11 +52,22 @@ class CompiledModel:
         return self._loader.run(list(inputs))[0]    # flattened in field order, as exported
 
 
-def input_type_name(in_spec: str) -> str | None:
-    """The serialized type name of the exported forward's one input: in_spec is the JSON pytree spec
-    [version, ((inputs,), {})]."""
+class CompiledMTP(CompiledModel):
+    """The `mtp` package (atom_aot/models/deepseek_mtp.py `MTPStep`): (step inputs, previous hidden [T, hidden])
+    -> (float32 logits [N, vocab], hidden [T, hidden])."""
+
+    INPUT_TYPES = (SERIALIZED_NAME, None)      # a StepInputs, then a plain tensor
+
+    def __call__(self, inputs: StepInputs, previous_hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, hidden = self._loader.run([*inputs, previous_hidden])
+        return logits, hidden
+
+
+def input_type_names(in_spec: str) -> tuple[str | None, ...] | None:
+    """The serialized type name (None: a tensor) of each argument of the exported forward: in_spec is the
+    JSON pytree spec [version, ((args...), {})]."""
     try:
         args = json.loads(in_spec)[1]["children_spec"][0]["children_spec"]
-        return args[0]["context"] if len(args) == 1 else None
-    except (ValueError, LookupError, TypeError):
+        return tuple(arg["context"] if arg.get("type") else None for arg in args)
+    except (ValueError, LookupError, TypeError, AttributeError):
         return None

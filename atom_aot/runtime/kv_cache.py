@@ -1,24 +1,25 @@
-"""Sizing and allocating the one KV-cache tensor that every layer's attention shares."""
+"""Sizing and allocating the one KV-cache tensor that every layer's attention shares; its shape is
+the model class's `kv_cache_layout` (atom_aot/models/kv_layout.py: per-head k/v, or MLA's latent)."""
 from __future__ import annotations
 
 import torch
 
-from atom_aot.models import ModelConfig
+from atom_aot.models import ModelConfig, model_class
 
 
 def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     elem = torch.tensor([], dtype=dtype).element_size()
-    return cfg.num_hidden_layers * 2 * block_size * cfg.num_key_value_heads * cfg.head_dim * elem
+    return model_class(cfg.architecture).kv_cache_layout(cfg).elements_per_token() * block_size * elem
 
 
 def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
                       device: torch.device) -> torch.Tensor:
-    """[num_layers, 2 (k, v), num_blocks, block_size, num_kv_heads, head_dim].
+    """[num_layers, parts, num_blocks, block_size, heads, dim] (the model's layout).
 
     Attention reads only slots already written, so the CPU pool is left uninitialized (zeroing
     a GiB there costs seconds of page faults); GPU kernels load whole tiles, so there it is
     zeroed, which is a memset at memory bandwidth.
     """
     make = torch.empty if device.type == "cpu" else torch.zeros
-    return make(cfg.num_hidden_layers, 2, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim,
-                       dtype=dtype, device=device)
+    shape = model_class(cfg.architecture).kv_cache_layout(cfg).shape(num_blocks, block_size)
+    return make(*shape, dtype=dtype, device=device)

@@ -41,7 +41,7 @@ class LoadedArtifact:
     hf_config: dict                     # config/config.json as built (its eos_token_id backs generation_config's)
     rank: int                           # tensor-parallel rank whose weights these are
     weights: dict[str, torch.Tensor]    # the runtime's parameters, on the device
-    forwards: dict[Phase, Callable]     # phase -> callable with the exported signature
+    forwards: dict[Phase, Callable]     # phase -> callable with the exported signature (`mtp`: deepseek_mtp.MTPStep's)
     execution: str                      # which path runs: "aotinductor" or "eager"
     device: torch.device
     dtype: torch.dtype
@@ -147,7 +147,7 @@ def _load_compiled(artifact: Artifact, buffer: memoryview, device: torch.device,
     copy releases the GIL) while this one opens the packages; the weights are bound to them after."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from atom_aot.runtime.compiled import CompiledModel
+    from atom_aot.runtime.compiled import CompiledModel, CompiledMTP
 
     def upload():
         start = time.perf_counter()
@@ -158,7 +158,8 @@ def _load_compiled(artifact: Artifact, buffer: memoryview, device: torch.device,
     with ThreadPoolExecutor(1, thread_name_prefix="atom-weights") as pool:
         pending = pool.submit(upload)
         opened = time.perf_counter()
-        forwards = {phase: CompiledModel(artifact.member_path(member), device)
+        forwards = {phase: (CompiledMTP if phase == Phase.MTP else CompiledModel)(artifact.member_path(member),
+                                                                                   device)
                     for phase, member in artifact.manifest.compiled.packages.items()}
         timings["compiled load"] = time.perf_counter() - opened
         weights, timings["weights (overlapped)"] = pending.result()
@@ -186,4 +187,5 @@ def _load_eager(manifest: Manifest, model_config: ModelConfig, tuning: Tuning, b
     model.load_state_dict(weights, assign=True)
     model.use_kernels(tuning.for_phase(Phase.MIXED))
     timings["eager model"] = time.perf_counter() - start
-    return weights, {Phase.MIXED: model.eval()}
+    mtp_step = model.mtp_step()       # the MTP proposer step (DeepSeek), beside the model's own forward
+    return weights, {Phase.MIXED: model.eval(), **({Phase.MTP: mtp_step.eval()} if mtp_step is not None else {})}

@@ -26,6 +26,10 @@ REGISTRY: dict[str, dict[str, BackendEntry]] = {
         "reference": BackendEntry("atom_aot.ops.backends.reference", "ReferenceAttention"),
         "triton": BackendEntry("atom_aot.ops.backends.triton", "TritonAttention"),
     },
+    "mla_attention": {
+        "reference": BackendEntry("atom_aot.ops.backends.mla", "ReferenceMLA"),
+        "triton": BackendEntry("atom_aot.ops.backends.mla", "TritonMLA"),
+    },
     "moe": {
         "reference": BackendEntry("atom_aot.ops.backends.moe", "ReferenceMoE"),
         "triton": BackendEntry("atom_aot.ops.backends.moe", "TritonMoE"),

@@ -105,12 +105,7 @@ def launch_paged_attention(
     group, group_pad, block_q = tile_shape(num_heads, num_kv_heads, block_m)
     check_config(group_pad, block_q, block_n, target_programs, max_splits)
     num_splits = split_count(num_seqs, num_kv_heads, target_programs, max_splits)
-    out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
-    part, lse = out, out        # never touched when the batch has one split
-    if max_splits > 1:
-        # partial outputs [T, H, S, D] and their log2-sum-exp [T, H, S], sized by this batch's split count
-        part = torch.empty((num_tokens, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
-        lse = torch.empty((num_tokens, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    out, part, lse = split_outputs(q, head_dim, num_splits, max_splits)
     grid = (num_tokens // block_q + num_seqs + 1, num_kv_heads, num_splits)
     wrap_triton(paged_attention_kernel)[grid](
         q, kv_cache, out, part, lse, block_tables, seq_lens, query_start_loc,
@@ -124,14 +119,34 @@ def launch_paged_attention(
         num_warps=num_warps, num_stages=num_stages,
     )
     if max_splits > 1:
-        # no merge programs when this batch has one split (the tile kernel wrote out itself): the
-        # grid's first axis is then 0, which Triton's launcher and AOTInductor's skip
-        merging = torch.sym_min(num_splits - 1, 1)
-        wrap_triton(merge_splits_kernel)[(num_tokens * merging, num_heads)](
-            part, lse, out, num_splits, *part.stride()[:3], *lse.stride()[:2], out.stride(0), out.stride(1),
-            SPLITS_PAD=next_pow2(max_splits), HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), num_warps=4,
-        )
+        launch_merge_splits(part, lse, out, num_splits, max_splits)
     return out
+
+
+def split_outputs(q: torch.Tensor, dim: int, num_splits, max_splits: int):
+    """(out [T, H, dim] in q's dtype, partials [T, H, S, dim] and their log2-sum-exp [T, H, S] in fp32, sized
+    by this batch's split count); without splits the partials are `out` itself, never touched."""
+    num_tokens, num_heads = q.shape[:2]
+    out = torch.empty((num_tokens, num_heads, dim), dtype=q.dtype, device=q.device)
+    if max_splits == 1:
+        return out, out, out
+    part = torch.empty((num_tokens, num_heads, num_splits, dim), dtype=torch.float32, device=q.device)
+    lse = torch.empty((num_tokens, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    return out, part, lse
+
+
+def launch_merge_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, num_splits, max_splits: int) -> None:
+    """Combine partials [T, H, S, D] by their log2-sum-exp [T, H, S] into out [T, H, D].
+
+    No merge programs when this batch has one split (the tile kernel wrote out itself): the grid's
+    first axis is then 0, which Triton's launcher and AOTInductor's skip.
+    """
+    num_tokens, num_heads, head_dim = out.shape
+    merging = torch.sym_min(num_splits - 1, 1)
+    wrap_triton(merge_splits_kernel)[(num_tokens * merging, num_heads)](
+        part, lse, out, num_splits, *part.stride()[:3], *lse.stride()[:2], out.stride(0), out.stride(1),
+        SPLITS_PAD=next_pow2(max_splits), HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), num_warps=4,
+    )
 
 
 @triton_op("atom_triton::paged_attention", mutates_args=())

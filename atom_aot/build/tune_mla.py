@@ -1,0 +1,55 @@
+"""Kernel choices for an MLA (DeepSeek) model on a GPU arch: the absorbed decode kernel's config is
+measured on the model's own latent shapes (decode at batches 1 to 256 over a long context) and the
+one closest to each batch's fastest goes into the decode row; the mixed row (prefill, chunked
+prefill) runs the reference op (naive up-projection). build/tune.py calls this."""
+from __future__ import annotations
+
+import torch
+
+from atom_aot.artifact.phase import Phase
+from atom_aot.artifact.tuning import BackendChoice, PhaseTuning, Tuning
+from atom_aot.build.config import BuildConfig
+from atom_aot.models import ModelConfig
+
+DECODE_BATCHES = (1, 8, 32, 128, 256)
+
+
+def tune_mla(config: BuildConfig, cfg: ModelConfig, max_model_len: int, best, tune_moe) -> Tuning:
+    """`best`: build/tune.py's pick of the config nearest every shape's fastest; `tune_moe`: its MoE
+    tuning (the experts op's config per token bucket, the same in both rows)."""
+    import atom_aot.ops.triton  # noqa: F401  (registers the ops)
+    from atom_aot.ops.triton.mla_decode import CANDIDATE_CONFIGS
+    context = min(max_model_len - 1, 2048)
+    measured = {batch: _time_decode(cfg, config, CANDIDATE_CONFIGS, [context] * batch) for batch in DECODE_BATCHES}
+    chosen = best(measured)
+    moe, moe_ms = tune_moe(cfg, config)
+    return Tuning(
+        arch=config.arch, measured=True,
+        phases={Phase.DECODE: PhaseTuning({"mla_attention": BackendChoice("triton", {"mla_decode": chosen}),
+                                           "moe": moe}),
+                Phase.MIXED: PhaseTuning({"mla_attention": BackendChoice("reference"), "moe": moe})},
+        kernels={"mla_attention": "decode: triton atom_triton::mla_decode (absorbed, split-K); "
+                                  "mixed: torch reference atom::mla_attention (naive prefill)",
+                 "moe": "triton atom_triton::fused_moe (config per token bucket)",
+                 "gemm": "aten -> cuBLAS (Inductor extern call)",
+                 "norms/activations": "Inductor-generated Triton (fused, compiled into the package)",
+                 "sampling": "torch on the GPU"},
+        measurements_ms={"context_tokens": context, "moe": moe_ms, "mla_decode": {
+            str(batch): {",".join(map(str, c)): ms for c, ms in row.items()} for batch, row in measured.items()}})
+
+
+def _time_decode(cfg: ModelConfig, config: BuildConfig, candidates, context: list[int]) -> dict:
+    from atom_aot.ops.triton.batch_inputs import make_paged_batch
+    from atom_aot.ops.triton.timing import measure_ms
+    ds = cfg.deepseek
+    b = make_paged_batch([c - 1 for c in context], [1] * len(context), 1, ds.latent_dim,
+                         block_size=config.block_size, num_layers=1, dtype=config.kv_torch_dtype, device="cuda")
+    kv_cache = b.kv_cache[:, :1]                 # the latent layout [1, 1, num_blocks, block_size, 1, r + rope]
+    q = torch.randn(len(context), cfg.num_attention_heads, ds.latent_dim, device="cuda", dtype=config.torch_dtype)
+    op, scale = torch.ops.atom_triton.mla_decode, ds.qk_head_dim ** -0.5
+    times = {}
+    for c in candidates:
+        args = c.as_args()
+        times[args] = measure_ms(lambda: op(q, kv_cache, 0, b.block_tables, b.seq_lens, scale, ds.kv_lora_rank,
+                                            *args))[0]
+    return times

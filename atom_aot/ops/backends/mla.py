@@ -1,0 +1,76 @@
+"""What every MLA backend takes, and the two backends: `reference` (interleaved rope in torch, then
+the `atom::mla_attention` op: latent-cache write + attention, any batch; what the CPU arch runs)
+and `triton` (the decode phase's: the absorbed decode kernel, atom_aot/ops/triton/mla_decode.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from atom_aot.artifact.tuning import BackendChoice
+from atom_aot.ops.backends.base import AttentionInputs, launch_configs
+from atom_aot.ops.mla import mla_attention, mla_cache_write
+from atom_aot.ops.rope import apply_rope_interleaved
+
+
+@dataclass(frozen=True)
+class MLAArgs:
+    """One latent-attention layer's call (layout: atom_aot/ops/mla.py)."""
+    layer: int                     # index into kv_cache's first dimension
+    q_nope: torch.Tensor           # [T, H, nope]
+    q_pe: torch.Tensor             # [T, H, rope] (not yet roped)
+    c_kv: torch.Tensor             # [T, r] (normalized)
+    k_pe: torch.Tensor             # [T, rope] (not yet roped)
+    positions: torch.Tensor        # [T] int64
+    cos_sin_cache: torch.Tensor    # [P, rope] float32: cos | sin
+    w_uk: torch.Tensor             # [H, nope, r]
+    w_uv: torch.Tensor             # [H, r, v]
+    scale: float
+    inputs: AttentionInputs
+
+
+class MLABackend(Protocol):
+    """Rope, latent-cache write and attention of one layer: returns out [T, H, v]."""
+
+    def __call__(self, args: MLAArgs) -> torch.Tensor: ...
+
+
+def roped(args: MLAArgs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q_pe [T, H, rope], k_pe [T, rope]) rotated at their positions."""
+    q_pe = apply_rope_interleaved(args.positions, args.q_pe, args.cos_sin_cache)
+    k_pe = apply_rope_interleaved(args.positions, args.k_pe.unsqueeze(1), args.cos_sin_cache).squeeze(1)
+    return q_pe, k_pe
+
+
+class ReferenceMLA:
+    def __init__(self, choice: BackendChoice):
+        launch_configs(choice, {})     # nothing to tune
+
+    def __call__(self, args: MLAArgs) -> torch.Tensor:
+        q_pe, k_pe = roped(args)
+        step = args.inputs
+        return mla_attention(args.q_nope, q_pe, args.c_kv, k_pe, step.kv_cache, args.layer, step.slot_mapping,
+                             step.block_tables, step.seq_lens, step.query_start_loc, args.w_uk, args.w_uv,
+                             args.scale)
+
+
+class TritonMLA:
+    """The decode phase only (one new token per sequence, token row b = sequence b; the build names
+    it in the decode row alone): rope and the cache write in torch, W_UK folded into the query, the
+    Triton kernel over the latent cache, then W_UV on the latent output."""
+
+    def __init__(self, choice: BackendChoice):
+        import atom_aot.ops.triton  # noqa: F401  (registers atom_triton::*)
+        from atom_aot.ops.triton.mla_decode import MLADecodeConfig
+        self.kernel_args = launch_configs(choice, {"mla_decode": MLADecodeConfig})["mla_decode"].as_args()
+
+    def __call__(self, args: MLAArgs) -> torch.Tensor:
+        q_pe, k_pe = roped(args)
+        step = args.inputs
+        mla_cache_write(args.c_kv, k_pe, step.kv_cache, args.layer, step.slot_mapping)
+        q_lat = torch.bmm(args.q_nope.transpose(0, 1), args.w_uk).transpose(0, 1)        # [T, H, r]
+        q = torch.cat([q_lat, q_pe], dim=-1)                                               # [T, H, r + rope]
+        o_lat = torch.ops.atom_triton.mla_decode(q, step.kv_cache, args.layer, step.block_tables, step.seq_lens,
+                                                 args.scale, args.w_uk.shape[2], *self.kernel_args)
+        return torch.bmm(o_lat.transpose(0, 1), args.w_uv).transpose(0, 1)              # [T, H, v]

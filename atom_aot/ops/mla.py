@@ -1,0 +1,142 @@
+"""Multi-head latent attention (DeepSeek-V2/V3) over a paged latent cache, as the custom op
+`atom::mla_attention`.
+
+The cache holds one vector per token per layer: the normalized compressed kv `c_kv` (kv_lora_rank)
+then the roped, head-shared `k_pe` (qk_rope_head_dim):
+
+    kv_cache: [num_layers, 1, num_blocks, block_size, 1, kv_lora_rank + rope_dim]
+
+Per head h the keys and values are up-projections of c_kv, with the halves of kv_b_proj that the
+build splits and stores (atom_aot/models/mla.py):
+
+    k_nope[t, h] = W_UK[h] @ c_kv[t]     W_UK: [H, nope, r]
+    v[t, h]      = W_UV[h]^T c_kv[t]     W_UV: [H, r, v]
+
+Two equal ways to attend (equal up to float rounding; tests/test_mla.py checks it):
+  naive (prefill): up-project the context's latents to per-head k/v, then standard attention;
+  absorbed (decode): fold W_UK into the query (q_lat = q_nope @ W_UK: [H, r]), attend over the
+    latents themselves, then apply W_UV to the latent output; reads only the cache, never k/v.
+The reference runs the absorbed form for sequences computing one token and the naive one else.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from atom_aot.ops.attention import LIBRARY
+
+LIBRARY.define(
+    "mla_attention(Tensor q_nope, Tensor q_pe, Tensor c_kv, Tensor k_pe, Tensor(a!) kv_cache, int layer, "
+    "Tensor slot_mapping, Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, Tensor w_uk, "
+    "Tensor w_uv, float scale) -> Tensor")
+
+
+def mla_attention_reference(
+    q_nope: torch.Tensor,         # [T, H, nope]
+    q_pe: torch.Tensor,           # [T, H, rope] (roped)
+    c_kv: torch.Tensor,           # [T, r] (normalized)
+    k_pe: torch.Tensor,           # [T, rope] (roped)
+    kv_cache: torch.Tensor,       # [L, 1, num_blocks, block_size, 1, r + rope]
+    layer: int,
+    slot_mapping: torch.Tensor,   # [T] int64, -1: padding
+    block_tables: torch.Tensor,   # [B, max_blocks] int32
+    seq_lens: torch.Tensor,       # [B] int32: tokens in context once this step's are written
+    query_start_loc: torch.Tensor,  # [B + 1] int32
+    w_uk: torch.Tensor,           # [H, nope, r]
+    w_uv: torch.Tensor,           # [H, r, v]
+    scale: float,
+) -> torch.Tensor:                # [T, H, v]
+    write_latent_cache(kv_cache[layer], c_kv, k_pe, slot_mapping)
+    out = q_nope.new_empty(q_nope.shape[0], q_nope.shape[1], w_uv.shape[2])
+    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
+    for b, context_len in enumerate(lens):
+        first, last = starts[b], starts[b + 1]
+        if last == first:
+            continue
+        latent = gather_latent(kv_cache[layer], block_tables[b], context_len).to(q_nope.dtype)
+        attend = mla_decode_absorbed if last - first == 1 else mla_prefill_naive
+        out[first:last] = attend(q_nope[first:last], q_pe[first:last], latent, w_uk, w_uv, scale)
+    return out
+
+
+for _key in ("CPU", "CUDA"):     # the CUDA entry serves GPU arches until a fast MLA backend is chosen
+    LIBRARY.impl("mla_attention", mla_attention_reference, _key)
+
+
+LIBRARY.define("mla_cache_write(Tensor c_kv, Tensor k_pe, Tensor(a!) kv_cache, int layer, Tensor slot_mapping) -> ()")
+
+
+def mla_cache_write_impl(c_kv, k_pe, kv_cache, layer, slot_mapping) -> None:
+    """The latent-cache write alone, for backends whose attention kernel only reads the cache."""
+    write_latent_cache(kv_cache[layer], c_kv, k_pe, slot_mapping)
+
+
+for _key in ("CPU", "CUDA"):
+    LIBRARY.impl("mla_cache_write", mla_cache_write_impl, _key)
+
+
+@torch.library.register_fake("atom::mla_cache_write", lib=LIBRARY)
+def _(c_kv, k_pe, kv_cache, layer, slot_mapping):
+    return None
+
+
+@torch.library.register_fake("atom::mla_attention", lib=LIBRARY)
+def _(q_nope, q_pe, c_kv, k_pe, kv_cache, layer, slot_mapping, block_tables, seq_lens, query_start_loc, w_uk,
+      w_uv, scale):
+    return q_nope.new_empty(q_nope.shape[0], q_nope.shape[1], w_uv.shape[2])
+
+
+mla_attention = torch.ops.atom.mla_attention
+mla_cache_write = torch.ops.atom.mla_cache_write
+
+
+def write_latent_cache(kv_layer: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor,
+                       slot_mapping: torch.Tensor) -> None:
+    """Scatter each new token's [c_kv | k_pe] into its slot; padded tokens (slot -1) are dropped."""
+    _, num_blocks, block_size, _, width = kv_layer.shape
+    flat = kv_layer.view(num_blocks * block_size, width)
+    valid = slot_mapping >= 0
+    rows = torch.cat([c_kv[valid], k_pe[valid]], dim=-1).to(kv_layer.dtype)   # [T', r + rope]
+    if kv_layer.element_size() == 1:   # index_copy_ has no float8 kernel: move the bytes instead
+        flat, rows = flat.view(torch.uint8), rows.view(torch.uint8)
+    flat.index_copy_(0, slot_mapping[valid], rows)
+
+
+def gather_latent(kv_layer: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
+    """The first `context_len` cached latents of one sequence: [context_len, r + rope]."""
+    block_size = kv_layer.shape[2]
+    blocks = block_table[:-(-context_len // block_size)].long()
+    return kv_layer[0, blocks].flatten(0, 1)[:context_len, 0]
+
+
+def causal_mask(n_q: int, context_len: int, device) -> torch.Tensor:
+    """[n_q, L] bool: the sequence's new tokens are its last n_q, so query i sees keys 0 .. L - n_q + i."""
+    query_pos = torch.arange(n_q, device=device)[:, None] + (context_len - n_q)
+    return torch.arange(context_len, device=device)[None, :] <= query_pos
+
+
+def mla_prefill_naive(q_nope, q_pe, latent, w_uk, w_uv, scale) -> torch.Tensor:
+    """Per-head keys/values up-projected from `latent` [L, r + rope], then causal attention: [n_q, H, v]."""
+    rank = w_uk.shape[2]
+    c_kv, k_pe = latent[:, :rank], latent[:, rank:]                        # [L, r], [L, rope]
+    k_nope = torch.einsum("lr,hnr->hln", c_kv, w_uk)                       # [H, L, nope]
+    values = torch.einsum("lr,hrv->hlv", c_kv, w_uv)                       # [H, L, v]
+    keys = torch.cat([k_nope, k_pe.unsqueeze(0).expand(k_nope.shape[0], -1, -1)], dim=-1)
+    queries = torch.cat([q_nope, q_pe], dim=-1).transpose(0, 1)            # [H, n_q, nope + rope]
+    mask = causal_mask(q_nope.shape[0], latent.shape[0], q_nope.device)
+    o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale)
+    return o.transpose(0, 1)
+
+
+def mla_decode_absorbed(q_nope, q_pe, latent, w_uk, w_uv, scale) -> torch.Tensor:
+    """The same attention with W_UK folded into the query and W_UV applied after: reads only the
+    latents [L, r + rope]; returns [n_q, H, v]."""
+    rank = w_uk.shape[2]
+    q_lat = torch.einsum("qhn,hnr->qhr", q_nope, w_uk)                     # [n_q, H, r]
+    queries = torch.cat([q_lat, q_pe], dim=-1)                             # [n_q, H, r + rope]
+    scores = torch.einsum("qhd,ld->hql", queries, latent)                   # [H, n_q, L]
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * scale   # softmax in >= float32
+    mask = causal_mask(q_nope.shape[0], latent.shape[0], q_nope.device)
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1).to(latent.dtype)
+    o_lat = torch.einsum("hql,lr->qhr", probs, latent[:, :rank])           # [n_q, H, r]
+    return torch.einsum("qhr,hrv->qhv", o_lat, w_uv)

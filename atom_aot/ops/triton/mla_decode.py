@@ -1,0 +1,157 @@
+"""`atom_triton::mla_decode`: MLA's absorbed decode over the paged latent cache, split-K.
+
+One query token per sequence (the decode phase: token row b is sequence b). The query arrives
+absorbed, q = [q_nope @ W_UK | roped q_pe]: [B, H, r + rope], so each head attends over the
+latents themselves and the op returns the latent output o_lat [B, H, r] (the caller applies W_UV).
+Layout of the cache: atom_aot/ops/mla.py.
+
+Work decomposition (grid = (B, cdiv(H, BLOCK_H), num_splits)): a program takes BLOCK_H heads of
+one sequence, so every latent tile loaded from the cache serves all of them (MLA is MQA over the
+latent), and split s of num_splits an equal share of the sequence's key blocks. As in paged
+attention (attention_kernels.py), `num_splits` adapts to the batch at run time and the merge
+kernel combines the partials; with one split the tile kernel writes o_lat itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from atom_aot.ops.triton._common import check_last_dim_contiguous, next_pow2
+from atom_aot.ops.triton.attention_kernels import LOG2E, _store_tile
+from atom_aot.ops.triton.paged_attention import launch_merge_splits, split_count, split_outputs
+
+
+@dataclass(frozen=True)
+class MLADecodeConfig:
+    block_h: int = 16           # heads per program (>= 16 for tl.dot)
+    block_n: int = 32           # latents per inner step
+    num_warps: int = 4
+    num_stages: int = 2
+    target_programs: int = 512  # key splits aim for this many programs (see paged_attention.split_count)
+    max_splits: int = 32        # at most this many; 1: never split
+
+    def as_args(self) -> tuple[int, int, int, int, int, int]:
+        return (self.block_h, self.block_n, self.num_warps, self.num_stages, self.target_programs, self.max_splits)
+
+
+# What the build measures on the target (batches 1 to 256 at a long context): the latent tile is
+# r = 512 wide, so key tiles stay small; candidates differ in heads per program and the split policy.
+CANDIDATE_CONFIGS = (
+    MLADecodeConfig(16, 32, 4, 2, 512, 32),
+    MLADecodeConfig(16, 32, 4, 2, 1024, 64),
+    MLADecodeConfig(16, 64, 8, 2, 512, 32),
+    MLADecodeConfig(32, 32, 8, 2, 512, 32),
+    MLADecodeConfig(16, 16, 4, 3, 256, 16),
+)
+
+
+@triton.jit
+def mla_decode_kernel(
+    q_ptr, kv_ptr, out_ptr, part_ptr, lse_ptr, block_tables_ptr, seq_lens_ptr,
+    qk_scale_log2, num_heads, num_splits, layer_offset,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
+    stride_cblk, stride_crow, stride_bt,
+    RANK: tl.constexpr, RANK_PAD: tl.constexpr, ROPE: tl.constexpr, ROPE_PAD: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE: tl.constexpr,
+    MAY_SPLIT: tl.constexpr,
+):
+    b = tl.program_id(0)
+    head = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)       # [BLOCK_H]
+    split = tl.program_id(2)
+    head_ok = head < num_heads
+    ranks, ropes = tl.arange(0, RANK_PAD), tl.arange(0, ROPE_PAD)
+    rank_ok, rope_ok = ranks < RANK, ropes < ROPE
+    tok64 = tl.zeros([BLOCK_H], tl.int64) + b
+    q_rows = q_ptr + tok64[:, None] * stride_qt + head[:, None] * stride_qh
+    q_lat = tl.load(q_rows + ranks[None, :], mask=head_ok[:, None] & rank_ok[None, :], other=0.0)   # [BLOCK_H, r]
+    q_pe = tl.load(q_rows + RANK + ropes[None, :], mask=head_ok[:, None] & rope_ok[None, :], other=0.0)
+
+    kv_len = tl.load(seq_lens_ptr + b)          # the query is the sequence's last token: it sees every key
+    per_split = tl.cdiv(tl.cdiv(kv_len, BLOCK_N), num_splits)
+    kb_lo = split * per_split
+    kb_hi = tl.minimum(kb_lo + per_split, tl.cdiv(kv_len, BLOCK_N))
+    cache, table = kv_ptr + layer_offset, block_tables_ptr + b * stride_bt
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, RANK_PAD], tl.float32)
+    for kb in range(kb_lo, kb_hi):
+        keys = kb * BLOCK_N + tl.arange(0, BLOCK_N)
+        key_ok = keys < kv_len
+        page = tl.load(table + keys // PAGE_SIZE, mask=key_ok, other=0).to(tl.int64)
+        slot = page * stride_cblk + (keys % PAGE_SIZE) * stride_crow                # [BLOCK_N]
+        c_kv = tl.load(cache + slot[:, None] + ranks[None, :], mask=key_ok[:, None] & rank_ok[None, :],
+                       other=0.0).to(q_lat.dtype)                                     # [BLOCK_N, r]
+        k_pe = tl.load(cache + slot[None, :] + RANK + ropes[:, None], mask=key_ok[None, :] & rope_ok[:, None],
+                       other=0.0).to(q_pe.dtype)                                      # [rope, BLOCK_N]
+        if IEEE:
+            s = tl.dot(q_lat, tl.trans(c_kv), input_precision="ieee") + tl.dot(q_pe, k_pe, input_precision="ieee")
+        else:
+            s = tl.dot(q_lat, tl.trans(c_kv)) + tl.dot(q_pe, k_pe)
+        s = tl.where(key_ok[None, :], s * tl.cast(qk_scale_log2, tl.float32), float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if IEEE:
+            acc = tl.dot(p.to(c_kv.dtype), c_kv, acc * alpha[:, None], input_precision="ieee")
+        else:
+            acc = tl.dot(p.to(c_kv.dtype), c_kv, acc * alpha[:, None])
+        m_i = m_new
+    _store_tile(out_ptr, part_ptr, lse_ptr, acc, l_i, m_i, tok64, head, ranks, head_ok, rank_ok, split, num_splits,
+                stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, MAY_SPLIT)
+
+
+def check_latent_cache(kv_cache: torch.Tensor, width: int) -> None:
+    # kv_cache: [L, 1, num_blocks, block_size, 1, r + rope]
+    if kv_cache.dim() != 6 or kv_cache.shape[4] != 1 or kv_cache.shape[5] != width:
+        raise ValueError(f"kv_cache must be [L, 1, num_blocks, block_size, 1, {width}] (the latent cache), "
+                         f"got {tuple(kv_cache.shape)}")
+    check_last_dim_contiguous("kv_cache", kv_cache)
+
+
+def launch_mla_decode(
+    q: torch.Tensor,                # [B, H, r + rope]: absorbed q_nope | roped q_pe, one token per sequence
+    kv_cache: torch.Tensor,         # [L, 1, num_blocks, block_size, 1, r + rope]
+    layer: int,
+    block_tables: torch.Tensor,     # [B, max_blocks] int32
+    seq_lens: torch.Tensor,         # [B] int32: context length, this step's token included
+    scale: float,
+    kv_lora_rank: int,
+    block_h: int, block_n: int, num_warps: int, num_stages: int, target_programs: int, max_splits: int,
+) -> torch.Tensor:                  # o_lat [B, H, r]
+    check_latent_cache(kv_cache, q.shape[2])
+    check_last_dim_contiguous("q", q)
+    if block_h < 16 or block_n < 16 or target_programs < 1 or max_splits < 1:
+        raise ValueError(f"block_h and block_n must be >= 16 (tl.dot), target_programs and max_splits >= 1; "
+                         f"got {block_h}, {block_n}, {target_programs}, {max_splits}")
+    num_seqs, num_heads, width = q.shape
+    rope = width - kv_lora_rank
+    head_blocks = triton.cdiv(num_heads, block_h)
+    num_splits = split_count(num_seqs, head_blocks, target_programs, max_splits)
+    out, part, lse = split_outputs(q, kv_lora_rank, num_splits, max_splits)
+    wrap_triton(mla_decode_kernel)[(num_seqs, head_blocks, num_splits)](
+        q, kv_cache, out, part, lse, block_tables, seq_lens, scale * LOG2E, num_heads, num_splits,
+        layer * kv_cache.stride(0), q.stride(0), q.stride(1), out.stride(0), out.stride(1), *part.stride()[:3],
+        *lse.stride()[:2], kv_cache.stride(2), kv_cache.stride(3), block_tables.stride(0),
+        RANK=kv_lora_rank, RANK_PAD=next_pow2(kv_lora_rank), ROPE=rope, ROPE_PAD=max(next_pow2(rope), 16),
+        BLOCK_H=block_h, BLOCK_N=block_n, PAGE_SIZE=kv_cache.shape[3], IEEE=q.dtype == torch.float32,
+        MAY_SPLIT=max_splits > 1, num_warps=num_warps, num_stages=num_stages,
+    )
+    if max_splits > 1:
+        launch_merge_splits(part, lse, out, num_splits, max_splits)
+    return out
+
+
+@triton_op("atom_triton::mla_decode", mutates_args=())
+def mla_decode(
+    q: torch.Tensor, kv_cache: torch.Tensor, layer: int, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+    scale: float, kv_lora_rank: int,
+    block_h: int, block_n: int, num_warps: int, num_stages: int, target_programs: int, max_splits: int,
+) -> torch.Tensor:
+    return launch_mla_decode(q, kv_cache, layer, block_tables, seq_lens, scale, kv_lora_rank,
+                             block_h, block_n, num_warps, num_stages, target_programs, max_splits)

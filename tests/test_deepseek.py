@@ -1,0 +1,119 @@
+"""DeepSeek-V3 (tiny, random, float32; 2 dense + 2 MoE layers, n_group 4, YaRN): greedy decoding token
+for token equal to transformers, with and without q LoRA, under prefix caching and preemption; the
+MTP layer's logits equal to a direct implementation from the checkpoint; the latent cache's size."""
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from atom_aot.build.weights import build_meta_model, convert_state_dict
+from atom_aot.models import ModelConfig, model_class
+from atom_aot.models.step_inputs import StepInputs
+from atom_aot.runtime.kv_cache import allocate_kv_cache, bytes_per_block
+from deepseek_factories import make_tiny_deepseek, mtp_reference
+from factories import hf_greedy, random_prompts
+from test_parity import MAX_NEW, check_shared_prefixes, engine_greedy
+
+
+@pytest.fixture(scope="module")
+def q_lora_dir(tmp_path_factory):
+    return make_tiny_deepseek(tmp_path_factory.mktemp("models") / "tiny-deepseek", seed=11)
+
+
+@pytest.fixture(scope="module")
+def q_lora(q_lora_dir, build_artifact):
+    prompts = random_prompts(10, 380, seed=21)
+    return build_artifact(q_lora_dir, compile="none"), prompts, hf_greedy(q_lora_dir, prompts, MAX_NEW)
+
+
+class TestParity:
+    def test_batch_with_q_lora_matches_hf(self, q_lora):
+        artifact, prompts, expected = q_lora
+        _, got = engine_greedy(artifact, prompts)
+        assert got == expected
+
+    def test_preemption_and_chunked_prefill(self, q_lora):
+        artifact, prompts, expected = q_lora
+        engine, got = engine_greedy(artifact, prompts, num_kv_blocks=12, max_num_batched_tokens=16, max_model_len=96)
+        assert got == expected
+        assert engine.core.scheduler.num_preemptions > 0
+
+    def test_prefix_caching(self, q_lora_dir, build_artifact):
+        check_shared_prefixes(q_lora_dir, build_artifact(q_lora_dir, compile="none"))
+
+    def test_without_q_lora_matches_hf(self, tmp_path, build_artifact):
+        model_dir = make_tiny_deepseek(tmp_path / "no-q-lora", seed=12, q_lora_rank=None)
+        prompts = random_prompts(8, 380, seed=22)
+        expected = hf_greedy(model_dir, prompts, MAX_NEW)
+        _, got = engine_greedy(build_artifact(model_dir, compile="none"), prompts)
+        assert got == expected
+
+
+def loaded_model(model_dir):
+    """Our model with the checkpoint converted as the build converts it (eager, reference backends)."""
+    cfg = ModelConfig.from_json(model_dir / "config.json")
+    model = build_meta_model(model_class(cfg.architecture), cfg, torch.float32, "none", cfg.max_position_embeddings)
+    state = convert_state_dict(load_file(str(model_dir / "model.safetensors")).items(), model, cfg, "none")
+    model.load_state_dict(state, assign=True)
+    return cfg, model.eval()
+
+
+def one_sequence_step(ids, positions, kv_cache, block_size=16):
+    """A step of one sequence whose cache is blocks 0, 1, ... and whose new tokens are at `positions`."""
+    n, end = len(ids), int(positions[-1]) + 1
+    blocks = torch.arange(kv_cache.shape[2], dtype=torch.int32)[None]
+    return StepInputs(torch.tensor(ids), positions, kv_cache, positions.clone(), blocks,
+                      torch.tensor([end], dtype=torch.int32), torch.tensor([0, n], dtype=torch.int32), torch.arange(n))
+
+
+class TestMTP:
+    def test_logits_match_the_checkpoints_mtp_block(self, q_lora_dir):
+        """Prefill the main model, then the MTP layer over (hidden at p, token p + 1) for every p; then one
+        MTP decode step (absorbed form over the MTP layer's own cache layer)."""
+        tokens = random_prompts(1, 380, seed=31, lengths=(30, 30))[0]
+        expected = mtp_reference(q_lora_dir, tokens)                      # [29, vocab]
+        cfg, model = loaded_model(q_lora_dir)
+        kv = allocate_kv_cache(cfg, 4, 16, torch.float32, torch.device("cpu"))
+        with torch.no_grad():
+            hidden = model.hidden_states(one_sequence_step(tokens, torch.arange(30), kv))   # [30, hidden]
+            head, _ = model.mtp_logits(hidden[:28], one_sequence_step(tokens[1:29], torch.arange(28), kv))
+            tail, _ = model.mtp_logits(hidden[28:29], one_sequence_step(tokens[29:30], torch.tensor([28]), kv))
+        torch.testing.assert_close(torch.cat([head, tail]), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_latent_cache_bytes():
+    """One [c_kv | k_pe] vector per token per layer (4 decoder + 1 MTP), against dense MHA's per-head k and v."""
+    from deepseek_factories import TINY_DEEPSEEK
+    cfg = ModelConfig.from_hf_dict({**TINY_DEEPSEEK, "architectures": ["DeepseekV3ForCausalLM"], "vocab_size": 64})
+    assert bytes_per_block(cfg, 16, torch.bfloat16) == 5 * (32 + 16) * 16 * 2
+    assert allocate_kv_cache(cfg, 3, 16, torch.bfloat16, torch.device("cpu")).shape == (5, 1, 3, 16, 1, 48)
+
+
+def test_checkpoint_without_its_mtp_layer_is_refused(q_lora_dir):
+    cfg = ModelConfig.from_json(q_lora_dir / "config.json")
+    model = build_meta_model(model_class(cfg.architecture), cfg, torch.float32, "none", 64)
+    tensors = [(k, v) for k, v in load_file(str(q_lora_dir / "model.safetensors")).items()
+               if not k.startswith("model.layers.4.")]
+    with pytest.raises(ValueError, match="set num_nextn_predict_layers to 0"):
+        convert_state_dict(tensors, model, cfg, "none")
+
+
+
+def test_compiled_artifact_serves_and_packages_the_mtp_step(q_lora_dir, q_lora, build_artifact):
+    """The one AOTInductor build: the mixed package decodes like transformers, and the `mtp` package (its own
+    member, bound to the same weights) gives the checkpoint MTP block's logits."""
+    from atom_aot.artifact.phase import Phase
+    from atom_aot.runtime.compiled import CompiledMTP
+    from atom_aot.runtime.loader import load_artifact
+    _, prompts, expected = q_lora
+    artifact = build_artifact(q_lora_dir, compile="aoti")
+    _, got = engine_greedy(artifact, prompts[:3])
+    assert got == expected[:3]
+    loaded = load_artifact(artifact)
+    assert isinstance(loaded.forwards[Phase.MTP], CompiledMTP)
+    tokens = random_prompts(1, 380, seed=31, lengths=(30, 30))[0]
+    cfg, model = loaded_model(q_lora_dir)
+    kv = allocate_kv_cache(cfg, 4, 16, torch.float32, torch.device("cpu"))
+    with torch.no_grad():
+        hidden = model.hidden_states(one_sequence_step(tokens, torch.arange(30), kv))
+        logits, _ = loaded.forwards[Phase.MTP](one_sequence_step(tokens[1:30], torch.arange(29), kv), hidden[:29])
+    torch.testing.assert_close(logits, mtp_reference(q_lora_dir, tokens), rtol=1e-4, atol=1e-4)
