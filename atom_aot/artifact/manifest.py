@@ -141,7 +141,7 @@ class Quantization:
                 tuple(r.typed("ignored", list, [])), r.str("kv_scales", "none", choices=KV_SCALE_ORIGINS))
         if (q.weights == "none") != (q.weights_origin == "none"):
             raise r.error("weights_origin", f"{q.weights_origin!r} disagrees with weights {q.weights!r}")
-        if q.kv_cache == "none" and q.kv_scales != "none":
+        if r.has("kv_scales") and (q.kv_cache == "none") != (q.kv_scales == "none"):
             raise r.error("kv_scales", f"{q.kv_scales!r} disagrees with kv_cache {q.kv_cache!r}")
         return q
 

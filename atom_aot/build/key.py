@@ -22,7 +22,8 @@ from atom_aot.version import ARTIFACT_FORMAT_VERSION, __version__
 # Engine code whose behaviour shapes the artifact (model definitions, ops, conversion, export, the
 # graph-pool probe the build runs, and the artifact format itself).
 ENGINE_CODE = ("models", "ops", "artifact", "build/weights.py", "build/export.py", "build/tune.py", "build/graphs.py",
-               "build/cxx.py", "build/quant_config.py", "build/prequantized.py", "build/tune_fp8.py", "runtime/graph_probe.py", "runtime/cuda_graphs.py")
+               "build/cxx.py", "build/quant_config.py", "build/prequantized.py", "build/tune_fp8.py",
+               "build/kv_scales.py", "runtime/graph_probe.py", "runtime/cuda_graphs.py")
 
 
 def engine_code_hash() -> str:
