@@ -114,6 +114,9 @@ class TestFieldValidation:
         (["options", "arch"], "sm90", "options.arch disagrees"),
         (["options", "compile"], "none", "options.compile disagrees"),
         (["quantization", "kv_cache"], "fp8", "quantization.kv_cache disagrees"),
+        (["quantization", "kv_scales"], "calibrated", "quantization.kv_scales disagrees"),
+        (["quantization", "weights_origin"], "checkpoint", "quantization.weights_origin 'checkpoint' disagrees"),
+        (["quantization", "weights"], "fp8-block", "quantization.weights_origin 'none' disagrees"),
         (["target"], DELETE, "target is missing"),
         (["members"], [], "members must be dict"),
     ])

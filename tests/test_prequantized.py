@@ -121,3 +121,18 @@ class TestRefusals:
         save_file(tensors, str(checkpoint / "model.safetensors"))
         with pytest.raises(BuildError, match=r"leaves 1 decoder linears unquantized \(model.layers.1.mlp.down_proj"):
             build_artifact(checkpoint, compile="none")
+
+
+def test_a_quantized_lm_head_is_dequantized(tiny_dir, tmp_path, build_artifact):
+    """lm_head runs in the model dtype: an FP8 lm_head (not on the ignore list) is widened at build."""
+    from safetensors.torch import save_file
+    checkpoint = write_prequantized(tiny_dir, tmp_path / "q-head", "ct-channel-dynamic")
+    tensors = load_file(str(checkpoint / "model.safetensors"))
+    original = tensors["lm_head.weight"]
+    weight, scale = quantize_weight_per_channel(original)
+    tensors.update({"lm_head.weight": weight, "lm_head.weight_scale": scale[:, None]})
+    save_file(tensors, str(checkpoint / "model.safetensors"))
+    got = runtime_weights(build_artifact(checkpoint, compile="none"))
+    assert got["lm_head.weight"].dtype == torch.float32 and "lm_head.weight_scale" not in got
+    assert torch.equal(got["lm_head.weight"], weight.float() * scale[:, None])
+    assert ((got["lm_head.weight"] - original).norm() / original.norm()) < 0.04

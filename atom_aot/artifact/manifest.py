@@ -141,8 +141,6 @@ class Quantization:
                 tuple(r.typed("ignored", list, [])), r.str("kv_scales", "none", choices=KV_SCALE_ORIGINS))
         if (q.weights == "none") != (q.weights_origin == "none"):
             raise r.error("weights_origin", f"{q.weights_origin!r} disagrees with weights {q.weights!r}")
-        if q.kv_cache == "none" and q.kv_scales != "none":
-            raise r.error("kv_scales", f"{q.kv_scales!r} disagrees with kv_cache {q.kv_cache!r}")
         return q
 
 
@@ -258,6 +256,8 @@ def _check_consistent(m: Manifest, r: Reader) -> None:
              ("options.compile", m.options.compile == "aoti", m.compiled.kind == "aotinductor")]
     if m.options.max_model_len is not None:
         pairs.append(("options.max_model_len", m.options.max_model_len, m.numerics.max_model_len))
+    if r.obj("quantization").has("kv_scales"):   # manifests before kv scales have none
+        pairs.append(("quantization.kv_scales", m.quantization.kv_scales != "none", implied.kv_cache == "fp8"))
     for name, value, expected in pairs:
         if value != expected:
             raise r.error(name, f"disagrees with the rest of the manifest ({value!r:.40} vs {expected!r:.40})")

@@ -33,8 +33,9 @@ from atom_aot.build.export import compile_package, export_model
 from atom_aot.build.export_mtp import export_mtp
 from atom_aot.build.graphs import probe_capture_sizes
 from atom_aot.build.key import build_key, key_inputs
+from atom_aot.build.kv_scales import calibrate_kv_scales, calibration_prompts, checkpoint_has_kv_scales
 from atom_aot.build.progress import StageProgress
-from atom_aot.build.quant_config import LinearQuant, resolve_linear_quant
+from atom_aot.build.quant_config import QuantPlan, resolve_quant_plan
 from atom_aot.build.source import ModelSource, resolve_model
 from atom_aot.build.tune import tune_kernels
 from atom_aot.build.shard import check_like, shard_state_dict
@@ -70,11 +71,14 @@ def plan(model: str | None, config: BuildConfig) -> tuple[ModelSource, ModelConf
     source = resolve_model(model)
     model_config = ModelConfig.from_hf_dict(source.config)
     model_class(model_config.architecture)          # fails early on an unsupported architecture
-    linear_quant = resolve_linear_quant(source.config, config.quant)   # and on a quantization it cannot load
+    linear_quant = resolve_quant_plan(source.config, config.quant)   # and on a quantization it cannot load
     if linear_quant.scheme != "none" and "mla_attention" in model_class(model_config.architecture).ATTENTION_OPS:
         raise BuildError(f"{model_config.architecture} with quantized linears ({linear_quant.scheme}) is not "
                          f"supported yet (FP8 is wired into the dense and MoE decoders, not MLA): build it from a "
                          f"bf16 checkpoint without --quant")
+    if config.kv_torch_dtype.itemsize == 1 and "mla_attention" in model_class(model_config.architecture).ATTENTION_OPS:
+        raise BuildError(f"{model_config.architecture}: an FP8 latent (MLA) cache has no scales yet: build with "
+                         f"--kv-cache-dtype auto")
     if config.tensor_parallel_size > 1 and linear_quant.scheme == "fp8-block":
         raise BuildError("block-scaled FP8 (128x128 weight blocks) is not sharded over tensor-parallel ranks yet: "
                          "build this checkpoint with -tp 1")
@@ -101,12 +105,14 @@ def build(model: str | None, config: BuildConfig, cache_dir: Path | None = None,
         return BuildResult(cached, key, cached=True, seconds=progress.seconds)
     max_len = config.max_model_len or model_config.max_position_embeddings
     layout = _layout(config)
-    linear_quant = resolve_linear_quant(source.config, config.quant)
+    fp8_kv = config.kv_torch_dtype.itemsize == 1
+    kv_scales_given = fp8_kv and checkpoint_has_kv_scales(source.weight_files)
+    quant = resolve_quant_plan(source.config, config.quant, fp8_kv, kv_scales_given)
     staging = Path(tempfile.mkdtemp(prefix="atom-build-"))
     try:
-        phases = _stage_all(staging, source, model_config, config, linear_quant, layout, max_len, progress)
+        phases = _stage_all(staging, source, model_config, config, quant, layout, max_len, progress)
         with progress.stage("pack"):
-            manifest = _manifest(source, model_config, config, linear_quant, key, inputs, progress.seconds, phases,
+            manifest = _manifest(source, model_config, config, quant, key, inputs, progress.seconds, phases,
                                  layout, max_len)
             write_artifact(staging, manifest, target)
     finally:
@@ -126,32 +132,34 @@ def _existing(target: Path, cache_dir: Path, key: str, explicit_out: bool) -> Pa
 
 
 def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, config: BuildConfig,
-               linear_quant: LinearQuant, layout: Layout, max_len: int, progress: StageProgress) -> list[Phase]:
+               quant: QuantPlan, layout: Layout, max_len: int, progress: StageProgress) -> list[Phase]:
     """Writes every member but the manifest; returns the phases compiled."""
     model_cls = model_class(model_config.architecture)
     tp = config.tensor_parallel_size
-    model = build_meta_model(model_cls, model_config, config.torch_dtype, linear_quant.scheme, max_len)
+    model = build_meta_model(model_cls, model_config, config.torch_dtype, quant.scheme, max_len)
     num_tensors = len(model.state_dict())
+    (staging / TOKENIZER).mkdir()
+    source.save_tokenizer(staging / TOKENIZER)
     with progress.stage("weights", total=num_tensors) as bar:
-        state = convert_state_dict(source.tensors(), model, model_config, linear_quant.scheme,
-                                   checkpoint_quant=linear_quant.checkpoint)
+        state = convert_state_dict(source.tensors(), model, model_config, quant.scheme,
+                                   checkpoint_quant=quant.checkpoint)
         bar.update(num_tensors)
+        if quant.kv_scales == "calibrated":
+            state.update(_calibrate_kv_scales(model_cls, model_config, config, quant.scheme, state, staging, max_len))
         (staging / layout.weights_member(0)).parent.mkdir()
         if tp > 1:
-            model = build_meta_model(model_cls, model_config, config.torch_dtype, linear_quant.scheme, max_len, tp)
+            model = build_meta_model(model_cls, model_config, config.torch_dtype, quant.scheme, max_len, tp)
             state = write_rank_weights(staging, layout, state, model, model_config)
         else:
             save_file(state, str(staging / layout.weights_member(0)))
     with progress.stage("tune"):
-        tuning = tune_kernels(config, rank_shapes(model_config, tp), max_len, linear_quant.scheme)
+        tuning = tune_kernels(config, rank_shapes(model_config, tp), max_len, quant.scheme)
         (staging / TUNING).write_text(tuning.to_json())
     phases = []
     if config.compile == "aoti":
         device = device_for_arch(config.arch)
         model.load_state_dict({k: v.to(device) for k, v in state.items()}, assign=True)
         phases = _compile(staging, model.eval(), tuning, config, max_len, progress)
-    (staging / TOKENIZER).mkdir()
-    source.save_tokenizer(staging / TOKENIZER)
     (staging / CONFIG).parent.mkdir()
     (staging / CONFIG).write_text(json.dumps(source.config, indent=1, sort_keys=True))
     (staging / GENERATION_CONFIG).write_text(json.dumps(source.generation_config, indent=1))
@@ -169,6 +177,15 @@ def write_rank_weights(staging: Path, layout: Layout, state: dict, rank_model, m
         check_like(rank_state, expected, rank)
         save_file(rank_state, str(staging / layout.weights_member(rank)))
     return rank_state
+
+
+def _calibrate_kv_scales(model_cls, model_config: ModelConfig, config: BuildConfig, scheme: str, state: dict,
+                         staging: Path, max_len: int) -> dict:
+    """The fp8 cache's per-layer (k, v) scales, from an eager run of the model on the build's device."""
+    device = device_for_arch(config.arch)
+    model = build_meta_model(model_cls, model_config, config.torch_dtype, scheme, max_len)
+    model.load_state_dict({k: v.to(device) for k, v in state.items()}, assign=True)
+    return calibrate_kv_scales(model.eval(), calibration_prompts(staging / TOKENIZER, max_len))
 
 
 def _compile(staging: Path, model, tuning: Tuning, config: BuildConfig, max_len: int,
@@ -208,7 +225,7 @@ def _dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _manifest(source: ModelSource, model_config: ModelConfig, config: BuildConfig, linear_quant: LinearQuant, key: str,
+def _manifest(source: ModelSource, model_config: ModelConfig, config: BuildConfig, quant: QuantPlan, key: str,
               inputs: dict, seconds: dict, phases: list[Phase], layout: Layout, max_len: int) -> Manifest:
     """Everything but the member table, which the writer fills in."""
     kv_dtype = _dtype_name(config.kv_torch_dtype)
@@ -222,7 +239,7 @@ def _manifest(source: ModelSource, model_config: ModelConfig, config: BuildConfi
         target=Target(arch=config.arch, **toolchain()), build_compiler=inputs["cxx"], options=_options(config),
         numerics=Numerics(_dtype_name(config.torch_dtype), kv_dtype, max_len, config.block_size),
         layout=layout, compiled=compiled,
-        quantization=Quantization.of(linear_quant.scheme, kv_dtype, **linear_quant.manifest_details()),
+        quantization=Quantization.of(quant.scheme, kv_dtype, **quant.manifest_details()),
         signature_version=SIGNATURE_VERSION, members={},
         built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), build_host=socket.gethostname(),
         build_seconds=dict(seconds))

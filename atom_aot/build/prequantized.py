@@ -8,6 +8,8 @@ The FP8 weights are kept bit for bit; only the scales change shape:
   along N (each fused part must then fill whole blocks, which the shape check after fusion enforces);
 - static input scales of fused parts (one input feeds them all) become their maximum: the coarsest
   of them, so no part's activations clip. Dynamic schemes do not read input scales.
+lm_head stays in the model dtype (it decides the argmax): a checkpoint that quantized it anyway has it
+dequantized (weight x scale), the one tensor that is.
 """
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ import torch
 
 from atom_aot.build.quant_config import CheckpointQuant
 from atom_aot.errors import BuildError
+from atom_aot.ops.fp8 import dequantize_weight
 
 WEIGHT_SCALE_NAMES = ("weight_scale", "weight_scale_inv")
+UNQUANTIZED_MODULES = ("lm_head",)       # runs in the model dtype whatever the checkpoint did
 FP8_DTYPE = torch.float8_e4m3fn
 
 
@@ -25,7 +29,10 @@ def normalize_checkpoint(tensors: dict[str, torch.Tensor], quant: CheckpointQuan
     out = {}
     for name, tensor in tensors.items():
         module, _, leaf = name.rpartition(".")
-        if leaf in WEIGHT_SCALE_NAMES:
+        if module in UNQUANTIZED_MODULES:
+            if leaf == "weight":
+                out[name] = _unquantized_weight(module, tensors, quant)
+        elif leaf in WEIGHT_SCALE_NAMES:
             out[f"{module}.weight_scale"] = _weight_scale(name, tensor, tensors[f"{module}.weight"], quant)
         elif leaf == "input_scale":
             if quant.scheme == "fp8-static":
@@ -33,6 +40,14 @@ def normalize_checkpoint(tensors: dict[str, torch.Tensor], quant: CheckpointQuan
         else:
             out[name] = tensor
     return out
+
+
+def _unquantized_weight(module: str, tensors: dict[str, torch.Tensor], quant: CheckpointQuant) -> torch.Tensor:
+    weight = tensors[f"{module}.weight"]
+    scale_name = next((f"{module}.{n}" for n in WEIGHT_SCALE_NAMES if f"{module}.{n}" in tensors), None)
+    if weight.dtype != FP8_DTYPE or scale_name is None:
+        return weight
+    return dequantize_weight(weight, _weight_scale(scale_name, tensors[scale_name], weight, quant))
 
 
 def _weight_scale(name: str, scale: torch.Tensor, weight: torch.Tensor, quant: CheckpointQuant) -> torch.Tensor:

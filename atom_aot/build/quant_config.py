@@ -110,27 +110,32 @@ def _compressed_scheme(strategy, block, act_strategy, dynamic: bool) -> str:
 
 
 @dataclass(frozen=True)
-class LinearQuant:
-    """How the build gets the decoder linears' runtime scheme."""
+class QuantPlan:
+    """How the build gets the decoder linears' runtime scheme and the fp8 KV cache's scales."""
     scheme: str                          # none | fp8 | fp8-static | fp8-block (quant_layers.py)
     origin: str                          # none | build (atom-build --quant fp8) | checkpoint
     checkpoint: CheckpointQuant | None   # the pre-quantized checkpoint's format, if it is one
+    kv_scales: str = "none"              # none (no fp8 cache) | checkpoint | calibrated (at build)
 
     def manifest_details(self) -> dict:
         """The Quantization fields (artifact/manifest.py) this decides."""
         return {"weights_origin": self.origin, "ignored": self.checkpoint.ignored if self.checkpoint else (),
-                "checkpoint_format": self.checkpoint.description if self.checkpoint else ""}
+                "checkpoint_format": self.checkpoint.description if self.checkpoint else "",
+                "kv_scales": self.kv_scales}
 
 
-def resolve_linear_quant(hf_config: dict, quant_flag: str) -> LinearQuant:
+def resolve_quant_plan(hf_config: dict, quant_flag: str, fp8_kv_cache: bool = False,
+                       checkpoint_has_kv_scales: bool = False) -> QuantPlan:
     """--quant fp8 quantizes an unquantized checkpoint (W8A8, dynamic per-token activations); a
-    pre-quantized checkpoint runs in its own scheme, and asking to quantize it again is an error."""
+    pre-quantized checkpoint runs in its own scheme, and asking to quantize it again is an error.
+    An fp8 KV cache takes the checkpoint's k/v scales, or has the build calibrate them."""
+    kv_scales = ("checkpoint" if checkpoint_has_kv_scales else "calibrated") if fp8_kv_cache else "none"
     checkpoint = detect_checkpoint_quant(hf_config)
     if checkpoint is not None:
         if quant_flag != "none":
             raise BuildError(f"the checkpoint is already quantized ({checkpoint.description}); build it without "
                              f"--quant {quant_flag}: its own scheme is loaded as stored")
-        return LinearQuant(checkpoint.scheme, "checkpoint", checkpoint)
+        return QuantPlan(checkpoint.scheme, "checkpoint", checkpoint, kv_scales)
     if quant_flag == "fp8":
-        return LinearQuant("fp8", "build", None)
-    return LinearQuant("none", "none", None)
+        return QuantPlan("fp8", "build", None, kv_scales)
+    return QuantPlan("none", "none", None, kv_scales)

@@ -12,6 +12,7 @@ from typing import Iterable, Iterator
 import torch
 
 from atom_aot.build.experts import ExpertStacker
+from atom_aot.build.kv_scales import kv_scale_target
 from atom_aot.build.prequantized import finish_fused, normalize_checkpoint
 from atom_aot.build.quant_config import CheckpointQuant
 from atom_aot.models.config import ModelConfig
@@ -59,9 +60,12 @@ def convert_state_dict(tensors: Iterable[tuple[str, torch.Tensor]], model: Decod
     num_parts = {fused: 1 + max(i for f, i in packed.values() if f == fused) for fused, _ in packed.values()}
     pending: dict[str, dict[int, torch.Tensor]] = {}
     out: dict[str, torch.Tensor] = {}
+    kv_scales: dict[str, torch.Tensor] = {}
     for name, tensor in type(model).adapt_checkpoint(cfg, tensors):
         on_tensor(name)
         if name.endswith(IGNORED_SUFFIXES) or (name == "lm_head.weight" and cfg.tie_word_embeddings):
+            continue
+        if _take_kv_scale(name, tensor, kv_scales):
             continue
         name = renamed(name, renames)
         if experts.add(name, tensor):
@@ -76,6 +80,7 @@ def convert_state_dict(tensors: Iterable[tuple[str, torch.Tensor]], model: Decod
             out[target] = torch.cat([parts[i] for i in sorted(parts)], dim=0)
             del pending[target]
     out.update(experts.complete)
+    out.update({n: kv_scales.get(n, torch.ones(2)) for n in expected if n.endswith("self_attn.kv_scale")})
     max_positions, rotary_dim = expected["model.rotary.cos_sin_cache"].shape
     out["model.rotary.cos_sin_cache"] = rope_cos_sin_cache(rotary_dim, cfg.rope_theta, cfg.rope_scaling_dict,
                                                            max_positions)
@@ -95,6 +100,16 @@ def convert_state_dict(tensors: Iterable[tuple[str, torch.Tensor]], model: Decod
             raise ValueError(f"{name}: checkpoint shape {tuple(out[name].shape)} != model shape {tuple(meta.shape)}")
         out[name] = out[name].to(meta.dtype).contiguous()
     return out
+
+
+def _take_kv_scale(name: str, tensor: torch.Tensor, kv_scales: dict[str, torch.Tensor]) -> bool:
+    """A checkpoint's k/v scale goes into its slot of the layer's kv_scale [2] (build/kv_scales.py)."""
+    target = kv_scale_target(name)
+    if target is None:
+        return False
+    runtime, slots = target
+    kv_scales.setdefault(runtime, torch.ones(2))[list(slots)] = tensor.float().reshape(())
+    return True
 
 
 def quantize_fp8_weights(state: dict[str, torch.Tensor], expected: dict) -> Iterator[tuple[str, torch.Tensor]]:

@@ -37,6 +37,8 @@ class DecoderAttention(nn.Module):
         self.o_proj = make_linear(self.q_size, cfg.hidden_size, False, dtype, quant)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if qk_norm else None
+        # an fp8 KV cache's per-tensor (k, v) scales: the checkpoint's or calibrated at build (1.0 otherwise)
+        self.register_buffer("kv_scale", torch.ones(2, dtype=torch.float32))
         # the reference backend until DecoderForCausalLM.use_kernels sets the phase's choice
         self.attention_backend: AttentionBackend = make_backend("attention", BackendChoice("reference"))
 
@@ -46,8 +48,9 @@ class DecoderAttention(nn.Module):
         k = k.unflatten(-1, (self.num_kv_heads, self.head_dim))   # [T, Hkv, D]
         v = v.unflatten(-1, (self.num_kv_heads, self.head_dim))
         qk_norm = None if self.q_norm is None else QKNorm(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+        kv_scale = self.kv_scale if attn.kv_cache.element_size() == 1 else None   # only an fp8 cache is scaled
         o = self.attention_backend(AttentionArgs(self.layer, q, k, v, positions, rotary.cos_sin_cache, qk_norm,
-                                                 self.scale, attn))   # [T, H, D]
+                                                 self.scale, attn, kv_scale))   # [T, H, D]
         return reduce_partial_sums(self.o_proj(o.flatten(-2)), self.tp)
 
 

@@ -44,9 +44,12 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
     EXPERT_MODULES = MoEForCausalLM.EXPERT_MODULES
     ATTENTION_OPS = ("mla_attention",)
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None,
+                 tp: int = 1):
         nn.Module.__init__(self)
-        self.config = cfg
+        if tp != 1:
+            raise ValueError("DeepseekV3ForCausalLM is not split over tensor-parallel ranks yet: build it with -tp 1")
+        self.config, self.tp = cfg, tp
         self.model = DeepseekModel(cfg, dtype, quant, max_positions or cfg.max_position_embeddings)
         # lm_head stays unquantized: it decides the argmax.
         self.lm_head = None if cfg.tie_word_embeddings else make_linear(cfg.hidden_size, cfg.vocab_size, False,

@@ -11,6 +11,10 @@ KV cache layout (one tensor for the whole model):
 
 Token t of a sequence lives in block `block_table[t // block_size]`, row `t % block_size`;
 `slot_mapping` gives each new token's flat slot `block * block_size + row` (-1: padding, skipped).
+
+An FP8 cache comes with the layer's `kv_scale` [2] float32 (k, v; per tensor): a key is stored as
+clamp(k / k_scale) in e4m3 and read back as stored * k_scale (values likewise). Without it (a cache in
+the model dtype) keys and values are stored as they are.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ import torch.nn.functional as F
 LIBRARY = torch.library.Library("atom", "DEF")
 LIBRARY.define(
     "paged_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) kv_cache, int layer, Tensor slot_mapping, "
-    "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale) -> Tensor")
+    "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale, Tensor? kv_scale=None) -> Tensor")
 
 
 def paged_attention_reference(
@@ -37,36 +41,53 @@ def paged_attention_reference(
     seq_lens: torch.Tensor,       # [B] int32: tokens in context once this step's are written
     query_start_loc: torch.Tensor,  # [B + 1] int32: the batch's tokens of sequence b are q[start[b]:start[b+1]]
     scale: float,
+    kv_scale: torch.Tensor | None = None,   # [2] float32 (k, v) for an fp8 cache
 ) -> torch.Tensor:
-    write_kv_cache(kv_cache[layer], k, v, slot_mapping)
-    return reference_attention(q, kv_cache[layer], block_tables, seq_lens, query_start_loc, scale)
+    write_kv_cache(kv_cache[layer], k, v, slot_mapping, kv_scale)
+    return reference_attention(q, kv_cache[layer], block_tables, seq_lens, query_start_loc, scale, kv_scale)
 
 
-LIBRARY.impl("paged_attention", paged_attention_reference, "CPU")
+# CUDA too: the build calibrates fp8 KV scales by running the model on the reference backend
+for _key in ("CPU", "CUDA"):
+    LIBRARY.impl("paged_attention", paged_attention_reference, _key)
 
 
 @torch.library.register_fake("atom::paged_attention", lib=LIBRARY)
-def _(q, k, v, kv_cache, layer, slot_mapping, block_tables, seq_lens, query_start_loc, scale):
+def _(q, k, v, kv_cache, layer, slot_mapping, block_tables, seq_lens, query_start_loc, scale, kv_scale=None):
     return torch.empty_like(q)
 
 
 paged_attention = torch.ops.atom.paged_attention
 
 
-def write_kv_cache(kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def to_cache(x: torch.Tensor, cache_dtype: torch.dtype, scale: torch.Tensor | None) -> torch.Tensor:
+    """Rows as the cache stores them: divided by the scale and clamped to e4m3's range when scaled."""
+    if scale is None:
+        return x.to(cache_dtype)
+    fp8_max = torch.finfo(cache_dtype).max
+    return (x.float() / scale).clamp(-fp8_max, fp8_max).to(cache_dtype)
+
+
+def from_cache(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None) -> torch.Tensor:
+    return x.to(dtype) if scale is None else (x.float() * scale).to(dtype)
+
+
+def write_kv_cache(kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
+                   kv_scale: torch.Tensor | None = None) -> None:
     """Scatter the new k/v rows into their slots; padded tokens (slot -1) are dropped."""
     _, num_blocks, block_size, num_kv_heads, head_dim = kv_layer.shape
     flat = kv_layer.view(2, num_blocks * block_size, num_kv_heads, head_dim)
     valid = slot_mapping >= 0
     slots = slot_mapping[valid]
-    k, v = k[valid].to(kv_layer.dtype), v[valid].to(kv_layer.dtype)
+    k_scale, v_scale = (None, None) if kv_scale is None else (kv_scale[0], kv_scale[1])
+    k, v = to_cache(k[valid], kv_layer.dtype, k_scale), to_cache(v[valid], kv_layer.dtype, v_scale)
     if kv_layer.element_size() == 1:   # index_copy_ has no float8 kernel: move the bytes instead
         flat, k, v = flat.view(torch.uint8), k.view(torch.uint8), v.view(torch.uint8)
     flat[0].index_copy_(0, slots, k)
     flat[1].index_copy_(0, slots, v)
 
 
-def reference_attention(q, kv_layer, block_tables, seq_lens, query_start_loc, scale) -> torch.Tensor:
+def reference_attention(q, kv_layer, block_tables, seq_lens, query_start_loc, scale, kv_scale=None) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its cached context, in plain torch.
 
     The new tokens of a sequence with context length L are its last n_q positions, so query i
@@ -79,6 +100,8 @@ def reference_attention(q, kv_layer, block_tables, seq_lens, query_start_loc, sc
         first, last = starts[b], starts[b + 1]
         if last > first:
             keys, values = gather_context(kv_layer, block_tables[b], context_len)
+            if kv_scale is not None:
+                keys, values = from_cache(keys, q.dtype, kv_scale[0]), from_cache(values, q.dtype, kv_scale[1])
             out[first:last] = _causal_attention(q[first:last], keys, values, scale)
     return out
 

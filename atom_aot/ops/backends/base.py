@@ -44,6 +44,7 @@ class AttentionArgs:
     qk_norm: QKNorm | None
     scale: float
     inputs: AttentionInputs
+    kv_scale: torch.Tensor | None = None   # [2] float32 (k, v) when the cache is fp8 (ops/attention.py)
 
 
 class AttentionBackend(Protocol):

@@ -17,6 +17,9 @@ so one compiled decode graph splits at batch 1 and not at batch 256). Split s of
 an equal share of the tile's key blocks. With one split the tile kernel writes the final output;
 with more it writes a normalized partial output plus its log2-sum-exp, and `merge_splits_kernel`
 combines them.
+
+An fp8 cache's scales (KV_SCALED) cost nothing in the loop: keys are widened in registers and
+k_scale folds into the softmax scale; v_scale multiplies the tile's accumulator once.
 """
 import triton
 import triton.language as tl
@@ -129,6 +132,7 @@ def _store_tile(out_ptr, part_ptr, lse_ptr, acc, l_i, m_i, tok64, head, dims, ro
 def paged_attention_kernel(
     q_ptr, kv_ptr, out_ptr, part_ptr, lse_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
+    kv_scale_ptr,                       # [2] float32 (k, v) when KV_SCALED
     qk_scale_log2,                      # softmax scale * log2(e): the kernel works in base 2
     num_tokens, num_seqs, num_splits,   # num_splits: runtime, the grid's third axis
     layer_offset,                       # layer * kv_cache.stride(0)
@@ -140,6 +144,7 @@ def paged_attention_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE: tl.constexpr,
     MAY_SPLIT: tl.constexpr,            # the op's max_splits > 1
+    KV_SCALED: tl.constexpr,            # fp8 cache with scales: stored * scale is the value
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     tile = tl.program_id(0)
@@ -164,9 +169,14 @@ def paged_attention_kernel(
     # q: [BLOCK_M, D]
     q = tl.load(q_ptr + tok64[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
                 mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    qk_scale = tl.cast(qk_scale_log2, tl.float32)
+    if KV_SCALED:
+        qk_scale = qk_scale * tl.load(kv_scale_ptr)
     acc, l_i, m_i = _attend(q, kv_ptr + layer_offset + kv_head * stride_ch, block_tables_ptr + b * stride_bt,
-                            kb_lo, kb_hi, kv_len, q_pos, dims, dim_ok, qk_scale_log2,
+                            kb_lo, kb_hi, kv_len, q_pos, dims, dim_ok, qk_scale,
                             stride_ckv, stride_cblk, stride_crow, BLOCK_M, BLOCK_N, HEAD_DIM_PAD, PAGE_SIZE, IEEE)
+    if KV_SCALED:
+        acc = acc * tl.load(kv_scale_ptr + 1)
     _store_tile(out_ptr, part_ptr, lse_ptr, acc, l_i, m_i, tok64, head, dims, row_ok, dim_ok, split, num_splits,
                 stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, MAY_SPLIT)
 

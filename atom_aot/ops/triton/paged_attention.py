@@ -11,6 +11,7 @@ never on tensor values, so an exported graph recomputes them from each batch's s
 and the call replays inside a CUDA graph.
 """
 from dataclasses import asdict, dataclass
+from typing import Optional
 
 import torch
 from torch.library import triton_op, wrap_triton
@@ -95,6 +96,7 @@ def launch_paged_attention(
     query_start_loc: torch.Tensor,  # [B + 1] int32
     scale: float,
     block_m: int, block_n: int, num_warps: int, num_stages: int, target_programs: int, max_splits: int,
+    kv_scale: Optional[torch.Tensor] = None,   # [2] float32 (k, v): an fp8 cache's scales
 ) -> torch.Tensor:
     """Launches the tile kernel and, when this batch splits its keys, the merge kernel; returns out [T, H, D]."""
     check_kv_cache(kv_cache)
@@ -109,13 +111,13 @@ def launch_paged_attention(
     grid = (num_tokens // block_q + num_seqs + 1, num_kv_heads, num_splits)
     wrap_triton(paged_attention_kernel)[grid](
         q, kv_cache, out, part, lse, block_tables, seq_lens, query_start_loc,
-        scale * LOG2E, num_tokens, num_seqs, num_splits, layer * kv_cache.stride(0),
+        seq_lens if kv_scale is None else kv_scale, scale * LOG2E, num_tokens, num_seqs, num_splits, layer * kv_cache.stride(0),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), *part.stride()[:3], *lse.stride()[:2],
         kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), kv_cache.stride(4),
         block_tables.stride(0),
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=block_n,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), PAGE_SIZE=page_size, IEEE=q.dtype == torch.float32,
-        MAY_SPLIT=max_splits > 1,
+        MAY_SPLIT=max_splits > 1, KV_SCALED=kv_scale is not None,
         num_warps=num_warps, num_stages=num_stages,
     )
     if max_splits > 1:
@@ -154,6 +156,7 @@ def paged_attention(
     q: torch.Tensor, kv_cache: torch.Tensor, layer: int, block_tables: torch.Tensor, seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor, scale: float,
     block_m: int, block_n: int, num_warps: int, num_stages: int, target_programs: int, max_splits: int,
+    kv_scale: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     return launch_paged_attention(q, kv_cache, layer, block_tables, seq_lens, query_start_loc, scale,
-                                  block_m, block_n, num_warps, num_stages, target_programs, max_splits)
+                                  block_m, block_n, num_warps, num_stages, target_programs, max_splits, kv_scale)

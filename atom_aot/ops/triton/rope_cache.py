@@ -6,6 +6,7 @@ write q_out), the rest do kv heads (normalize and rotate k, copy v, both into th
 slot unless the slot is -1). Rounding follows the reference backend (atom_aot/ops/norm.py,
 atom_aot/ops/rope.py) step by step (RMSNorm rounds to the model dtype before and after the
 weight, rope computes in float32), so bf16 results match it bit for bit up to fp32 summation order.
+With an fp8 cache's `kv_scale` (k, v) the stored rows are clamp(x / scale) in e4m3, as the reference stores them.
 """
 from dataclasses import asdict, dataclass
 from typing import Optional
@@ -53,13 +54,23 @@ def _norm_rope(x_ptr, w_ptr, cos, sin, eps, heads, halves, ok, HEAD_DIM: tl.cons
 
 
 @triton.jit
+def _to_cache(x, scale_ptr, cache_dtype: tl.constexpr, SCALED: tl.constexpr, FP8_MAX: tl.constexpr):
+    """x as the cache stores it: divided by *scale_ptr and clamped to the fp8 range when SCALED."""
+    if SCALED:
+        y = x.to(tl.float32) / tl.load(scale_ptr)
+        return tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX).to(cache_dtype)
+    return x.to(cache_dtype)
+
+
+@triton.jit
 def qk_norm_rope_cache_write_kernel(
     q_ptr, k_ptr, v_ptr, positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr, q_out_ptr, kv_ptr, slot_ptr,
+    kv_scale_ptr,                       # [2] float32 (k, v) when KV_SCALED
     eps, num_heads, num_kv_heads, layer_offset,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_cs,
     stride_ckv, stride_cblk, stride_crow, stride_ch,
     HEAD_DIM: tl.constexpr, HALF_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr,
-    HAS_NORM: tl.constexpr,
+    HAS_NORM: tl.constexpr, KV_SCALED: tl.constexpr, FP8_MAX: tl.constexpr,
 ):
     half: tl.constexpr = HEAD_DIM // 2
     t = tl.program_id(0).to(tl.int64)
@@ -88,11 +99,12 @@ def qk_norm_rope_cache_write_kernel(
         cache_dtype = kv_ptr.dtype.element_ty
         dest = (kv_ptr + layer_offset + (slot // PAGE_SIZE) * stride_cblk + (slot % PAGE_SIZE) * stride_crow
                 + head * stride_ch + halves)
-        tl.store(dest, o1.to(k_dtype).to(cache_dtype), mask=ok)
-        tl.store(dest + half, o2.to(k_dtype).to(cache_dtype), mask=ok)
+        tl.store(dest, _to_cache(o1.to(k_dtype), kv_scale_ptr, cache_dtype, KV_SCALED, FP8_MAX), mask=ok)
+        tl.store(dest + half, _to_cache(o2.to(k_dtype), kv_scale_ptr, cache_dtype, KV_SCALED, FP8_MAX), mask=ok)
         v_src = v_ptr + t * stride_vt + head * stride_vh + halves
-        tl.store(dest + stride_ckv, tl.load(v_src, mask=ok).to(cache_dtype), mask=ok)
-        tl.store(dest + stride_ckv + half, tl.load(v_src + half, mask=ok).to(cache_dtype), mask=ok)
+        v1, v2 = tl.load(v_src, mask=ok), tl.load(v_src + half, mask=ok)
+        tl.store(dest + stride_ckv, _to_cache(v1, kv_scale_ptr + 1, cache_dtype, KV_SCALED, FP8_MAX), mask=ok)
+        tl.store(dest + stride_ckv + half, _to_cache(v2, kv_scale_ptr + 1, cache_dtype, KV_SCALED, FP8_MAX), mask=ok)
 
 
 def launch_qk_norm_rope_cache_write(
@@ -108,6 +120,7 @@ def launch_qk_norm_rope_cache_write(
     layer: int,
     slot_mapping: torch.Tensor,     # [T] int64, -1 = padding (not written)
     block_h: int, num_warps: int,
+    kv_scale: Optional[torch.Tensor] = None,   # [2] float32 (k, v): an fp8 cache's scales
 ) -> torch.Tensor:
     """Returns the rotated q [T, H, D] (contiguous); writes rotated k and v into the cache."""
     check_kv_cache(kv_cache)
@@ -123,13 +136,14 @@ def launch_qk_norm_rope_cache_write(
     wrap_triton(qk_norm_rope_cache_write_kernel)[grid](
         q, k, v, positions, cos_sin_cache,
         q_norm_weight if has_norm else cos_sin_cache, k_norm_weight if has_norm else cos_sin_cache,
-        q_out, kv_cache, slot_mapping,
+        q_out, kv_cache, slot_mapping, cos_sin_cache if kv_scale is None else kv_scale,
         eps, num_heads, num_kv_heads, layer * kv_cache.stride(0),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         q_out.stride(0), q_out.stride(1), cos_sin_cache.stride(0),
         kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), kv_cache.stride(4),
         HEAD_DIM=head_dim, HALF_PAD=next_pow2(head_dim // 2), PAGE_SIZE=page_size, BLOCK_H=block_h,
-        HAS_NORM=has_norm, num_warps=num_warps,
+        HAS_NORM=has_norm, KV_SCALED=kv_scale is not None, FP8_MAX=torch.finfo(kv_cache.dtype).max,
+        num_warps=num_warps,
     )
     return q_out
 
@@ -139,6 +153,7 @@ def qk_norm_rope_cache_write(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
     q_norm_weight: Optional[torch.Tensor], k_norm_weight: Optional[torch.Tensor], eps: float,
     kv_cache: torch.Tensor, layer: int, slot_mapping: torch.Tensor, block_h: int, num_warps: int,
+    kv_scale: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     return launch_qk_norm_rope_cache_write(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight,
-                                           eps, kv_cache, layer, slot_mapping, block_h, num_warps)
+                                           eps, kv_cache, layer, slot_mapping, block_h, num_warps, kv_scale)
