@@ -143,6 +143,20 @@ class TestDatasets:
         raw = datasets.sample_sonnet(tokenizer, str(path), 2, 220, 9, 80, chat_formatted=False)
         assert all(r.prompt.startswith(datasets.SONNET_BASE_PROMPT) for r in raw)
 
+    def test_burstgpt_takes_gpt4_rows_with_a_response(self, tokenizer, tmp_path):
+        path = tmp_path / "burstgpt.csv"
+        rows = ["Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type",
+                "5,ChatGPT,400,50,450,Conversation log", "7,GPT-4,30,0,30,Conversation log",
+                "9,GPT-4,24,11,35,Conversation log", "12,GPT-4,40,6,46,API log"]
+        path.write_text("\n".join(rows))
+        requests = datasets.sample_burstgpt(tokenizer, str(path), 5, seed=3)   # 2 usable rows: with replacement
+        assert len(requests) == 5
+        assert {(r.expected_output_len, abs(r.prompt_len - {11: 24, 6: 40}[r.expected_output_len]) <= 2)
+                for r in requests} <= {(11, True), (6, True)}
+        path.write_text("\n".join(rows[:3]))
+        with pytest.raises(ValueError, match="no GPT-4 rows"):
+            datasets.sample_burstgpt(tokenizer, str(path), 1)
+
 
 # -- against a live server ------------------------------------------------------------------------
 @pytest.fixture(scope="module")

@@ -1,10 +1,12 @@
-"""The prompts a serving benchmark sends: random token prompts, ShareGPT conversations, sonnet lines.
+"""The prompts a serving benchmark sends: random token prompts, ShareGPT conversations, sonnet lines,
+BurstGPT trace lengths.
 
 Each sampler follows vLLM's `benchmark_dataset.py` so the same flags give the same kind of
 workload, and returns `SampleRequest`s whose `prompt_len` is the token count the server will see.
 """
 from __future__ import annotations
 
+import csv
 import json
 import random
 from dataclasses import dataclass
@@ -127,3 +129,24 @@ def sample_sonnet(tokenizer, path: str, num_requests: int, input_len: int = 550,
         if prompt_len <= input_len:
             requests.append(SampleRequest(formatted if chat_formatted else prompt, prompt_len, output_len))
     raise ValueError(f"could not draw {num_requests} sonnet prompts of at most {input_len} tokens from {path}")
+
+
+def sample_burstgpt(tokenizer, path: str, num_requests: int, seed: int = 0) -> list[SampleRequest]:
+    """BurstGPT's trace (its CSV: `Model`, `Request tokens`, `Response tokens`, ...): the GPT-4 rows with a
+    response, drawn with replacement when the trace has fewer than `num_requests`, as vLLM does; each row
+    becomes a random-token prompt of its request length with its response length as max_tokens."""
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = [(int(r["Request tokens"]), int(r["Response tokens"])) for r in csv.DictReader(f)
+                if r.get("Model") == "GPT-4" and int(r.get("Response tokens") or 0) > 0]
+    if not rows:
+        raise ValueError(f"{path} has no GPT-4 rows with a response (columns Model, Request tokens, Response tokens)")
+    rng = np.random.default_rng(seed)
+    picked = rng.choice(len(rows), size=num_requests, replace=num_requests > len(rows))
+    allowed = np.array(sorted(set(range(tokenizer.vocab_size)) - set(tokenizer.all_special_ids)))
+    requests = []
+    for index in picked:
+        n_in, n_out = rows[int(index)]
+        ids = allowed[rng.integers(0, len(allowed), size=max(n_in, 1))].tolist()
+        text = _text_of_length(tokenizer, ids, len(ids))
+        requests.append(SampleRequest(text, count_tokens(tokenizer, text), n_out))
+    return requests

@@ -91,8 +91,8 @@ def _check_backend(p: argparse.ArgumentParser, backend: str) -> None:
 
 def _add_dataset_args(p: argparse.ArgumentParser) -> None:
     d = p.add_argument_group("dataset")
-    d.add_argument("--dataset-name", default="random", choices=("random", "sharegpt", "sonnet"))
-    d.add_argument("--dataset-path", default=None, help="ShareGPT JSON or sonnet text file")
+    d.add_argument("--dataset-name", default="random", choices=("random", "sharegpt", "sonnet", "burstgpt"))
+    d.add_argument("--dataset-path", default=None, help="ShareGPT JSON, sonnet text or BurstGPT CSV file")
     d.add_argument("--random-input-len", type=int, default=1024)
     d.add_argument("--random-output-len", type=int, default=128)
     d.add_argument("--random-range-ratio", type=float, default=None, help="atom mode (default): lengths drawn "
@@ -112,6 +112,8 @@ def sample_requests(args, tokenizer) -> list[datasets.SampleRequest]:
     if args.dataset_name == "sharegpt":
         return datasets.sample_sharegpt(tokenizer, args.dataset_path, args.num_prompts, args.sharegpt_output_len,
                                         args.seed)
+    if args.dataset_name == "burstgpt":
+        return datasets.sample_burstgpt(tokenizer, args.dataset_path, args.num_prompts, args.seed)
     if args.dataset_name == "sonnet":
         return datasets.sample_sonnet(tokenizer, args.dataset_path, args.num_prompts, args.sonnet_input_len,
                                       args.sonnet_output_len, args.sonnet_prefix_len,
