@@ -108,3 +108,23 @@ def test_two_replicas_answer_concurrent_requests_alike(dp2_server, tiny_llama_ea
     while expected not in httpx.get(f"{dp2_server.url}/metrics").text:
         assert time.monotonic() < deadline, httpx.get(f"{dp2_server.url}/metrics").text
         time.sleep(0.2)
+
+
+def test_replica_heartbeats_add_up_counts_and_speculation_counters():
+    from atom_aot.runtime.outputs import CoreStats
+    from atom_aot.server.dp_client import _summed
+    from atom_aot.server.messages import EngineStats, Heartbeat
+    from atom_aot.spec.stats import SpecCounters
+
+    def beat(steps, running, spec):
+        core = CoreStats(num_running=running, num_waiting=1, kv_blocks_total=10, kv_blocks_free=4,
+                         prefix_cache_queries=3, prefix_cache_hits=2, num_preemptions=0, prompt_tokens_total=7,
+                         generation_tokens_total=5, synchronous_steps_total=1, spec=spec)
+        return Heartbeat(steps, EngineStats(core, {"triton_jit": 0}))
+
+    a = SpecCounters("ngram", 2, num_verified=3, proposed=[3, 2], accepted=[2, 1])
+    b = SpecCounters("ngram", 2, num_verified=1, proposed=[1, 1], accepted=[1, 0])
+    total = _summed([beat(4, 2, a), beat(6, 3, b)])
+    assert total.steps == 10 and total.stats.core.num_running == 5 and total.stats.core.kv_blocks_free == 8
+    assert total.stats.core.spec == SpecCounters("ngram", 2, 4, [4, 3], [3, 1])
+    assert _summed([beat(1, 1, None), beat(1, 1, None)]).stats.core.spec is None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import os
 from typing import Callable, Iterator, TypeVar
 
@@ -135,9 +136,17 @@ class DataParallelClient:
 
 def _summed(beats: list[Heartbeat]) -> Heartbeat:
     """One heartbeat whose numbers are the replicas' added up."""
-    core = CoreStats(*(sum(getattr(b.stats.core, f.name) for b in beats) for f in dataclasses.fields(CoreStats)))
+    core = CoreStats(*(_added([getattr(b.stats.core, f.name) for b in beats]) for f in dataclasses.fields(CoreStats)))
     counts: dict[str, int] = {}
     for beat in beats:
         for name, n in beat.stats.compile_counts.items():
             counts[name] = counts.get(name, 0) + n
     return Heartbeat(sum(b.steps for b in beats), EngineStats(core, counts))
+
+
+def _added(values: list):
+    """Counts add up; speculative-decoding counters (None where speculation is off) merge."""
+    if all(isinstance(v, int) for v in values):
+        return sum(values)
+    present = [v for v in values if v is not None]
+    return functools.reduce(lambda a, b: a.plus(b), present) if present else None

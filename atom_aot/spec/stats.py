@@ -28,6 +28,12 @@ class SpecCounters:
         return SpecCounters(self.method, self.num_speculative_tokens, self.num_verified,
                             list(self.proposed), list(self.accepted))
 
+    def plus(self, other: SpecCounters) -> SpecCounters:
+        """The counters of two engines (data-parallel replicas) added up."""
+        return SpecCounters(self.method, self.num_speculative_tokens, self.num_verified + other.num_verified,
+                            [a + b for a, b in zip(self.proposed, other.proposed)],
+                            [a + b for a, b in zip(self.accepted, other.accepted)])
+
     @property
     def acceptance_per_position(self) -> list[float]:
         """Of the drafts proposed at position i, the share accepted (0 where none were proposed)."""
