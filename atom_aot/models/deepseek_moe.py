@@ -55,7 +55,7 @@ class DeepseekMoE(nn.Module):
         self.gate = DeepseekRouter(cfg, dtype)
         self.experts = MoEExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype)
         shared = cfg.moe_intermediate_size * cfg.deepseek.n_shared_experts
-        self.shared_experts = GatedMLP(cfg, dtype, quant, shared) if shared else None
+        self.shared_experts = GatedMLP(cfg, dtype, quant, intermediate_size=shared) if shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = deepseek_topk(x, self.gate, self.config)
