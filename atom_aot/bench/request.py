@@ -2,14 +2,20 @@
 `backend_request_func.py` times it: TTFT at the first chunk that carries output, an ITL sample
 between successive output chunks, E2EL at the end of the stream. Token counts come from the
 server's `usage` (`stream_options.include_usage`), not from re-tokenizing the text.
+
+The streams go through aiohttp, as vLLM's and SGLang's clients do: httpx's stream iteration costs
+the client enough CPU under a few hundred streams to inflate the TTFT it reports (docs/benchmarking.md).
+Plain requests (profiling, GSM8K) stay on httpx.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
 from dataclasses import dataclass, field
 
+import aiohttp
 import httpx
 
 TIMEOUT_S = 6 * 60 * 60      # a long benchmark queue must not time out on the client
@@ -51,6 +57,13 @@ def make_client() -> httpx.AsyncClient:
     return httpx.AsyncClient(timeout=httpx.Timeout(TIMEOUT_S), limits=limits, headers=auth_headers())
 
 
+def make_stream_session() -> aiohttp.ClientSession:
+    """One session for the run's streamed requests, with no cap on connections (a cap would
+    silently limit concurrency; --max-concurrency is the knob for that)."""
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S),
+                                 connector=aiohttp.TCPConnector(limit=0), headers=auth_headers())
+
+
 def payload(req: RequestInput) -> dict:
     body = {"model": req.model, "temperature": 0.0, "max_tokens": req.output_len, "stream": True,
             "stream_options": {"include_usage": True}}
@@ -63,14 +76,14 @@ def payload(req: RequestInput) -> dict:
     return body
 
 
-async def send_request(client: httpx.AsyncClient, req: RequestInput) -> RequestOutput:
+async def send_request(session: aiohttp.ClientSession, req: RequestInput) -> RequestOutput:
     out = RequestOutput(prompt_len=req.prompt_len)
     start = time.perf_counter()
     last = start
     try:
-        async with client.stream("POST", req.api_url, json=payload(req)) as response:
-            if response.status_code != 200:
-                out.error = f"HTTP {response.status_code}: {(await response.aread()).decode(errors='replace')}"
+        async with session.post(req.api_url, json=payload(req)) as response:
+            if response.status != 200:
+                out.error = f"HTTP {response.status}: {(await response.read()).decode(errors='replace')}"
                 return out
             async for data in _sse_data(response):
                 now = time.perf_counter()
@@ -89,23 +102,28 @@ async def send_request(client: httpx.AsyncClient, req: RequestInput) -> RequestO
         out.success = out.ttft > 0.0 or out.output_tokens == 0
         if not out.success:
             out.error = "the stream ended without output"
-    except (httpx.HTTPError, ValueError, KeyError) as e:
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as e:
         out.error = f"{type(e).__name__}: {e}"
     return out
 
 
-async def _sse_data(response: httpx.Response):
-    """The JSON payloads of an SSE stream, up to `data: [DONE]`; an error event raises."""
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):
-            continue
-        data = line[len("data:"):].strip()
-        if data == "[DONE]":
-            return
-        event = json.loads(data)
-        if "error" in event:
-            raise ValueError(f"the server sent an error event: {event['error']}")
-        yield event
+async def _sse_data(response: aiohttp.ClientResponse):
+    """The JSON payloads of an SSE stream, up to `data: [DONE]`; an error event raises. Lines are
+    cut from the raw bytes as they come (a network read may hold several events or part of one)."""
+    pending = b""
+    async for chunk in response.content.iter_any():
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue
+            data = line[len(b"data:"):].strip()
+            if data == b"[DONE]":
+                return
+            event = json.loads(data)
+            if "error" in event:
+                raise ValueError(f"the server sent an error event: {event['error']}")
+            yield event
 
 
 def _chunk_text(data: dict, chat: bool) -> str | None:

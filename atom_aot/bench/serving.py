@@ -20,7 +20,7 @@ import numpy as np
 
 from atom_aot.bench import datasets
 from atom_aot.bench.metrics import METRICS, format_table, parse_goodput, summarize
-from atom_aot.bench.request import RequestInput, RequestOutput, make_client, send_request
+from atom_aot.bench.request import RequestInput, RequestOutput, make_client, make_stream_session, send_request
 
 # ATOM's benchmark sends these backends' requests with its OpenAI completions code, so this one does too
 BACKENDS = {"vllm": "/v1/completions", "openai": "/v1/completions", "lmdeploy": "/v1/completions",
@@ -148,8 +148,8 @@ async def run(args, requests: list[datasets.SampleRequest], base_url: str, api_u
     chat = args.backend == "openai-chat"
     inputs = [RequestInput(r.prompt, api_url, r.prompt_len, r.expected_output_len, model, args.ignore_eos, chat)
               for r in requests]
-    async with make_client() as client:
-        test = await send_request(client, inputs[0])
+    async with make_client() as client, make_stream_session() as session:
+        test = await send_request(session, inputs[0])
         if not test.success:
             raise RuntimeError(f"the first request failed, check the flags: {test.error}")
         print("Initial test run completed. Starting main benchmark run...")
@@ -158,13 +158,13 @@ async def run(args, requests: list[datasets.SampleRequest], base_url: str, api_u
         print(f"Traffic request rate: {args.request_rate}\nBurstiness factor: {args.burstiness} "
               f"({'Poisson process' if args.burstiness == 1 else 'Gamma distribution'})\n"
               f"Maximum request concurrency: {args.max_concurrency}")
-        outputs, duration = await timed_run(client, inputs, args)
+        outputs, duration = await timed_run(session, inputs, args)
         if args.profile:
             await _post(client, base_url + "/stop_profile")
     return summarize(outputs, duration, _percentiles(args), parse_goodput(args.goodput), tokenizer)
 
 
-async def timed_run(client, inputs: list[RequestInput], args) -> tuple[list[RequestOutput], float]:
+async def timed_run(session, inputs: list[RequestInput], args) -> tuple[list[RequestOutput], float]:
     """Send every request on its arrival schedule, at most --max-concurrency in flight; returns
     the outputs in request order and the wall time from the first arrival to the last answer."""
     from tqdm import tqdm
@@ -173,7 +173,7 @@ async def timed_run(client, inputs: list[RequestInput], args) -> tuple[list[Requ
 
     async def one(request_input: RequestInput) -> RequestOutput:
         async with limit:
-            out = await send_request(client, request_input)
+            out = await send_request(session, request_input)
         if bar is not None:
             bar.update(1)
         return out
