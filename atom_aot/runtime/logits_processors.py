@@ -17,10 +17,6 @@ from atom_aot.runtime.structured_output import grammar_bitmask, apply_grammar_bi
 from atom_aot.runtime.transfer import to_device
 
 
-def _uses_processors(seq: Sequence) -> bool:
-    return seq.params.processes_logits
-
-
 class TokenCounts:
     """Per-request counts of output tokens and a mask of prompt tokens, one row (slot) per request
     that penalizes, in device tensors that grow as needed. A finished request's slot is reused: a
@@ -136,7 +132,7 @@ class LogitsProcessors:
         """logits: [N, V], row i of seqs[i]. Returns them changed (a new tensor, so that logprobs
         still read the model's own distribution, as vLLM's do by default) or, with nothing to
         change, the same tensor."""
-        if not any(_uses_processors(seq) for seq in seqs):
+        if not any(seq.params.processes_logits for seq in seqs):
             return logits
         logits = logits.clone()
         rows, tokens, values = sparse_changes(seqs)

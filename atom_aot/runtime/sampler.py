@@ -60,6 +60,21 @@ def _sample_among_top_k(scaled: torch.Tensor, noise: torch.Tensor, seqs: list[Se
     return ids.gather(-1, choice).squeeze(-1)
 
 
+def scale_by_temperature(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """logits [N, V] / each row's temperature (greedy rows by 1: their draw is the argmax anyway)."""
+    temperature = to_device([seq.params.temperature or 1.0 for seq in seqs], torch.float32, logits.device)
+    return logits / temperature.unsqueeze(-1)
+
+
+def sampling_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """The distribution [N, V] the sampler draws row i of `logits` from: temperature, then the
+    top-k / top-p / min-p mask (speculative verification needs it whole)."""
+    scaled = scale_by_temperature(logits, seqs)
+    if any(_masks(seq) for seq in seqs):
+        scaled = apply_top_k_top_p_min_p(scaled, *_mask_params(seqs, logits.device))
+    return scaled.softmax(dim=-1)
+
+
 class Sampler:
     def __init__(self, device: torch.device, seed: int = 0):
         self.device = device
@@ -88,8 +103,7 @@ class Sampler:
         greedy = logits.argmax(dim=-1)
         if all(seq.params.greedy for seq in seqs):
             return greedy
-        temperature = to_device([seq.params.temperature or 1.0 for seq in seqs], torch.float32, logits.device)
-        scaled = logits / temperature.unsqueeze(-1)
+        scaled = scale_by_temperature(logits, seqs)
         noise = self._exponential_noise(scaled, seqs)
         drawn = [seq for seq in seqs if not seq.params.greedy]      # greedy rows take `greedy` below
         if not any(_masks(seq) for seq in drawn):

@@ -11,7 +11,7 @@ import torch
 
 from atom_aot.runtime.model_runner import LaunchedStep, ModelRunner, StepOutput
 from atom_aot.runtime.outputs import TokenLogprobs
-from atom_aot.runtime.sampler import _mask_params, _masks, apply_top_k_top_p_min_p, logprob_tensors, token_logprobs
+from atom_aot.runtime.sampler import logprob_tensors, sampling_probs, token_logprobs
 from atom_aot.runtime.scheduler import ScheduledBatch
 from atom_aot.runtime.sequence import Sequence
 from atom_aot.spec.rejection import verify_greedy, verify_sampled
@@ -22,16 +22,6 @@ from atom_aot.spec.stats import SpecCounters
 class VerifiedOutput:
     runs: list[list[int]]                          # per batch sequence: accepted drafts, then the target's token
     logprobs: list[list[TokenLogprobs] | None]     # per token of the run, for sequences that asked
-
-
-def target_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-    """logits: [N, V], row i of seqs[i] -> [N, V] the distribution the sampler draws row i from
-    (temperature, then top-k / top-p / min-p). Rows of greedy sequences are not meaningful."""
-    temperature = torch.tensor([seq.params.temperature or 1.0 for seq in seqs], device=logits.device)
-    scaled = logits / temperature.unsqueeze(-1)
-    if any(_masks(seq) for seq in seqs):
-        scaled = apply_top_k_top_p_min_p(scaled, *_mask_params(seqs, logits.device))
-    return scaled.softmax(dim=-1)
 
 
 class SpeculativeRunner:
@@ -57,7 +47,7 @@ class SpeculativeRunner:
 
     def _verify(self, batch: ScheduledBatch, logits: torch.Tensor) -> VerifiedOutput:
         rows = [seq for seq, count in zip(batch.seqs, batch.num_new_tokens) for _ in range(count)]
-        probs = None if all(seq.params.greedy for seq in batch.seqs) else target_probs(logits, rows)
+        probs = None if all(seq.params.greedy for seq in batch.seqs) else sampling_probs(logits, rows)
         out = VerifiedOutput(runs=[], logprobs=[])
         first = 0
         for seq, count, drafts in zip(batch.seqs, batch.num_new_tokens, batch.draft_token_ids):
