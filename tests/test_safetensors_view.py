@@ -2,9 +2,11 @@
 import json
 import struct
 
+import pytest
 import torch
 from safetensors.torch import save
 
+from atom_aot.runtime import safetensors_view
 from atom_aot.runtime.safetensors_view import tensors_from_buffer, tensors_on_device
 
 
@@ -37,16 +39,32 @@ def test_mapped_tensors_equal_what_was_saved():
         assert loaded[name].dtype == t.dtype and torch.equal(loaded[name], t)
 
 
-def test_one_upload_gives_the_same_tensors():
-    tensors = _random_tensors()
-    uploaded = tensors_on_device(memoryview(save(tensors)), torch.device("cpu"))
+def _fp8_layer_file() -> tuple[dict[str, torch.Tensor], memoryview]:
+    """As an FP8 artifact lays them out: an 8-byte tensor ([2] float32 KV scales) before the weights."""
+    g = torch.Generator().manual_seed(1)
+    tensors = {**_random_tensors(), "l0.kv_scale": torch.rand(2, generator=g),
+               "l0.w": (torch.randn(64, 48, generator=g) * 8).to(torch.float8_e4m3fn),
+               "l0.w_scale": torch.rand(64, generator=g), "l1.kv_scale": torch.rand(2, generator=g)}
+    return tensors, memoryview(save(tensors))
+
+
+@pytest.mark.parametrize("staging_bytes", [1 << 20, 512])
+def test_the_upload_gives_the_same_tensors_each_at_an_aligned_place(staging_bytes, monkeypatch):
+    monkeypatch.setattr(safetensors_view, "STAGING_BYTES", staging_bytes)    # 512: big ones go up alone
+    tensors, buffer = _fp8_layer_file()
+    header, _ = safetensors_view._header(buffer)
+    assert any(info["data_offsets"][0] % 16 for info in header.values())   # the file itself is misaligned
+    uploaded = tensors_on_device(buffer, torch.device("cpu"))
     for name, t in tensors.items():
-        assert uploaded[name].dtype == t.dtype and uploaded[name].shape == t.shape and torch.equal(uploaded[name], t)
-    nonempty = [uploaded[n] for n in ("a.weight", "b.weight", "c.ids")]
-    assert len({t.untyped_storage().data_ptr() for t in nonempty}) == 1     # views of one buffer
+        assert uploaded[name].dtype == t.dtype and uploaded[name].shape == t.shape
+        assert torch.equal(uploaded[name].view(torch.uint8), t.view(torch.uint8)), name
+    nonempty = [uploaded[n] for n in tensors if tensors[n].numel()]
+    start = nonempty[0].untyped_storage().data_ptr()
+    assert {t.untyped_storage().data_ptr() for t in nonempty} == {start}     # views of one buffer
+    assert all((t.data_ptr() - start) % safetensors_view.ALIGN == 0 for t in nonempty)
 
 
-def test_a_misaligned_tensor_gets_its_own_copy():
+def test_a_tensor_at_an_odd_offset_uploads_intact():
     f = _random_tensors()["b.weight"]
     uploaded = tensors_on_device(_misaligned({"b.weight": f}), torch.device("cpu"))
     assert torch.equal(uploaded["f"], f) and uploaded["pad"].tolist() == [7]

@@ -23,8 +23,9 @@ LIBRARY = torch.library.Library("atom", "FRAGMENT")
 LIBRARY.define("all_reduce(Tensor x) -> Tensor")
 LIBRARY.define("all_gather(Tensor x, int world_size) -> Tensor")
 
-_groups: dict[str, dist.ProcessGroup] = {}
+_groups: dict[str, object] = {}
 TP_GROUP = "tp"
+STAND_IN = "one process standing in for every rank"
 
 
 def register_tp_group(group: dist.ProcessGroup) -> None:
@@ -32,7 +33,14 @@ def register_tp_group(group: dist.ProcessGroup) -> None:
     _groups[TP_GROUP] = group
 
 
-def _tp_group() -> dist.ProcessGroup:
+def register_stand_in() -> None:
+    """Let one process run a rank's graph with no other ranks (the build's CUDA-graph memory probe):
+    all_reduce returns its input and all_gather repeats it. Shapes and allocations are a rank's; the
+    values are not any rank's, so nothing but memory may be measured this way."""
+    _groups[TP_GROUP] = STAND_IN
+
+
+def _tp_group():
     try:
         return _groups[TP_GROUP]
     except KeyError:
@@ -42,13 +50,18 @@ def _tp_group() -> dist.ProcessGroup:
 
 def _all_reduce(x: torch.Tensor) -> torch.Tensor:
     out = x.clone()
-    dist.all_reduce(out, group=_tp_group())
+    group = _tp_group()
+    if group is not STAND_IN:
+        dist.all_reduce(out, group=group)
     return out
 
 
 def _all_gather(x: torch.Tensor, world_size: int) -> torch.Tensor:
+    group = _tp_group()
+    if group is STAND_IN:
+        return x.repeat(world_size, *([1] * (x.dim() - 1)))
     out = x.new_empty((world_size * x.shape[0], *x.shape[1:]))
-    dist.all_gather_single(out, x.contiguous(), group=_tp_group())
+    dist.all_gather_into_tensor(out, x.contiguous(), group=group)   # all_gather_single is newer than torch 2.11
     return out
 
 

@@ -1,7 +1,9 @@
 """`python -m atom_aot.runtime.graph_probe ARGS_JSON`: the graph-pool probe the build runs in a
 child process (atom_aot/build/graphs.py). It loads a staged tree's decode package and weights as
 serving does, captures every decode size into one pool with the runtime's CUDA-graph code, and
-prints the resulting GraphPlan as JSON on its last line."""
+prints the resulting GraphPlan as JSON on its last line. A tensor-parallel build probes rank 0's graph
+and shapes on the one GPU the build has, with the collectives stood in for (the pool is per rank; the
+ranks' graphs are the same)."""
 from __future__ import annotations
 
 import json
@@ -13,16 +15,21 @@ from atom_aot.artifact.layout import CONFIG, package_member, weights_member
 from atom_aot.artifact.phase import Phase
 
 
-def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_model_len: int) -> GraphPlan:
+def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_model_len: int,
+          tensor_parallel_size: int = 1) -> GraphPlan:
     import torch
     from safetensors.torch import load_file
 
+    from atom_aot.distributed.collectives import register_stand_in
     from atom_aot.models import ModelConfig
+    from atom_aot.models.parallel import rank_shapes
     from atom_aot.runtime.compiled import CompiledModel
     from atom_aot.runtime.cuda_graphs import DecodeGraphs
     from atom_aot.runtime.kv_cache import allocate_kv_cache
     device = torch.device("cuda")
-    cfg = ModelConfig.from_json(staging / CONFIG)
+    cfg = rank_shapes(ModelConfig.from_json(staging / CONFIG), tensor_parallel_size)
+    if tensor_parallel_size > 1:
+        register_stand_in()
     weights = load_file(str(staging / weights_member(0)), device="cuda")
     decode = CompiledModel(staging / package_member(Phase.DECODE), device).bind(weights)
     kv_cache = allocate_kv_cache(cfg, sizes[-1] + 1, block_size, getattr(torch, kv_dtype), device)
@@ -36,5 +43,6 @@ def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_m
 
 if __name__ == "__main__":
     a = json.loads(sys.argv[1])
-    plan = probe(Path(a["staging"]), a["sizes"], a["block_size"], a["kv_dtype"], a["max_model_len"])
+    plan = probe(Path(a["staging"]), a["sizes"], a["block_size"], a["kv_dtype"], a["max_model_len"],
+                 a["tensor_parallel_size"])
     print(plan.to_json(indent=None))

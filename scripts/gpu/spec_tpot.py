@@ -1,0 +1,76 @@
+"""Batch-1 TPOT with and without n-gram speculation, measured the way the side-by-side harness measures it.
+
+TPOT = (t(generate 257 tokens) - t(generate 1 token)) / 256, median of 3, batch 1, greedy, ignore_eos.
+Two prompts: 128 random token ids (as sbs.py), and a 32-token random phrase repeated 4 times (copying can
+pay if the model continues the pattern). Random weights decide what the model continues with, so the
+acceptance this reports is what these weights give, not what a trained model would.
+
+  python scripts/gpu/spec_tpot.py --artifact ART --vocab N --out FILE.json [--k 3]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+
+def prompts(vocab: int) -> dict[str, list[int]]:
+    r = random.Random(3)
+    phrase = [r.randrange(100, vocab - 100) for _ in range(32)]
+    return {"random_128": [r.randrange(100, vocab - 100) for _ in range(128)], "phrase_32_x4": phrase * 4}
+
+
+def sync() -> None:
+    import torch
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def tpot(engine, sampling, prompt: list[int]) -> dict:
+    def gen(n: int) -> int:
+        out = engine.generate([prompt], sampling(temperature=0, max_tokens=n, ignore_eos=True))
+        return out[0]["num_tokens_output"]
+    gen(257), gen(1)
+    runs = []
+    for _ in range(3):
+        sync(); t = time.perf_counter(); gen(1); sync(); one = time.perf_counter() - t
+        t = time.perf_counter(); n = gen(257); sync(); full = time.perf_counter() - t
+        assert n == 257, n
+        runs.append((full - one) / 256)
+    return {"tpot_s": sorted(runs)[1], "tpot_runs": runs}
+
+
+def measure(artifact: str, vocab: int, max_model_len: int, options: dict) -> dict:
+    from atom_aot import LLMEngine, SamplingParams
+    engine = LLMEngine(artifact, max_model_len=max_model_len, gpu_memory_utilization=0.85, max_num_seqs=256, **options)
+    result = {}
+    for name, prompt in prompts(vocab).items():
+        before = engine.print_mtp_statistics() if options else None
+        result[name] = tpot(engine, SamplingParams, prompt)
+        if options:
+            result[name]["spec_stats_cumulative"] = engine.print_mtp_statistics()
+            result[name]["spec_stats_before"] = before
+    engine.close()
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--artifact", required=True)
+    p.add_argument("--vocab", type=int, required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--k", type=int, default=3)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    a = p.parse_args()
+    import torch
+    out = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+           "torch": torch.__version__, "artifact": a.artifact,
+           "baseline": measure(a.artifact, a.vocab, a.max_model_len, {}),
+           f"ngram_k{a.k}": measure(a.artifact, a.vocab, a.max_model_len, {"method": "ngram", "num_speculative_tokens": a.k})}
+    json.dump(out, open(a.out, "w"), indent=1)
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
