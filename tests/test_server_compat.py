@@ -9,12 +9,16 @@ artifact), driven by the official `openai` client as benchmark and eval tools dr
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import httpx
 import openai
 import pytest
+from factories import make_tokenizer
+from fastapi.exceptions import RequestValidationError
 from test_server_flow import engine_of, tokenizer  # noqa: F401 (tokenizer: a fixture)
 from test_server_support import API_KEY, ServerProcess
 
@@ -23,9 +27,12 @@ from atom_aot.runtime.sampling_params import SamplingParams
 from atom_aot.server import serving_chat
 from atom_aot.server.messages import EngineInfo
 from atom_aot.server.metrics import ServerMetrics
-from atom_aot.server.protocol import ChatCompletionRequest
+from atom_aot.runtime.tokenizer import load_tokenizer
+from atom_aot.server.protocol import ChatCompletionRequest, ChatMessage
 from atom_aot.server.request_ids import RequestId
 from atom_aot.server.responses import envelope
+from atom_aot.server.serving_chat import render_messages
+from atom_aot.server.serving_tokenization import tokenize
 from atom_aot.server.state import ServerState
 
 USER = [{"role": "user", "content": "Tell me about paged attention"}]
@@ -179,6 +186,32 @@ def test_tokenize_counts_as_the_generation_endpoints_do(client, root, model_name
     assert len(with_strs["token_strs"]) == with_strs["count"]
     plain = post(root, "/tokenize", {"prompt": text, "add_special_tokens": False})
     assert plain["count"] <= tokenized["count"]
+
+
+TOOLS_TEMPLATE = ("{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t['function']['name'] }} {% endfor %}<|im_end|>\n"
+                  "{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_tokenize_renders_tools_and_template_variables_as_chat_does(tmp_path):
+    """vLLM's chat form of /tokenize takes tools (and chat_template_kwargs): the count must be what a chat
+    completion with those tools sends to the model."""
+    make_tokenizer(tmp_path)
+    tokenizer = load_tokenizer(tmp_path)
+    tokenizer.chat_template = TOOLS_TEMPLATE
+    state = _state(None, tokenizer)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+    def count(body: dict) -> int:
+        async def raw():
+            return json.dumps(body).encode()
+        return asyncio.run(tokenize(state, SimpleNamespace(body=raw)))["count"]
+    with_tools = count({"messages": USER, "tools": tools})
+    assert with_tools > count({"messages": USER})
+    assert with_tools == len(tokenizer(render_messages(state, [ChatMessage.model_validate(m) for m in USER], True,
+                                                       tools), add_special_tokens=False).input_ids)
+    with pytest.raises(RequestValidationError, match="cannot be set here"):
+        count({"messages": USER, "chat_template_kwargs": {"tools": []}})
 
 
 def test_detokenize_inverts_tokenize(root):

@@ -193,25 +193,53 @@ def test_required_tool_choice_calls_one_of_the_tools(client, model_name, stream,
             assert call.function.name == "get_time" and arguments == {}
 
 
-HERMES_CALL = r'Checking\.<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "(Paris|Rome)", "unit": "C"\}\}\n</tool_call>'
+HERMES_CALL = (r'Checking\.<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "(Paris|Rome)", "unit": "C"\}\}\n'
+               r'</tool_call>')
+TWO_CALLS = HERMES_CALL + r'\n<tool_call>\n\{"name": "get_time", "arguments": \{\}\}\n</tool_call>'
+
+
+def streamed_calls(chunks) -> list[dict]:
+    """Tool calls put together from a stream's deltas as a client does: by index, arguments concatenated."""
+    calls: dict[int, dict] = {}
+    for chunk in chunks:
+        for piece in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            call = calls.setdefault(piece.index, {"id": None, "name": None, "arguments": "", "deltas": 0})
+            call["id"] = call["id"] or piece.id
+            call["name"] = call["name"] or (piece.function.name if piece.function else None)
+            call["arguments"] += (piece.function.arguments or "") if piece.function else ""
+            call["deltas"] += 1
+    return [calls[i] for i in sorted(calls)]
+
+
+def ask_hermes(client, model_name, regex: str, stream: bool, **fields):
+    ask = dict(model=model_name, messages=ASK, tools=TOOLS, max_tokens=150, temperature=1.0, seed=4,
+               extra_body={"guided_regex": regex}, **fields)
+    if stream:
+        chunks = list(client.chat.completions.create(**ask, stream=True))
+        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        return content, streamed_calls(chunks), chunks[-1].choices[0].finish_reason
+    choice = client.chat.completions.create(**ask).choices[0]
+    calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments} for c in choice.message.tool_calls or []]
+    return choice.message.content, calls, choice.finish_reason
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_auto_reads_hermes_calls_from_the_text(client, model_name, stream):
-    """The model's text is forced (a regex) into Hermes' format; the parser turns it into tool_calls."""
-    ask = dict(model=model_name, messages=ASK, tools=TOOLS, max_tokens=150, temperature=1.0, seed=4,
-               extra_body={"guided_regex": HERMES_CALL})
-    if stream:
-        chunks = list(client.chat.completions.create(**ask, stream=True))
-        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        calls = [call for c in chunks if c.choices and c.choices[0].delta.tool_calls for call in c.choices[0].delta.tool_calls]
-        finish_reason = chunks[-1].choices[0].finish_reason
-    else:
-        choice = client.chat.completions.create(**ask).choices[0]
-        content, calls, finish_reason = choice.message.content, choice.message.tool_calls, choice.finish_reason
+    """The model's text is forced (a regex) into Hermes' format; the parser turns it into tool_calls,
+    streamed as the text comes: the name first, then the arguments in pieces."""
+    content, calls, finish_reason = ask_hermes(client, model_name, HERMES_CALL, stream)
     assert content == "Checking." and finish_reason == "tool_calls"
     [call] = calls
-    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
+    assert call["name"] == "get_weather" and call["id"] and json.loads(call["arguments"])["city"] in ("Paris", "Rome")
+    assert not stream or call["deltas"] > 3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_returns_the_first_call(client, model_name, stream):
+    _, calls, _ = ask_hermes(client, model_name, TWO_CALLS, stream)
+    assert [c["name"] for c in calls] == ["get_weather", "get_time"]
+    _, calls, finish_reason = ask_hermes(client, model_name, TWO_CALLS, stream, parallel_tool_calls=False)
+    assert [c["name"] for c in calls] == ["get_weather"] and finish_reason == "tool_calls"
 
 
 def test_conversation_with_tool_results_and_tool_choice_none(client, model_name):

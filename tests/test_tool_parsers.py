@@ -54,14 +54,66 @@ def test_streamable_never_shows_the_start_of_a_call():
     assert llama.streamable("Hello") == 5
 
 
-def test_auto_stream_sends_content_then_the_calls():
-    stream = ToolCallStream(ToolPlan("auto", parser=HermesParser()))
-    deltas = [stream.delta(HERMES[i:i + 7], finished=i + 7 >= len(HERMES)) for i in range(0, len(HERMES), 7)]
+def stream_in_pieces(plan: ToolPlan, text: str, size: int) -> list[dict]:
+    stream = ToolCallStream(plan)
+    return [stream.delta(text[i:i + size], finished=i + size >= len(text)) for i in range(0, len(text), size)]
+
+
+def assembled(deltas: list[dict]) -> list[dict]:
+    """The calls as a client puts them together: id, type and name from a call's first delta, arguments
+    concatenated over all of them."""
+    calls: dict[int, dict] = {}
+    for delta in deltas:
+        for piece in delta.get("tool_calls", []):
+            call = calls.setdefault(piece["index"], {"pieces": 0, "arguments": ""})
+            if "id" in piece:
+                assert "id" not in call, "a call's id is sent once"
+                call.update(id=piece["id"], name=piece["function"]["name"])
+            call["arguments"] += piece["function"]["arguments"]
+            call["pieces"] += 1
+    return [calls[i] for i in sorted(calls)]
+
+
+@pytest.mark.parametrize("size", [1, 7, 1000])
+def test_auto_stream_sends_content_then_each_call_as_it_is_written(size):
+    deltas = stream_in_pieces(ToolPlan("auto", parser=HermesParser()), HERMES, size)
     content = "".join(d.get("content", "") for d in deltas)
-    [last] = [d for d in deltas if "tool_calls" in d]
-    assert content == "Let me check.\n" and last is deltas[-1]
-    assert [(c["index"], c["function"]["name"]) for c in last["tool_calls"]] == [(0, "get_weather"), (1, "get_weather")]
-    assert stream.finish_reason("stop") == "tool_calls"
+    whole = HermesParser().parse(HERMES)
+    assert content == whole.content
+    calls = assembled(deltas)
+    assert [(c["name"], c["arguments"]) for c in calls] == [(c.name, c.arguments) for c in whole.tool_calls]
+    if size == 1:         # the name goes out before the arguments, the arguments in several pieces
+        first = next(i for i, d in enumerate(deltas) if "tool_calls" in d)
+        assert deltas[first]["tool_calls"][0]["function"]["arguments"] == ""
+        assert all(c["pieces"] > 5 for c in calls)
+        assert next(i for i, d in enumerate(deltas) if d.get("tool_calls", [{}])[0].get("index") == 1) < len(deltas) - 5
+
+
+@pytest.mark.parametrize("text", [
+    '<|python_tag|>{"name": "a", "parameters": {}}; {"name": "b", "arguments": {"x":1, "s": "}}; <"}}',
+    '{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}'])
+def test_llama3_json_stream_adds_up_to_the_parse(text):
+    for size in (1, 3):
+        deltas = stream_in_pieces(ToolPlan("auto", parser=Llama3JsonParser()), text, size)
+        assert not any("content" in d for d in deltas)
+        whole = Llama3JsonParser().parse(text)
+        assert [(c["name"], c["arguments"]) for c in assembled(deltas)] == [(c.name, c.arguments) for c in whole.tool_calls]
+        assert all(json.loads(c.arguments) is not None for c in whole.tool_calls)
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call():
+    plan = ToolPlan("auto", parser=HermesParser(), max_calls=1)
+    assert calls(plan.parse(HERMES)) == [("get_weather", {"city": "Paris"})]
+    deltas = stream_in_pieces(plan, HERMES, 5)
+    assert [c["name"] for c in assembled(deltas)] == ["get_weather"]
+    assert json.loads(assembled(deltas)[0]["arguments"]) == {"city": "Paris"}
+
+
+def test_a_call_cut_short_ends_as_content():
+    text = HERMES[:HERMES.index("Rome")]
+    deltas = stream_in_pieces(ToolPlan("auto", parser=HermesParser()), text, 4)
+    assert "".join(d.get("content", "") for d in deltas) == text       # the parse fails: all of it is content
+    assert HermesParser().parse(text).tool_calls == []
 
 
 def test_named_stream_streams_the_arguments():
@@ -87,7 +139,10 @@ def test_tool_choice_plans():
                                                                             "function": {"name": "get_weather"}}))
     assert named.mode == "named" and json.loads(named.grammar.value) == WEATHER["function"]["parameters"]
     required = tool_plan(ServerOptions(), request(tools=[WEATHER], tool_choice="required"))
-    assert json.loads(required.grammar.value)["minItems"] == 1
+    assert json.loads(required.grammar.value)["minItems"] == 1 and "maxItems" not in json.loads(required.grammar.value)
+    one = tool_plan(ServerOptions(), request(tools=[WEATHER], tool_choice="required", parallel_tool_calls=False))
+    assert json.loads(one.grammar.value)["maxItems"] == 1
+    assert tool_plan(auto, request(tools=[WEATHER], parallel_tool_calls=False)).max_calls == 1
     with pytest.raises(APIError, match="cannot be combined"):
         tool_plan(ServerOptions(), request(tools=[WEATHER], tool_choice="required", guided_regex="x"))
     with pytest.raises(ValueError, match="not among the tools"):

@@ -43,8 +43,7 @@ _STRUCTURED = ("this form of structured output is not implemented; use response_
 NOT_IMPLEMENTED: dict[str, Unimplemented] = {
     "tools": Unimplemented("tools are taken by /v1/chat/completions", ([],)),
     "tool_choice": Unimplemented("tools are taken by /v1/chat/completions", ("none",)),
-    "parallel_tool_calls": Unimplemented("parallel_tool_calls=false is not implemented: the model may call "
-                                         "several tools", (True,)),
+    "parallel_tool_calls": Unimplemented("tools are taken by /v1/chat/completions", (True,)),
     "functions": Unimplemented(_TOOLS, ([],)),
     "function_call": Unimplemented(_TOOLS, ("none",)),
     "guided_decoding_backend": Unimplemented("the guided decoding backend is xgrammar, always", ("xgrammar",)),
@@ -331,6 +330,19 @@ TEMPLATE_ARGUMENTS = frozenset({"conversation", "messages", "tools", "documents"
                                 "add_generation_prompt", "continue_final_message", "tokenize", "return_dict"})
 
 
+def tool_dicts(tools: list[Tool] | None) -> list[dict] | None:
+    """The tools as the chat template takes them."""
+    return [tool.model_dump(exclude_none=True) for tool in tools] if tools else None
+
+
+def template_variables_only(value: dict | None) -> dict | None:
+    taken = sorted(set(value or {}) & TEMPLATE_ARGUMENTS)
+    if taken:
+        raise ValueError(f"chat_template_kwargs: {', '.join(taken)} cannot be set here (the request's own "
+                         f"fields set them)")
+    return value
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     prompt: None = None      # ATOM's alias of `messages`, moved there before validation (see below)
@@ -341,16 +353,13 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool | None = True
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = True     # false: at most one call (the first), as vLLM
     chat_template_kwargs: dict[str, Any] | None = None   # extra template variables, e.g. enable_thinking
 
     @field_validator("chat_template_kwargs")
     @classmethod
     def _template_variables_only(cls, value):
-        taken = sorted(set(value or {}) & TEMPLATE_ARGUMENTS)
-        if taken:
-            raise ValueError(f"chat_template_kwargs: {', '.join(taken)} cannot be set here (the request's own "
-                             f"fields set them)")
-        return value
+        return template_variables_only(value)
 
     @model_validator(mode="after")
     def _tool_choice_names_a_tool(self):
@@ -371,7 +380,7 @@ class ChatCompletionRequest(SamplingFields):
 
     @property
     def template_tools(self) -> list[dict] | None:
-        return [tool.model_dump(exclude_none=True) for tool in self.tools] if self.tools else None
+        return tool_dicts(self.tools)
 
     @model_validator(mode="before")
     @classmethod
@@ -469,6 +478,17 @@ class TokenizeChatRequest(_Strict):
     add_generation_prompt: bool | None = True
     add_special_tokens: bool | None = False      # the template already wrote them
     return_token_strs: bool | None = False
+    tools: list[Tool] | None = None              # rendered by the template, as chat completions renders them
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables_only(cls, value):
+        return template_variables_only(value)
+
+    @property
+    def template_tools(self) -> list[dict] | None:
+        return tool_dicts(self.tools)
 
 
 class DetokenizeRequest(_Strict):

@@ -30,7 +30,8 @@ async def tokenize(state: ServerState, request: Request) -> dict:
     req = _parse(TokenizeChatRequest if has_messages else TokenizeTextRequest, body)
     check_model(state, req.model)
     if isinstance(req, TokenizeChatRequest):
-        text = render_messages(state, req.messages, req.add_generation_prompt)
+        text = render_messages(state, req.messages, req.add_generation_prompt, req.template_tools,
+                               req.chat_template_kwargs)
     else:
         text = req.prompt
     tokens = state.tokenizer(text, add_special_tokens=bool(req.add_special_tokens)).input_ids

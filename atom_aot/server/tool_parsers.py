@@ -6,7 +6,11 @@
   `;`), optionally after `<|python_tag|>`; no content.
 
 A text that does not parse as calls is plain content (vLLM does the same). `streamable` says how much
-of a growing text is surely content, so a stream never shows the start of a call as text.
+of a growing text is surely content, so a stream never shows the start of a call as text, and
+`partial_calls` reads the calls of a growing text as far as they go, so a stream can send a call's name
+as soon as it is written and its arguments as they come. A call's `arguments` are the JSON text of the
+value as the model wrote it (vLLM re-serializes it, which changes only blanks), so what a stream sends
+adds up to what the whole text parses to.
 """
 from __future__ import annotations
 
@@ -40,6 +44,52 @@ def call_of(obj, arguments_keys: tuple[str, ...]) -> ToolCall:
     return ToolCall(obj["name"], arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False))
 
 
+@dataclass(frozen=True)
+class PartialCall:
+    """A call as far as the model has written it."""
+    name: str | None     # None until the name's string is closed
+    arguments: str       # the part of the arguments' JSON text that is surely theirs
+    complete: bool       # the arguments' value is closed
+    end: int | None      # offset in the body just past the call's own closing brace, once written
+
+
+_DECODER = json.JSONDecoder()
+_NAME = r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"'
+
+
+def read_call(body: str, arguments_keys: tuple[str, ...]) -> PartialCall | None:
+    """`{"name": "...", "<key>": <value>}` read from the start of `body` as far as it goes (name first, as
+    the models write it); None when the body cannot be, or cannot yet be seen to be, a call in that order."""
+    named = re.match(_NAME, body)
+    if named is None:
+        return None
+    name = json.loads(f'"{named.group(1)}"')
+    head = re.compile(_NAME + r'\s*,\s*"(?:%s)"\s*:\s*' % "|".join(map(re.escape, arguments_keys))).match(body)
+    if head is None:
+        return PartialCall(name, "", False, None)
+    start = head.end()
+    try:
+        value, end = _DECODER.raw_decode(body, start)
+    except ValueError:
+        value, end = None, None
+    if end is not None and (isinstance(value, (dict, list)) or end < len(body)):   # a scalar may go on
+        arguments = value if isinstance(value, str) else body[start:end]
+        closing = re.compile(r"\s*\}").match(body, end)
+        return PartialCall(name, arguments, True, closing.end() if closing else None)
+    if body[start:start + 1] in ("", '"'):
+        return PartialCall(name, "", False, None)           # a string value is sent whole, unescaped
+    return PartialCall(name, body[start:].rstrip("} \t\r\n<"), False, None)
+
+
+def parsed_call(body: str, arguments_keys: tuple[str, ...]) -> ToolCall:
+    """The call a complete body holds (ValueError if it holds none), its arguments as the model wrote them."""
+    call = call_of(json.loads(body), arguments_keys)
+    partial = read_call(body, arguments_keys)
+    if partial is not None and partial.complete and partial.name == call.name:
+        return ToolCall(call.name, partial.arguments, call.id)
+    return call
+
+
 def _held_prefix(text: str, marker: str) -> int:
     """Length of the longest end of `text` that begins `marker` (it may be the marker's first half)."""
     return next((n for n in range(min(len(marker) - 1, len(text)), 0, -1) if marker.startswith(text[-n:])), 0)
@@ -47,6 +97,7 @@ def _held_prefix(text: str, marker: str) -> int:
 
 class HermesParser:
     START, END = "<tool_call>", "</tool_call>"
+    KEYS = ("arguments", "parameters")
     _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
     def parse(self, text: str) -> ParsedOutput:
@@ -54,7 +105,7 @@ class HermesParser:
         if start < 0:
             return ParsedOutput(text, [])
         try:
-            calls = [call_of(json.loads(body), ("arguments", "parameters")) for body in self._CALL.findall(text)]
+            calls = [parsed_call(body, self.KEYS) for body in self._CALL.findall(text)]
         except ValueError:
             return ParsedOutput(text, [])
         return ParsedOutput(text[:start] or None, calls)
@@ -63,23 +114,53 @@ class HermesParser:
         start = text.find(self.START)
         return start if start >= 0 else len(text) - _held_prefix(text, self.START)
 
+    def partial_calls(self, text: str) -> list[PartialCall]:
+        """The calls begun so far; the last one's body may hold the first characters of the end marker."""
+        calls = []
+        for section in text.split(self.START)[1:]:
+            body = section.split(self.END)[0]
+            call = read_call(body[:len(body) - _held_prefix(body, self.END)], self.KEYS)
+            if call is None:
+                break
+            calls.append(call)
+        return calls
+
 
 class Llama3JsonParser:
     PYTHON_TAG = "<|python_tag|>"
+    KEYS = ("parameters", "arguments")
 
     def parse(self, text: str) -> ParsedOutput:
-        body = text.strip().removeprefix(self.PYTHON_TAG).strip()
+        body = self._body(text)
         if not body.startswith("{"):
             return ParsedOutput(text, [])
-        decoder, calls, at = json.JSONDecoder(), [], 0
+        calls, at = [], 0
         try:
             while at < len(body):
-                obj, at = decoder.raw_decode(body, at)
-                calls.append(call_of(obj, ("parameters", "arguments")))
-                at = _skip_separator(body, at)
+                _, end = _DECODER.raw_decode(body, at)
+                calls.append(parsed_call(body[at:end], self.KEYS))
+                at = _skip_separator(body, end)
         except ValueError:
             return ParsedOutput(text, [])
         return ParsedOutput(None, calls)
+
+    def partial_calls(self, text: str) -> list[PartialCall]:
+        body, calls, at = self._body(text), [], 0
+        while at < len(body):
+            call = read_call(body[at:], self.KEYS)
+            if call is None:
+                break
+            calls.append(call)
+            if call.end is None:
+                break
+            rest = body[at + call.end:].lstrip()
+            if not rest.startswith(";"):
+                break
+            at = len(body) - len(rest[1:].lstrip())
+        return calls
+
+    def _body(self, text: str) -> str:
+        return text.strip().removeprefix(self.PYTHON_TAG).strip()
 
     def streamable(self, text: str) -> int:
         start = text.lstrip()
