@@ -44,7 +44,8 @@ class BuildOptions:
         help="tensor-parallel ranks: weights are split per rank at build; building needs one device of the target "
              "arch, not N (serving needs N: processes on cpu, one GPU each on GPUs)")
     enable_expert_parallel: bool = flag(False, "--ep", "--enable-expert-parallel",
-                                        help="expert parallelism for MoE models")
+                                        help="MoE models with -tp N: each rank holds E/N whole experts "
+                                             "(default: 1/N of every expert's width); attention stays split by -tp")
     quant: str = flag("none", "--quant", choices=QUANT_MODES,
                       help="fp8: quantize an unquantized checkpoint to FP8 W8A8 (e4m3 weights with per-channel "
                            "scales x activations quantized per token at run time; GEMMs in FP8). A pre-quantized "

@@ -18,7 +18,8 @@ def default_cache_dir() -> Path:
 
 def artifact_name(model_name: str, config: BuildConfig, key: str) -> str:
     model = re.sub(r"[^a-z0-9.]+", "-", model_name.lower()).strip("-")
-    return f"{model}-{config.arch}-tp{config.tensor_parallel_size}-{config.quant}-{key[:KEY_DIGITS]}.atom"
+    ranks = f"tp{config.tensor_parallel_size}" + ("-ep" if config.enable_expert_parallel else "")
+    return f"{model}-{config.arch}-{ranks}-{config.quant}-{key[:KEY_DIGITS]}.atom"
 
 
 def find_cached(cache_dir: Path, key: str) -> Path | None:

@@ -30,7 +30,7 @@ def probe_capture_sizes(config: BuildConfig, staging: Path, max_model_len: int) 
         return GraphPlan.none("built with --capture-sizes none: no CUDA graphs")
     args = {"staging": str(staging), "sizes": list(config.graph_capture_sizes), "block_size": config.block_size,
             "kv_dtype": str(config.kv_torch_dtype).removeprefix("torch."), "max_model_len": max_model_len,
-            "tensor_parallel_size": config.tensor_parallel_size}
+            "tensor_parallel_size": config.tensor_parallel_size, "expert_parallel": config.enable_expert_parallel}
     out = subprocess.run([sys.executable, "-m", PROBE_MODULE, json.dumps(args)], capture_output=True, text=True)
     if out.returncode != 0:
         raise BuildError(f"the capture-size probe ({PROBE_MODULE}) failed with exit code {out.returncode}; "

@@ -82,10 +82,8 @@ def plan(model: str | None, config: BuildConfig) -> tuple[ModelSource, ModelConf
     if config.tensor_parallel_size > 1 and linear_quant.scheme == "fp8-block":
         raise BuildError("block-scaled FP8 (128x128 weight blocks) is not sharded over tensor-parallel ranks yet: "
                          "build this checkpoint with -tp 1")
-    if config.enable_expert_parallel:
-        raise BuildError("expert parallelism (--ep) is not implemented yet in atom-aot: build without --ep")
     try:
-        check_splittable(model_config, config.tensor_parallel_size)
+        check_splittable(model_config, config.tensor_parallel_size, config.enable_expert_parallel)
     except ValueError as e:
         raise BuildError(str(e)) from None
     inputs = key_inputs(source, config)
@@ -148,12 +146,13 @@ def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, co
             state.update(_calibrate_kv_scales(model_cls, model_config, config, quant.scheme, state, staging, max_len))
         (staging / layout.weights_member(0)).parent.mkdir()
         if tp > 1:
-            model = build_meta_model(model_cls, model_config, config.torch_dtype, quant.scheme, max_len, tp)
+            model = build_meta_model(model_cls, model_config, config.torch_dtype, quant.scheme, max_len, tp,
+                                     config.enable_expert_parallel)
             state = write_rank_weights(staging, layout, state, model, model_config)
         else:
             save_file(state, str(staging / layout.weights_member(0)))
     with progress.stage("tune"):
-        tuning = tune_kernels(config, rank_shapes(model_config, tp), max_len, quant.scheme)
+        tuning = tune_kernels(config, rank_shapes(model_config, tp, config.enable_expert_parallel), max_len, quant.scheme)
         (staging / TUNING).write_text(tuning.to_json())
     phases = []
     if config.compile == "aoti":
@@ -173,7 +172,8 @@ def write_rank_weights(staging: Path, layout: Layout, state: dict, rank_model, m
     which the build exports with (the ranks' graphs are the same: models/parallel.py)."""
     expected = rank_model.state_dict()
     for rank in reversed(range(layout.tensor_parallel_size)):     # rank 0 last: its tensors are kept
-        rank_state = shard_state_dict(state, model_config, layout.tensor_parallel_size, rank)
+        rank_state = shard_state_dict(state, model_config, layout.tensor_parallel_size, rank,
+                                      layout.expert_parallel_size > 1)
         check_like(rank_state, expected, rank)
         save_file(rank_state, str(staging / layout.weights_member(rank)))
     return rank_state

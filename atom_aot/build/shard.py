@@ -15,16 +15,22 @@ from atom_aot.models.parallel import local_kv_heads, vocab_shard_size
 ROW_PARALLEL = ("o_proj", "down_proj")          # input columns of the weight split; scales per output row kept
 VOCAB_PARALLEL = ("embed_tokens", "lm_head")    # vocabulary rows split, padded to a multiple of tp
 VOCAB_START = "model.embed_tokens.vocab_start"
+EXPERT_START = "expert_start"                   # under --ep, each MoE layer's first expert on the rank
 
 
-def shard_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, tp: int, rank: int) -> dict[str, torch.Tensor]:
+def shard_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, tp: int, rank: int,
+                     ep: bool = False) -> dict[str, torch.Tensor]:
     """Rank `rank`'s tensors of `state` (the tp = 1 model's), contiguous and owning their memory.
 
     Column-parallel qkv and gate_up split their output rows (weights, biases, per-row scales);
-    anything else a rank holds whole (norms, the rotary table, scalar scales)."""
+    stacked experts split each expert's width, or with `ep` hand out whole experts;
+    anything else a rank holds whole (norms, the rotary table, scalar scales, the router)."""
     out = {}
     for name, tensor in state.items():
         module, param = name.split(".")[-2:]
+        if module == "experts" and param in ("w13", "w2"):
+            out.update(_expert_part(name, tensor, tp, rank, ep))
+            continue
         if module == "qkv_proj" and _per_row(tensor, cfg, module):
             part = _qkv_rows(tensor, cfg, tp, rank)
         elif module == "gate_up_proj" and _per_row(tensor, cfg, module):
@@ -38,6 +44,22 @@ def shard_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, tp: int, 
         out[name] = part.contiguous().clone()
     out[VOCAB_START] = torch.tensor(rank * vocab_shard_size(cfg.vocab_size, tp), dtype=torch.int64)
     return out
+
+
+def _expert_part(name: str, stacked: torch.Tensor, tp: int, rank: int, ep: bool) -> dict[str, torch.Tensor]:
+    """Rank's part of a stacked expert weight (w13 [E, 2I, H] = [gate; up] per expert, w2 [E, H, I]):
+    experts [r*E/tp, (r+1)*E/tp) whole under `ep` (and where they start), else every expert's width
+    columns r (w13: of gate and of up, kept [gate_r; up_r]; w2: its input columns)."""
+    if ep:
+        count = stacked.shape[0] // tp
+        start = name.rsplit(".", 1)[0] + "." + EXPERT_START
+        return {name: stacked[rank * count:(rank + 1) * count].contiguous().clone(),
+                start: torch.tensor(rank * count, dtype=torch.int64)}
+    if name.endswith("w13"):
+        part = torch.cat([half.chunk(tp, dim=1)[rank] for half in stacked.chunk(2, dim=1)], dim=1)
+    else:
+        part = stacked.chunk(tp, dim=2)[rank]
+    return {name: part.contiguous().clone()}
 
 
 def _per_row(tensor: torch.Tensor, cfg: ModelConfig, module: str) -> bool:

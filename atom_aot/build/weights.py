@@ -26,9 +26,9 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def build_meta_model(model_cls: type[DecoderForCausalLM], cfg: ModelConfig, dtype: torch.dtype, quant: str,
-                     max_positions: int, tp: int = 1) -> DecoderForCausalLM:
+                     max_positions: int, tp: int = 1, ep: bool = False) -> DecoderForCausalLM:
     with torch.device("meta"):
-        return model_cls(cfg, dtype, quant, max_positions, tp)
+        return model_cls(cfg, dtype, quant, max_positions, tp, ep)
 
 
 def runtime_name(name: str, packed: dict[str, tuple[str, int]]) -> tuple[str, int | None]:

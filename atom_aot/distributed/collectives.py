@@ -23,6 +23,8 @@ LIBRARY = torch.library.Library("atom", "FRAGMENT")
 LIBRARY.define("all_reduce(Tensor x) -> Tensor")
 LIBRARY.define("all_gather(Tensor x, int world_size) -> Tensor")
 
+# torch 2.13 renames all_gather_into_tensor (deprecated there) all_gather_single; torch 2.11 has only the first
+_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _groups: dict[str, object] = {}
 TP_GROUP = "tp"
 STAND_IN = "one process standing in for every rank"
@@ -61,7 +63,7 @@ def _all_gather(x: torch.Tensor, world_size: int) -> torch.Tensor:
     if group is STAND_IN:
         return x.repeat(world_size, *([1] * (x.dim() - 1)))
     out = x.new_empty((world_size * x.shape[0], *x.shape[1:]))
-    dist.all_gather_into_tensor(out, x.contiguous(), group=group)   # all_gather_single is newer than torch 2.11
+    _gather_into(out, x.contiguous(), group=group)
     return out
 
 

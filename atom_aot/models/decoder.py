@@ -16,7 +16,8 @@ from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.kv_layout import KVCacheLayout
 from atom_aot.models.layers import RMSNorm, RotaryEmbedding, make_linear
-from atom_aot.models.parallel import make_embedding, rank_shapes, reduce_partial_sums, vocab_logits
+from atom_aot.models.parallel import (check_splittable, local_kv_heads, make_embedding, reduce_partial_sums,
+                                      vocab_logits)
 from atom_aot.models.quant_layers import use_linear_kernels
 from atom_aot.models.step_inputs import StepInputs
 from atom_aot.ops.backends import make_backend
@@ -27,8 +28,8 @@ class DecoderAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, quant: str, qk_norm: bool, tp: int = 1):
         super().__init__()
         self.layer, self.tp = layer, tp
-        local = rank_shapes(cfg, tp)     # this rank's heads (models/parallel.py)
-        self.num_heads, self.num_kv_heads = local.num_attention_heads, local.num_key_value_heads
+        # this rank's heads (models/parallel.py; the model checked that they split)
+        self.num_heads, self.num_kv_heads = cfg.num_attention_heads // tp, local_kv_heads(cfg, tp)
         self.head_dim = cfg.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
@@ -124,10 +125,12 @@ class DecoderForCausalLM(nn.Module):
     MODULE_RENAMES: dict[str, str] = {}
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None,
-                 tp: int = 1):
-        """`tp`: tensor-parallel ranks; the module is one rank's part (models/parallel.py)."""
+                 tp: int = 1, ep: bool = False):
+        """`tp`: tensor-parallel ranks; the module is one rank's part (models/parallel.py); `ep`: a family
+        with experts spreads them whole over the ranks instead of splitting each."""
         super().__init__()
-        self.config, self.tp = cfg, tp
+        check_splittable(cfg, tp, ep)
+        self.config, self.tp, self.ep = cfg, tp, ep
         self.model = DecoderModel(cfg, dtype, quant, self.qk_norm, max_positions or cfg.max_position_embeddings,
                                   lambda layer: self.make_mlp(layer, dtype, quant), tp)
         # lm_head stays unquantized: it decides the argmax. It splits over the vocabulary like the embedding.

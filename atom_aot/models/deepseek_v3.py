@@ -21,6 +21,7 @@ from atom_aot.models.deepseek_mtp import MTPLayer, MTPStep
 from atom_aot.models.kv_layout import KVCacheLayout
 from atom_aot.models.layers import RMSNorm, RotaryEmbedding, make_linear
 from atom_aot.models.mla import split_kv_b_proj
+from atom_aot.models.parallel import check_splittable
 from atom_aot.models.moe import MoEForCausalLM, use_moe_kernels
 from atom_aot.models.step_inputs import StepInputs
 from atom_aot.ops.backends import make_backend
@@ -45,11 +46,10 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
     ATTENTION_OPS = ("mla_attention",)
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None,
-                 tp: int = 1):
+                 tp: int = 1, ep: bool = False):
         nn.Module.__init__(self)
-        if tp != 1:
-            raise ValueError("DeepseekV3ForCausalLM is not split over tensor-parallel ranks yet: build it with -tp 1")
-        self.config, self.tp = cfg, tp
+        check_splittable(cfg, tp, ep)       # DeepSeek: -tp 1 only, for now
+        self.config, self.tp, self.ep = cfg, tp, ep
         self.model = DeepseekModel(cfg, dtype, quant, max_positions or cfg.max_position_embeddings)
         # lm_head stays unquantized: it decides the argmax.
         self.lm_head = None if cfg.tie_word_embeddings else make_linear(cfg.hidden_size, cfg.vocab_size, False,

@@ -16,6 +16,7 @@ from atom_aot.errors import BuildError
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.decoder import DecoderForCausalLM
 from atom_aot.models.layers import Linear
+from atom_aot.models.parallel import reduce_partial_sums
 from atom_aot.ops.backends import make_backend
 from atom_aot.ops.backends.moe import MoEBackend
 from atom_aot.ops.moe import softmax_topk
@@ -24,30 +25,40 @@ from atom_aot.ops.moe import softmax_topk
 class MoEExperts(nn.Module):
     """E experts of one layer, stacked as the `fused_moe` op reads them (atom_aot/ops/moe.py).
 
-    Under expert parallelism a rank holds only its experts: `num_experts` is then the local count,
-    and the router's ids are mapped to local ids, with -1 for an expert of another rank.
+    With `tp` ranks (models/parallel.py) a rank holds 1/tp of every expert's width, or, with `ep`,
+    E/tp whole experts: the router's ids are then mapped to local ids, with -1 for an expert of
+    another rank, which the op skips. Either way the rank's output is a partial sum, all-reduced here.
     """
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, dtype: torch.dtype):
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, dtype: torch.dtype,
+                 tp: int = 1, ep: bool = False):
         super().__init__()
-        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size, dtype=dtype))
-        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size, dtype=dtype))
+        self.tp, self.ep = tp, ep
+        local_experts, width = (num_experts // tp, intermediate_size) if ep else (num_experts, intermediate_size // tp)
+        self.w13 = nn.Parameter(torch.empty(local_experts, 2 * width, hidden_size, dtype=dtype))
+        self.w2 = nn.Parameter(torch.empty(local_experts, hidden_size, width, dtype=dtype))
+        if ep:   # rank * E/tp: a weight, not a constant, so the ranks' graphs are the same
+            self.register_buffer("expert_start", torch.empty((), dtype=torch.int64))
         # the reference backend until use_moe_kernels sets the phase's choice
         self.moe_backend: MoEBackend = make_backend("moe", BackendChoice("reference"))
 
     def forward(self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        # hidden: [T, H]; topk_weights: [T, k] float32; topk_ids: [T, k] int32 -> [T, H]
-        return self.moe_backend(hidden, self.w13, self.w2, topk_weights, topk_ids)
+        # hidden: [T, H]; topk_weights: [T, k] float32; topk_ids: [T, k] int32 (global ids) -> [T, H]
+        if self.ep:
+            local = topk_ids - self.expert_start                                    # [T, k]
+            mine = (local >= 0) & (local < self.w13.shape[0])
+            topk_ids = torch.where(mine, local, -1).to(torch.int32)
+        return reduce_partial_sums(self.moe_backend(hidden, self.w13, self.w2, topk_weights, topk_ids), self.tp)
 
 
 class SparseMoeBlock(nn.Module):
     """Router (`gate`, unquantized: it decides the experts) + softmax top-k + experts."""
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, renormalize: bool):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, renormalize: bool, tp: int = 1, ep: bool = False):
         super().__init__()
         self.top_k, self.renormalize = cfg.num_experts_per_tok, renormalize
         self.gate = Linear(cfg.hidden_size, cfg.num_experts, False, dtype)
-        self.experts = MoEExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype)
+        self.experts = MoEExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype, tp, ep)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         weights, ids = softmax_topk(self.gate(hidden), self.top_k, self.renormalize)   # [T, k] each
@@ -73,21 +84,21 @@ class MoEForCausalLM(DecoderForCausalLM):
     MODULE_RENAMES: dict[str, str] = {}
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None,
-                 tp: int = 1):
+                 tp: int = 1, ep: bool = False):
         served = max_positions or cfg.max_position_embeddings
         if cfg.sliding_window is not None and cfg.sliding_window < served:
             raise BuildError(
                 f"{cfg.architecture}'s config sets sliding_window={cfg.sliding_window}, smaller than the served "
                 f"max length {served}; atom-aot's attention has no sliding window. Build with "
                 f"--max-model-len {cfg.sliding_window} (or less).")
-        super().__init__(cfg, dtype, quant, max_positions, tp)
+        super().__init__(cfg, dtype, quant, max_positions, tp, ep)
 
     def routing_renormalizes(self) -> bool:
         return self.config.norm_topk_prob
 
     def make_mlp(self, layer: int, dtype: torch.dtype, quant: str) -> nn.Module:
         if self.config.is_moe_layer(layer):
-            return SparseMoeBlock(self.config, dtype, self.routing_renormalizes())
+            return SparseMoeBlock(self.config, dtype, self.routing_renormalizes(), self.tp, self.ep)
         return super().make_mlp(layer, dtype, quant)
 
     def use_kernels(self, row: PhaseTuning) -> "MoEForCausalLM":

@@ -7,7 +7,12 @@ With `tp` ranks, rank r holds
   - columns r of gate/up (column-parallel: no communication) and the matching input rows of o_proj
     and down_proj (row-parallel: each rank's product is a partial sum, all-reduced);
   - vocabulary rows [r*V'/tp, (r+1)*V'/tp) of the embedding and lm_head, V' = V padded up to a
-    multiple of tp (padding rows are zero and their logits are cut off).
+    multiple of tp (padding rows are zero and their logits are cut off);
+  - in a mixture-of-experts layer, either (the default) columns r of every expert's gate/up and the
+    matching rows of its down (tensor parallelism inside each expert), or, with expert parallelism
+    (`ep`), experts [r*E/tp, (r+1)*E/tp) whole. Either way every rank routes every token (hidden
+    states are replicated after attention's all-reduce) and the layer's partial sums are all-reduced
+    once: under EP a rank adds only its experts' weighted outputs (others' ids are masked to -1).
 Nothing here depends on r: where the rank matters (the embedding's first row) it is a weight, so
 every rank runs the same graph and one compiled package serves them all. tp = 1 builds exactly
 the single-device model, with no collective in its graph.
@@ -24,16 +29,25 @@ from atom_aot.distributed.collectives import all_gather_columns, all_reduce
 from atom_aot.models.config import ModelConfig
 
 
-def check_splittable(cfg: ModelConfig, tp: int) -> None:
-    """ValueError unless `cfg` splits over `tp` ranks in this layout."""
+def check_splittable(cfg: ModelConfig, tp: int, ep: bool = False) -> None:
+    """ValueError unless `cfg` splits over `tp` ranks in this layout (`ep`: experts spread whole)."""
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    if ep and not cfg.num_experts:
+        raise ValueError(f"--ep spreads a mixture of experts over the ranks, and {cfg.architecture} has no experts: "
+                         f"build without --ep")
+    if ep and tp == 1:
+        raise ValueError("--ep spreads the experts over the -tp ranks, and -tp is 1: give -tp N with --ep")
     checks = [(heads % tp, f"num_attention_heads {heads} is not a multiple of tp"),
               (kv % tp and tp % kv, f"num_key_value_heads {kv} neither divides nor is a multiple of tp"),
-              (cfg.intermediate_size % tp, f"intermediate_size {cfg.intermediate_size} is not a multiple of tp")]
+              (cfg.intermediate_size % tp, f"intermediate_size {cfg.intermediate_size} is not a multiple of tp"),
+              (cfg.num_experts and ep and cfg.num_experts % tp,
+               f"num_experts {cfg.num_experts} is not a multiple of tp (--ep gives each rank E/tp experts)"),
+              (cfg.num_experts and not ep and cfg.moe_intermediate_size % tp,
+               f"moe_intermediate_size {cfg.moe_intermediate_size} is not a multiple of tp (try --ep)")]
     problems = [problem for failed, problem in checks if failed]
-    if tp > 1 and cfg.num_experts:
-        problems.append("its expert layers are not sharded over ranks yet (tensor and expert parallelism of "
-                        "MoE layers are not implemented): build MoE models with -tp 1")
+    if tp > 1 and cfg.deepseek is not None:
+        problems.append("its latent attention (MLA) and DeepSeek MoE are not sharded over ranks yet: build "
+                        "DeepSeek models with -tp 1")
     if problems:
         raise ValueError(f"this model does not split over tp={tp} tensor-parallel ranks: {'; '.join(problems)}. "
                          f"Build with a -tp that divides its {heads} attention heads.")
@@ -43,13 +57,17 @@ def local_kv_heads(cfg: ModelConfig, tp: int) -> int:
     return max(1, cfg.num_key_value_heads // tp)
 
 
-def rank_shapes(cfg: ModelConfig, tp: int) -> ModelConfig:
-    """The sizes one rank computes (heads, KV heads, MLP width; the vocabulary stays whole, since
-    token ids and logits are global): what KV caches, kernels and tuning are sized by."""
-    check_splittable(cfg, tp)
+def rank_shapes(cfg: ModelConfig, tp: int, ep: bool = False) -> ModelConfig:
+    """The sizes one rank computes (heads, KV heads, MLP width, its experts' count and width; the
+    vocabulary stays whole, since token ids and logits are global): what KV caches, kernels and
+    tuning are sized by. Under `ep` a token's top-k falls on at most E/tp of the rank's experts."""
+    check_splittable(cfg, tp, ep)
+    experts = (dict(num_experts=cfg.num_experts // tp, num_experts_per_tok=min(cfg.num_experts_per_tok,
+                                                                               cfg.num_experts // tp))
+               if ep else dict(moe_intermediate_size=cfg.moe_intermediate_size // tp))
     return dataclasses.replace(cfg, num_attention_heads=cfg.num_attention_heads // tp,
                                num_key_value_heads=local_kv_heads(cfg, tp),
-                               intermediate_size=cfg.intermediate_size // tp)
+                               intermediate_size=cfg.intermediate_size // tp, **(experts if cfg.num_experts else {}))
 
 
 def vocab_shard_size(vocab_size: int, tp: int) -> int:

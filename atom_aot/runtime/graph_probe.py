@@ -16,7 +16,7 @@ from atom_aot.artifact.phase import Phase
 
 
 def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_model_len: int,
-          tensor_parallel_size: int = 1) -> GraphPlan:
+          tensor_parallel_size: int = 1, expert_parallel: bool = False) -> GraphPlan:
     import torch
     from safetensors.torch import load_file
 
@@ -27,7 +27,7 @@ def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_m
     from atom_aot.runtime.cuda_graphs import DecodeGraphs
     from atom_aot.runtime.kv_cache import allocate_kv_cache
     device = torch.device("cuda")
-    cfg = rank_shapes(ModelConfig.from_json(staging / CONFIG), tensor_parallel_size)
+    cfg = rank_shapes(ModelConfig.from_json(staging / CONFIG), tensor_parallel_size, expert_parallel)
     if tensor_parallel_size > 1:
         register_stand_in()
     weights = load_file(str(staging / weights_member(0)), device="cuda")
@@ -44,5 +44,5 @@ def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_m
 if __name__ == "__main__":
     a = json.loads(sys.argv[1])
     plan = probe(Path(a["staging"]), a["sizes"], a["block_size"], a["kv_dtype"], a["max_model_len"],
-                 a["tensor_parallel_size"])
+                 a["tensor_parallel_size"], a["expert_parallel"])
     print(plan.to_json(indent=None))

@@ -55,7 +55,8 @@ class LoadedArtifact:
     @property
     def rank_config(self) -> ModelConfig:
         """The sizes this rank computes (its heads and KV heads): what its KV cache is sized by."""
-        return rank_shapes(self.model_config, self.manifest.layout.tensor_parallel_size)
+        layout = self.manifest.layout
+        return rank_shapes(self.model_config, layout.tensor_parallel_size, layout.expert_parallel_size > 1)
 
 
 def machine_target() -> Target:
@@ -183,7 +184,8 @@ def _load_eager(manifest: Manifest, model_config: ModelConfig, tuning: Tuning, b
     with torch.device("meta"):
         model = model_class(model_config.architecture)(model_config, getattr(torch, numerics.dtype),
                                                        manifest.quantization.weights, numerics.max_model_len,
-                                                       manifest.layout.tensor_parallel_size)
+                                                       manifest.layout.tensor_parallel_size,
+                                                       manifest.layout.expert_parallel_size > 1)
     model.load_state_dict(weights, assign=True)
     model.use_kernels(tuning.for_phase(Phase.MIXED))
     timings["eager model"] = time.perf_counter() - start

@@ -1,0 +1,106 @@
+"""Mixture-of-experts layers over tensor-parallel ranks on the CPU (gloo, ranks as processes): each
+expert split in width (the default with -tp N) or experts spread whole (--ep). Greedy output of TP-2,
+EP-2 and EP-4 artifacts equals TP-1's on tiny Qwen3-MoE and Mixtral models; the expert shards, the
+refusals and what the manifest records."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from atom_aot.artifact.reader import Artifact
+from atom_aot.build.config import BuildConfig
+from atom_aot.build.pipeline import plan
+from atom_aot.build.shard import shard_state_dict
+from atom_aot.entrypoints.llm import LLMEngine
+from atom_aot.errors import BuildError
+from atom_aot.models import ModelConfig, model_class
+from atom_aot.models.parallel import check_splittable, rank_shapes
+from atom_aot.runtime.sampling_params import SamplingParams
+from factories import make_tiny_model, random_prompts
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+ENGINE = dict(num_kv_blocks=64, num_threads=1)
+FAMILIES = {
+    "qwen3moe-8x3-dense1": ("Qwen3MoeForCausalLM", dict(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
+                                                        norm_topk_prob=True, mlp_only_layers=[1])),
+    "mixtral-4x2": ("MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48)),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def moe_dir(request, tmp_path_factory):
+    architecture, overrides = FAMILIES[request.param]
+    return make_tiny_model(tmp_path_factory.mktemp("moe-tp") / request.param, architecture, seed=5, **overrides)
+
+
+def greedy(artifact) -> list[list[int]]:
+    engine = LLMEngine(str(artifact), **ENGINE)
+    try:
+        return [out["token_ids"] for out in engine.generate(random_prompts(5, 300, seed=2), GREEDY)]
+    finally:
+        engine.close()
+
+
+def test_tp2_ep2_and_ep4_greedy_equal_tp1(moe_dir, build_artifact):
+    expected = greedy(build_artifact(moe_dir, compile="none"))
+    tp2 = build_artifact(moe_dir, compile="none", tensor_parallel_size=2)
+    assert greedy(tp2) == expected, "tp=2"
+    ep2 = build_artifact(moe_dir, compile="none", tensor_parallel_size=2, enable_expert_parallel=True)
+    assert Artifact.open(ep2).manifest.layout.expert_parallel_size == 2 and "-tp2-ep-" in ep2.name
+    assert greedy(ep2) == expected, "tp=2 --ep"
+    if "qwen3moe" in moe_dir.name:      # 8 experts over 4 ranks: 2 each; every token's 3 experts on 2-3 ranks
+        assert greedy(build_artifact(moe_dir, compile="none", tensor_parallel_size=4,
+                                     enable_expert_parallel=True)) == expected, "tp=4 --ep"
+
+
+@pytest.mark.parametrize("ep", [False, True])
+def test_a_rank_model_takes_its_expert_shard_and_the_shards_add_up(ep):
+    """Each rank's eager layer on the whole model's shards: the sum of the ranks' outputs (what the
+    all-reduce gives) is the whole layer's output."""
+    from atom_aot.distributed import collectives
+    cfg = ModelConfig.from_hf_dict(dict(architectures=["Qwen3MoeForCausalLM"], vocab_size=64, hidden_size=32,
+                                        intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
+                                        num_key_value_heads=2, head_dim=8, num_experts=6, num_experts_per_tok=2,
+                                        moe_intermediate_size=24, norm_topk_prob=True, max_position_embeddings=64))
+    whole = model_class(cfg.architecture)(cfg, torch.float32)
+    for p in whole.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    state = whole.state_dict()
+    hidden = torch.randn(7, 32)
+    block = whole.model.layers[0].mlp
+    expected = block(hidden)
+    partial_sums = []
+    collectives._groups.pop(collectives.TP_GROUP, None)
+    collectives.register_stand_in()       # all_reduce returns its input: the rank's own partial sum
+    try:
+        for rank in range(2):
+            with torch.device("meta"):
+                part = model_class(cfg.architecture)(cfg, torch.float32, tp=2, ep=ep)
+            part.load_state_dict(shard_state_dict(state, cfg, 2, rank, ep), assign=True)
+            partial_sums.append(part.model.layers[0].mlp(hidden))
+    finally:
+        collectives._groups.pop(collectives.TP_GROUP, None)
+    torch.testing.assert_close(partial_sums[0] + partial_sums[1], expected, rtol=1e-5, atol=1e-5)
+    local = rank_shapes(cfg, 2, ep)
+    assert (local.num_experts, local.moe_intermediate_size) == ((3, 24) if ep else (6, 12))
+
+
+def test_what_does_not_split_is_refused_by_name(moe_dir, tmp_path):
+    cfg = ModelConfig.from_hf_dict(__import__("json").loads((moe_dir / "config.json").read_text()))
+    with pytest.raises(ValueError, match="num_experts .* is not a multiple of tp"):
+        check_splittable(cfg, 3 if cfg.num_experts % 3 else 5, ep=True)
+    with pytest.raises(BuildError, match="-tp is 1"):
+        plan(str(moe_dir), BuildConfig(arch="cpu", enable_expert_parallel=True))
+    dense = make_tiny_model(tmp_path / "dense", "Qwen3ForCausalLM")
+    with pytest.raises(BuildError, match="has no experts"):
+        plan(str(dense), BuildConfig(arch="cpu", tensor_parallel_size=2, enable_expert_parallel=True))
+
+
+def test_a_compiled_ep2_artifact_shares_one_package_and_matches_tp1(tmp_path, build_artifact):
+    """The rank's first expert is a weight (like the embedding's first row), so the ranks' graphs are the
+    same and one package serves both: rank 1 must not run with rank 0's experts."""
+    architecture, overrides = FAMILIES["qwen3moe-8x3-dense1"]
+    model = make_tiny_model(tmp_path / "qwen3moe", architecture, seed=6, **overrides)
+    art = build_artifact(model, compile="aoti", tensor_parallel_size=2, enable_expert_parallel=True)
+    assert len(Artifact.open(art).manifest.compiled.packages) == 1
+    assert greedy(art) == greedy(build_artifact(model, compile="none"))
