@@ -1,4 +1,4 @@
-"""GPU benchmark of atom-aot against Hugging Face transformers and the hardware roofline (issue 6).
+"""GPU benchmark of atom-aot against Hugging Face transformers, vLLM and the hardware roofline.
 
 One run per model shape; every section writes into one JSON (--out) and a failing section is
 recorded, not fatal. Sections:
@@ -11,13 +11,20 @@ recorded, not fatal. Sections:
   throughput   offline: N prompts of I random tokens, O new tokens each (ignore_eos), ours vs transformers
   throughput_temperature, throughput_top_p, throughput_top_k_top_p
                the same workload sampled (not in the default sections): what sampling costs
+  vllm         (not in the default sections) vLLM on the same folder, the throughput workload and the
+               tpot prompt, in a process of its own (scripts/vllm_peer.py), after our sections; the JSON
+               gets vLLM's figures and the ratios to ours. vLLM must be importable (on the GPU machine:
+               ../shared/tools/vllm-peer/README.md); if it is not, the section fails and says so.
 
   PYTHONPATH=. python scripts/bench_gpu.py --model-dir DIR --name qwen3-0.6b --out $OUT/qwen3.json
+  PYTHONPATH=.:/tmp/vsite python scripts/bench_gpu.py ... --sections build,tpot,throughput,vllm
 """
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -57,6 +64,8 @@ def parse_args(argv=None):
     p.add_argument("--no-graphs", action="store_true", help="build without CUDA-graph capture sizes")
     p.add_argument("--no-jit-cold-start", action="store_true", help="skip the cold-start leg that rebuilds")
     p.add_argument("--skip-hf", default="", help="comma list of sections whose transformers side is skipped")
+    p.add_argument("--vllm-engine-kwargs", default="{}",
+                   help='vllm section: extra vllm.LLM arguments, e.g. {"quantization": "fp8", "kv_cache_dtype": "fp8"}')
     return p.parse_args(argv)
 
 
@@ -310,6 +319,37 @@ def hf_throughput(args) -> dict:
             "mode": f"generate, batches of {args.hf_batch}, dynamic cache, sdpa"}
 
 
+VLLM_MISSING = ("the vllm section needs vLLM importable by this Python (e.g. PYTHONPATH=/tmp/vsite after "
+                "installing the offline bundle: ../shared/tools/vllm-peer/README.md)")
+
+
+def vllm_peer(args) -> dict:
+    """vLLM's figures on our workloads, from scripts/vllm_peer.py in a process of its own."""
+    part = args.out.with_name(args.out.stem + ".vllm.json")
+    command = [sys.executable, str(Path(__file__).with_name("vllm_peer.py")), "--model-dir", str(args.model_dir),
+               "--out", str(part), "--max-model-len", str(args.max_model_len), "--decode-tokens",
+               str(args.decode_tokens), "--num-prompts", str(args.num_prompts), "--input-len", str(args.input_len),
+               "--output-len", str(args.output_len), "--engine-kwargs", args.vllm_engine_kwargs]
+    proc = subprocess.run(command, capture_output=True, text=True)
+    if proc.returncode != 0:
+        if "No module named 'vllm'" in proc.stderr:
+            raise RuntimeError(VLLM_MISSING)
+        raise RuntimeError(f"scripts/vllm_peer.py exited with {proc.returncode}: {proc.stderr[-3000:]}")
+    return json.loads(part.read_text())
+
+
+def vllm_ratios(done: dict) -> dict:
+    """ours / vLLM for output tok/s, vLLM / ours for TPOT (above 1: ours is the better), where both ran."""
+    peer, ratios = done["vllm"], {}
+    if done.get("throughput"):
+        ratios["throughput_ours_over_vllm"] = done["throughput"]["output_tok_s"] / peer["throughput"]["output_tok_s"]
+    if done.get("tpot"):
+        ratios["tpot_vllm_over_ours"] = peer["tpot"]["tpot_s"] / done["tpot"]["ours_tpot_s"]
+        ratios["tpot_note"] = ("ours: the engine's own per-request TPOT metric; vLLM: "
+                               f"{peer['tpot']['method']}, on the same prompt and token count")
+    return ratios
+
+
 def main(argv=None):
     args = parse_args(argv)
     meta = {"name": args.name, "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
@@ -327,7 +367,11 @@ def main(argv=None):
                      *((mode, throughput) for mode in SAMPLING_MODES), ("throughput_hf", hf_throughput)):
         if name in sections and "build" in report.data["sections"]:
             report.run(name, fn, args, *([name] if fn is throughput else []))
+    if "vllm" in sections:            # last: the GPU is free of our engines by now
+        report.run("vllm", vllm_peer, args)
     done = report.data["sections"]
+    if done.get("vllm"):
+        done["ratios_vs_vllm"] = vllm_ratios(done)
     ours, hf = done.get("throughput"), done.get("throughput_hf")
     if ours and hf:
         done["throughput_ratio_ours_over_hf"] = ours["output_tok_s"] / hf["output_tok_s"]
