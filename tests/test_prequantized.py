@@ -17,7 +17,7 @@ from factories import make_tiny_model
 from prequantized_factories import FORMATS, INPUT_AMAX, quantize_per_tensor, write_prequantized
 
 SCHEMES = {"fp8-tensor-dynamic": "fp8", "fp8-tensor-static": "fp8-static", "fp8-block": "fp8-block",
-           "fbgemm_fp8": "fp8", "ct-channel-dynamic": "fp8", "ct-tensor-static": "fp8-static", "ct-block": "fp8-block"}
+           "fbgemm_fp8": "fp8-ub", "ct-channel-dynamic": "fp8", "ct-tensor-static": "fp8-static", "ct-block": "fp8-block"}
 FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
          "self_attn.o_proj": ("self_attn.o_proj",), "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
          "mlp.down_proj": ("mlp.down_proj",)}
@@ -73,6 +73,11 @@ def test_each_format_loads_to_its_runtime_tensors(fmt, tiny_dir, tmp_path, build
 def test_per_channel_formats_load_to_what_quant_fp8_makes(fmt, tiny_dir, tmp_path, build_artifact):
     ours = runtime_weights(build_artifact(tiny_dir, compile="none", quant="fp8"))
     theirs = runtime_weights(build_artifact(write_prequantized(tiny_dir, tmp_path / fmt, fmt), compile="none"))
+    bounds = {name: theirs.pop(name) for name in list(theirs) if name.endswith(".activation_scale_ub")}
+    if fmt == "fbgemm_fp8":     # its config's activation_scale_ub, on each of the 4 linears of the 3 layers
+        assert len(bounds) == 12 and all(b.tolist() == [1200.0] for b in bounds.values())
+    else:
+        assert not bounds
     assert sorted(ours) == sorted(theirs)
     for name, tensor in ours.items():
         other = theirs[name]
@@ -87,6 +92,39 @@ def test_manifest_and_inspect_name_the_scheme_and_its_origin(tiny_dir, tmp_path,
     assert "compressed-tensors float8, tensor weights, static tensor activations" in q.checkpoint_format
     text = describe(Artifact.open(artifact))
     assert "fp8-static" in text and "from the checkpoint" in text and "lm_head none" in text
+
+
+def test_fbgemm_activation_scale_ub_is_the_scheme_when_given_and_checked():
+    plain = detect_checkpoint_quant({"quantization_config": {"quant_method": "fbgemm_fp8"}})
+    assert (plain.scheme, plain.activation_scale_ub) == ("fp8", None)
+    bounded = detect_checkpoint_quant({"quantization_config": {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200}})
+    assert (bounded.scheme, bounded.activation_scale_ub) == ("fp8-ub", 1200.0)
+    assert "activation_scale_ub=1200" in bounded.description
+    with pytest.raises(BuildError, match="activation_scale_ub -1"):
+        detect_checkpoint_quant({"quantization_config": {"quant_method": "fbgemm_fp8", "activation_scale_ub": -1}})
+
+
+def test_the_bounded_scale_is_fbgemms_on_rows_beyond_the_bound():
+    """fbgemm: scale = min(amax, ub) / 448 per token, x / scale saturated at +-448; against float64."""
+    from atom_aot.models.quant_layers import Fp8Linear
+    g = torch.Generator().manual_seed(3)
+    layer = Fp8Linear(64, 48, False, torch.float32, "fp8-ub")
+    w = torch.randn(48, 64, generator=g) / 8
+    weight, scale = quantize_weight_per_channel(w)
+    ub = 6.0                                                     # above every N(0, 1) row of 64
+    layer.load_state_dict({"weight": weight, "weight_scale": scale, "activation_scale_ub": torch.tensor([ub])},
+                          assign=True)
+    x = torch.randn(6, 64, generator=g)
+    x[1, 5], x[3, :4] = 40.0, -25.0                                 # rows 1 and 3 go past the bound
+    x64 = x.double()
+    token_scale = x64.abs().amax(-1, keepdim=True).clamp(max=ub) / FP8_MAX
+    xq = (x64 / token_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).double()
+    expected = (xq @ weight.double().T) * token_scale * scale.double()
+    torch.testing.assert_close(layer(x).double(), expected, rtol=1e-5, atol=1e-5)
+    unbounded = Fp8Linear(64, 48, False, torch.float32, "fp8")
+    unbounded.load_state_dict({"weight": weight, "weight_scale": scale}, assign=True)
+    assert not torch.allclose(unbounded(x)[[1, 3]], layer(x)[[1, 3]])      # the bound changed those rows
+    torch.testing.assert_close(unbounded(x)[[0, 2, 4, 5]], layer(x)[[0, 2, 4, 5]])
 
 
 class TestRefusals:

@@ -104,7 +104,7 @@ class Layout:
         return layout
 
 
-LINEAR_SCHEMES = ("none", "fp8", "fp8-static", "fp8-block")   # models/quant_layers.py describes each layout
+LINEAR_SCHEMES = ("none", "fp8", "fp8-static", "fp8-block", "fp8-ub")   # models/quant_layers.py describes each layout
 WEIGHT_ORIGINS = ("none", "build", "checkpoint")           # who quantized: nobody, atom-build --quant, the checkpoint
 KV_SCALE_ORIGINS = ("none", "checkpoint", "calibrated")    # where an fp8 KV cache's k/v scales come from
 DECODER_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")

@@ -7,7 +7,8 @@ The FP8 weights are kept bit for bit; only the scales change shape:
 - [N, 1] scales become [N]; 128x128 block scales stay [ceil(N/128), ceil(K/128)] and concatenate
   along N (each fused part must then fill whole blocks, which the shape check after fusion enforces);
 - static input scales of fused parts (one input feeds them all) become their maximum: the coarsest
-  of them, so no part's activations clip. Dynamic schemes do not read input scales.
+  of them, so no part's activations clip. Dynamic schemes do not read input scales;
+- fbgemm_fp8's `activation_scale_ub` (config.json) becomes every quantized linear's `activation_scale_ub`.
 lm_head stays in the model dtype (it decides the argmax): a checkpoint that quantized it anyway has it
 dequantized (weight x scale), the one tensor that is.
 """
@@ -73,5 +74,9 @@ def finish_fused(state: dict[str, torch.Tensor], expected: dict[str, torch.Tenso
                          f"({', '.join(unquantized[:3])}{'...' if len(unquantized) > 3 else ''}; its ignore list: "
                          f"{list(quant.ignored)}). atom-aot runs every decoder linear in one scheme; only lm_head "
                          f"and embeddings (never quantized here) may be ignored.")
-    return {name: tensor.amax().reshape(1) if name.endswith(".input_scale") else tensor
-            for name, tensor in state.items()}
+    out = {name: tensor.amax().reshape(1) if name.endswith(".input_scale") else tensor
+           for name, tensor in state.items()}
+    if quant.activation_scale_ub is not None:        # fbgemm_fp8: the config's bound, on every quantized linear
+        bound = torch.tensor([quant.activation_scale_ub], dtype=torch.float32)
+        out.update({name: bound.clone() for name in expected if name.endswith(".activation_scale_ub")})
+    return out

@@ -28,10 +28,11 @@ SUPPORTED = ("fp8 (per-tensor or 128x128 blocks; dynamic or static activations),
 class CheckpointQuant:
     """A pre-quantized checkpoint's format, as the build loads it."""
     method: str                    # quant_method as config.json spells it
-    scheme: str                    # runtime scheme: fp8 | fp8-static | fp8-block
+    scheme: str                    # runtime scheme: fp8 | fp8-static | fp8-block | fp8-ub
     ignored: tuple[str, ...]       # the checkpoint's ignore list (modules it left unquantized)
     description: str               # for the manifest and `inspect`
     kv_cache_scheme: bool = False  # the checkpoint says it carries k/v scales
+    activation_scale_ub: float | None = None   # fbgemm_fp8: the bound on per-token activation amax
 
 
 def detect_checkpoint_quant(config: dict) -> CheckpointQuant | None:
@@ -73,9 +74,17 @@ def _hf_fp8(qc: dict) -> CheckpointQuant:
 
 
 def _fbgemm_fp8(qc: dict) -> CheckpointQuant:
-    return CheckpointQuant("fbgemm_fp8", "fp8", _ignored(qc, "modules_to_not_convert"),
-                           "fbgemm_fp8, per-channel weights, dynamic per-token activations "
-                           "(activation_scale_ub not applied)")
+    ignored = _ignored(qc, "modules_to_not_convert")
+    ub = qc.get("activation_scale_ub")
+    if ub is None:
+        return CheckpointQuant("fbgemm_fp8", "fp8", ignored, "fbgemm_fp8, per-channel weights, dynamic per-token "
+                                                             "activations")
+    if not isinstance(ub, (int, float)) or isinstance(ub, bool) or not ub > 0:
+        raise _refuse("fbgemm_fp8", f"activation_scale_ub {ub!r} (a positive number is the bound on a token's "
+                                    f"activation amax)")
+    return CheckpointQuant("fbgemm_fp8", "fp8-ub", ignored, f"fbgemm_fp8, per-channel weights, dynamic per-token "
+                           f"activations with amax bounded by activation_scale_ub={float(ub):g}",
+                           activation_scale_ub=float(ub))
 
 
 def _compressed_tensors(qc: dict) -> CheckpointQuant:
