@@ -83,3 +83,16 @@ class TestQuantizers:
         with pytest.raises(ValueError, match="multiple of 128"):
             fp8_linear(torch.randn(2, 96), weight, scale[:1, None].expand(1, 1).contiguous(), None, None)
 
+
+
+@pytest.mark.parametrize("layout", ["per-token", "static"])
+def test_the_inline_scaled_mm_path_matches_float64(layout):
+    """What the `aten` backend writes into a CUDA graph (quantize, then torch._scaled_mm with row-wise
+    scales), run where this torch has _scaled_mm on the CPU: the same numbers as the reference."""
+    from atom_aot.ops.fp8 import fp8_linear_cublas
+    x, _, weight, weight_scale, input_scale, b = make_case(layout, 9, 256, 136, seed=5, bias=True)
+    try:
+        y = fp8_linear_cublas(x, weight, weight_scale, input_scale, b)
+    except (RuntimeError, NotImplementedError) as e:      # older torch: _scaled_mm is CUDA-only
+        pytest.skip(f"torch._scaled_mm does not run on this CPU build: {e}")
+    assert rel_err(y, float64_on_quantized(x, weight, weight_scale, input_scale, b)) < 1e-6
