@@ -3,7 +3,9 @@
 No weights can be downloaded on the GPU machine; performance of dense models does not depend on
 weight values, and correctness is checked against transformers on the same random weights.
 Tensors are drawn one at a time on the chosen device (fast even for 8B) from the parameter names
-and shapes of transformers' own model class, built on the meta device.
+and shapes of transformers' own model class, built on the meta device, and written in shards of at
+most --shard-gb (with transformers' model.safetensors.index.json when there are several), so host
+memory holds one shard at a time: a 61 GB Qwen3-30B-A3B is written on a 128 GB machine.
 
   python scripts/make_random_model.py --config CONFIG.json --tokenizer TOKENIZER_DIR --out DIR [--device cuda]
 """
@@ -28,11 +30,13 @@ def parse_args(argv=None):
     p.add_argument("--std", type=float, default=0.02, help="std of the normal the matrices are drawn from")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--override", default="{}", help="JSON of config fields to change (e.g. fewer layers)")
+    p.add_argument("--shard-gb", type=float, default=4.0, help="the most bytes of one safetensors file, in GiB")
     return p.parse_args(argv)
 
 
 def make_random_model(config_path: Path, out: Path, tokenizer: Path | None = None, dtype: str = "bfloat16",
-                      device: str = "cpu", std: float = 0.02, seed: int = 0, override: dict | None = None) -> Path:
+                      device: str = "cpu", std: float = 0.02, seed: int = 0, override: dict | None = None,
+                      shard_bytes: int = 4 << 30) -> Path:
     from transformers import AutoConfig, AutoModelForCausalLM
     out.mkdir(parents=True, exist_ok=True)
     config_dict = {**json.loads(config_path.read_text()), **(override or {}), "torch_dtype": dtype}
@@ -41,16 +45,26 @@ def make_random_model(config_path: Path, out: Path, tokenizer: Path | None = Non
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     generator = torch.Generator(device=device).manual_seed(seed)
-    tensors = {}
-    for name, meta in model.state_dict().items():
-        if name == "lm_head.weight" and config.tie_word_embeddings:
-            continue
-        if "norm" in name:      # norm weights near 1, as trained models have them
-            t = 1 + 0.1 * torch.randn(meta.shape, generator=generator, device=device)
-        else:
-            t = std * torch.randn(meta.shape, generator=generator, device=device)
-        tensors[name] = t.to(getattr(torch, dtype)).cpu()
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    metas = {name: meta for name, meta in model.state_dict().items()
+             if not (name == "lm_head.weight" and config.tie_word_embeddings)}
+    itemsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    shards = plan_shards({name: meta.numel() * itemsize for name, meta in metas.items()}, shard_bytes)
+    files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))] \
+        if len(shards) > 1 else ["model.safetensors"]
+    for names, file in zip(shards, files):
+        tensors = {}
+        for name in names:
+            if "norm" in name:      # norm weights near 1, as trained models have them
+                t = 1 + 0.1 * torch.randn(metas[name].shape, generator=generator, device=device)
+            else:
+                t = std * torch.randn(metas[name].shape, generator=generator, device=device)
+            tensors[name] = t.to(getattr(torch, dtype)).cpu()
+        save_file(tensors, str(out / file), metadata={"format": "pt"})
+        del tensors
+    if len(files) > 1:          # transformers' and vLLM's index of a sharded checkpoint
+        index = {"metadata": {"total_size": sum(metas[n].numel() * itemsize for n in metas)},
+                 "weight_map": {name: file for names, file in zip(shards, files) for name in names}}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
     eos = config_dict.get("eos_token_id")
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": config_dict.get("bos_token_id"),
                                                             "eos_token_id": eos}, indent=1))
@@ -61,7 +75,20 @@ def make_random_model(config_path: Path, out: Path, tokenizer: Path | None = Non
     return out
 
 
+def plan_shards(sizes: dict[str, int], shard_bytes: int) -> list[list[str]]:
+    """Tensor names in order, cut into shards of at most shard_bytes (a larger tensor alone in its own)."""
+    shards, current, total = [], [], 0
+    for name, size in sizes.items():
+        if current and total + size > shard_bytes:
+            shards.append(current)
+            current, total = [], 0
+        current.append(name)
+        total += size
+    return shards + ([current] if current else [])
+
+
 if __name__ == "__main__":
     a = parse_args()
-    path = make_random_model(a.config, a.out, a.tokenizer, a.dtype, a.device, a.std, a.seed, json.loads(a.override))
+    path = make_random_model(a.config, a.out, a.tokenizer, a.dtype, a.device, a.std, a.seed, json.loads(a.override),
+                             int(a.shard_gb * (1 << 30)))
     print(path)

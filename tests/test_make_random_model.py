@@ -1,0 +1,40 @@
+"""scripts/make_random_model.py writes random weights of a real architecture's shapes in shards (one in host
+memory at a time) with transformers' index, which transformers and atom-build both read."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from factories import make_tokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from make_random_model import make_random_model, plan_shards  # noqa: E402
+
+CONFIG = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128, hidden_size=32,
+              intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+
+
+def test_shards_keep_the_order_and_the_bound():
+    assert plan_shards({"a": 4, "b": 4, "c": 9, "d": 1}, 8) == [["a", "b"], ["c"], ["d"]]
+
+
+def test_a_sharded_folder_loads_in_transformers_and_in_atom_build(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from atom_aot.build.source import resolve_model
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(CONFIG))
+    make_tokenizer(tmp_path / "tokenizer")
+    out = make_random_model(config, tmp_path / "model", tmp_path / "tokenizer", dtype="float32", shard_bytes=40_000)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    files = sorted(p.name for p in out.glob("*.safetensors"))
+    assert len(files) > 2 and sorted(set(index["weight_map"].values())) == files
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    assert set(index["weight_map"]) == set(model.state_dict())
+    source = resolve_model(str(out))
+    assert sorted(p.name for p in source.weight_files) == files
+    loaded = dict(source.tensors())
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in model.state_dict().items())
