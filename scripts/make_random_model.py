@@ -3,7 +3,8 @@
 No weights can be downloaded on the GPU machine; performance of dense models does not depend on
 weight values, and correctness is checked against transformers on the same random weights.
 Tensors are drawn one at a time on the chosen device (fast even for 8B) from the parameter names
-and shapes of transformers' own model class, built on the meta device, and written in shards of at
+and shapes of transformers' own model class, built on the meta device (the same draw as
+`atom-build --load-format dummy`, atom_aot/build/dummy.py), and written in shards of at
 most --shard-gb (with transformers' model.safetensors.index.json when there are several), so host
 memory holds one shard at a time: a 61 GB Qwen3-30B-A3B is written on a 128 GB machine.
 
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+
+from atom_aot.build.dummy import DEFAULT_SEED, DEFAULT_STD, parameter_shapes, random_tensors
 
 
 def parse_args(argv=None):
@@ -35,34 +38,25 @@ def parse_args(argv=None):
 
 
 def make_random_model(config_path: Path, out: Path, tokenizer: Path | None = None, dtype: str = "bfloat16",
-                      device: str = "cpu", std: float = 0.02, seed: int = 0, override: dict | None = None,
-                      shard_bytes: int = 4 << 30) -> Path:
-    from transformers import AutoConfig, AutoModelForCausalLM
+                      device: str = "cpu", std: float = DEFAULT_STD, seed: int = DEFAULT_SEED,
+                      override: dict | None = None, shard_bytes: int = 4 << 30) -> Path:
+    """The same tensors `atom-build --load-format dummy` draws for this config on `device` (build/dummy.py)."""
     out.mkdir(parents=True, exist_ok=True)
     config_dict = {**json.loads(config_path.read_text()), **(override or {}), "torch_dtype": dtype}
     (out / "config.json").write_text(json.dumps(config_dict, indent=1))
-    config = AutoConfig.from_pretrained(out)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    generator = torch.Generator(device=device).manual_seed(seed)
-    metas = {name: meta for name, meta in model.state_dict().items()
-             if not (name == "lm_head.weight" and config.tie_word_embeddings)}
+    shapes = parameter_shapes(out)
     itemsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
-    shards = plan_shards({name: meta.numel() * itemsize for name, meta in metas.items()}, shard_bytes)
+    shards = plan_shards({name: shape.numel() * itemsize for name, shape in shapes.items()}, shard_bytes)
     files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))] \
         if len(shards) > 1 else ["model.safetensors"]
+    tensors = random_tensors(out, getattr(torch, dtype), seed, std, device)
     for names, file in zip(shards, files):
-        tensors = {}
-        for name in names:
-            if "norm" in name:      # norm weights near 1, as trained models have them
-                t = 1 + 0.1 * torch.randn(metas[name].shape, generator=generator, device=device)
-            else:
-                t = std * torch.randn(metas[name].shape, generator=generator, device=device)
-            tensors[name] = t.to(getattr(torch, dtype)).cpu()
-        save_file(tensors, str(out / file), metadata={"format": "pt"})
-        del tensors
+        shard = dict(next(tensors) for _ in names)
+        assert list(shard) == names
+        save_file(shard, str(out / file), metadata={"format": "pt"})
+        del shard
     if len(files) > 1:          # transformers' and vLLM's index of a sharded checkpoint
-        index = {"metadata": {"total_size": sum(metas[n].numel() * itemsize for n in metas)},
+        index = {"metadata": {"total_size": sum(shapes[n].numel() * itemsize for n in shapes)},
                  "weight_map": {name: file for names, file in zip(shards, files) for name in names}}
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
     eos = config_dict.get("eos_token_id")

@@ -14,6 +14,7 @@ QUANT_MODES = ("none", "fp8")
 KV_CACHE_DTYPES = ("auto", "bf16", "fp8")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 COMPILE_MODES = ("aoti", "none")
+LOAD_FORMATS = ("auto", "dummy")
 
 
 # Build options a user does not pass as build options when a model is built for serving: the arch is
@@ -61,6 +62,10 @@ class BuildOptions:
     block_size: int = flag(16, "--block-size", help="tokens per KV-cache block (a power of two)")
     compile: str = flag("aoti", "--compile", choices=COMPILE_MODES,
                         help="aoti: AOTInductor packages; none: weights only, the runtime runs eagerly")
+    load_format: str = flag("auto", "--load-format", choices=LOAD_FORMATS,
+                            help="dummy: random weights of the config's shapes, drawn at build (vLLM's "
+                                 "--load-format dummy; for benchmarks; --model is a folder with config.json and "
+                                 "a tokenizer, no weights are read)")
 
     def __post_init__(self):
         _check(self.arch in ARCHES, f"--arch must be one of {', '.join(ARCHES)} (or auto), got {self.arch!r}")
@@ -69,6 +74,8 @@ class BuildOptions:
         _check(self.kv_cache_dtype in KV_CACHE_DTYPES,
                f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         _check(self.compile in COMPILE_MODES, f"--compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
+        _check(self.load_format in LOAD_FORMATS,
+               f"--load-format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         _check(_is_int(self.tensor_parallel_size) and self.tensor_parallel_size >= 1,
                f"-tp must be an integer >= 1, got {self.tensor_parallel_size!r}")
         _check(_is_int(self.block_size) and self.block_size >= 1 and self.block_size & (self.block_size - 1) == 0,
@@ -104,7 +111,7 @@ class BuildOptions:
                        kv_cache_dtype=r.str("kv_cache_dtype"),
                        capture_sizes=None if sizes is None else r.ints("capture_sizes"),
                        max_model_len=r.int("max_model_len", optional=True), block_size=r.int("block_size"),
-                       compile=r.str("compile"))
+                       compile=r.str("compile"), load_format=r.str("load_format", "auto"))
         except ValueError as e:
             from atom_aot.errors import ArtifactError
             raise ArtifactError(f"{r.where}: {e}. The artifact is malformed: rebuild it with atom-build.") from None

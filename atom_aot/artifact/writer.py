@@ -49,7 +49,8 @@ def describe_members(staging: Path, archive: bool) -> tuple[dict[str, Member], d
 
 def write_artifact(staging: Path, manifest: Manifest, out: Path) -> Manifest:
     """`manifest` completed with the member table of `staging`, written to `out` (`.atom` file, else a
-    folder) atomically; returns the manifest written."""
+    folder) atomically; returns the manifest written. A folder takes staging's files by moving them
+    (staging is left empty), so a 57 GiB model needs its bytes on disk once, not twice; an archive copies."""
     archive = out.suffix == ".atom"
     members, compressed = describe_members(staging, archive)
     manifest = dataclasses.replace(manifest, members=members)
@@ -92,7 +93,7 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 def _write_folder(staging: Path, manifest_raw: bytes, out: Path) -> None:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, suffix=".partial"))
     try:
-        shutil.copytree(staging, tmp, dirs_exist_ok=True)
+        shutil.copytree(staging, tmp, dirs_exist_ok=True, copy_function=shutil.move)   # renames on one filesystem
         (tmp / MANIFEST).write_bytes(manifest_raw)
         (tmp / MANIFEST_CHECKSUM).write_text(fast_hash(manifest_raw))
         if out.exists():

@@ -19,7 +19,8 @@ def default_cache_dir() -> Path:
 def artifact_name(model_name: str, config: BuildConfig, key: str) -> str:
     model = re.sub(r"[^a-z0-9.]+", "-", model_name.lower()).strip("-")
     ranks = f"tp{config.tensor_parallel_size}" + ("-ep" if config.enable_expert_parallel else "")
-    return f"{model}-{config.arch}-{ranks}-{config.quant}-{key[:KEY_DIGITS]}.atom"
+    weights = "-dummy" if config.load_format == "dummy" else ""        # random weights say so in the name too
+    return f"{model}{weights}-{config.arch}-{ranks}-{config.quant}-{key[:KEY_DIGITS]}.atom"
 
 
 def find_cached(cache_dir: Path, key: str) -> Path | None:

@@ -68,7 +68,7 @@ def check_arch_present(arch: str) -> None:
 
 def plan(model: str | None, config: BuildConfig) -> tuple[ModelSource, ModelConfig, str, dict]:
     """Resolve the model and compute the build key, without building."""
-    source = resolve_model(model)
+    source = resolve_model(model, config.load_format)
     model_config = ModelConfig.from_hf_dict(source.config)
     model_class(model_config.architecture)          # fails early on an unsupported architecture
     linear_quant = resolve_quant_plan(source.config, config.quant)   # and on a quantization it cannot load
@@ -159,6 +159,11 @@ def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, co
         device = device_for_arch(config.arch)
         model.load_state_dict({k: v.to(device) for k, v in state.items()}, assign=True)
         phases = _compile(staging, model.eval(), tuning, config, max_len, progress)
+        model.to("meta")                 # the probe's child process loads the weights on the device again
+        del state
+        if device.type == "cuda":
+            import torch
+            torch.cuda.empty_cache()
     (staging / CONFIG).parent.mkdir()
     (staging / CONFIG).write_text(json.dumps(source.config, indent=1, sort_keys=True))
     (staging / GENERATION_CONFIG).write_text(json.dumps(source.generation_config, indent=1))

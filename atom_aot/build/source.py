@@ -49,7 +49,19 @@ class ModelSource:
         return h.hexdigest()
 
 
-def resolve_model(model: str | None) -> ModelSource:
+@dataclass
+class DummySource(ModelSource):
+    """--load-format dummy: the folder's config and tokenizer, random weights (build/dummy.py)."""
+    device: str = "cpu"
+
+    def weights_hash(self) -> str:
+        from atom_aot.build.dummy import dummy_weights_hash
+        return dummy_weights_hash(self.config, self.device)
+
+
+def resolve_model(model: str | None, load_format: str = "auto") -> ModelSource:
+    if load_format == "dummy":
+        return _dummy_source(model)
     if model is None:
         from atom_aot.build.default_model import default_model_path
         model = default_model_path()
@@ -66,13 +78,43 @@ def resolve_model(model: str | None) -> ModelSource:
         f"for the embedded default (SmolLM2-135M-Instruct).")
 
 
+def _dummy_source(model: str | None) -> ModelSource:
+    from atom_aot.build.dummy import config_dtype, default_device, random_tensors
+    path = Path(model).expanduser() if model else None
+    if path is None or not (path / "config.json").is_file():
+        raise FileNotFoundError(f"--load-format dummy needs --model to be a folder with config.json and a tokenizer "
+                                f"(its weights, if any, are not read); got {model!r}")
+    config, generation = _configs(path)
+    device = default_device()
+    tokenizer_files, save_tokenizer = _tokenizer(path)
+    return DummySource(path.name, path, config, generation, [],
+                       lambda: random_tensors(path, config_dtype(config), device=device), save_tokenizer,
+                       tokenizer_files, device=device)
+
+
+def _configs(path: Path) -> tuple[dict, dict]:
+    config = json.loads((path / "config.json").read_text())
+    gen_file = path / "generation_config.json"
+    return config, (json.loads(gen_file.read_text()) if gen_file.exists() else {})
+
+
+def _tokenizer(path: Path) -> tuple[list[Path], Callable[[Path], None]]:
+    tokenizer_files = [path / n for n in TOKENIZER_FILES if (path / n).exists()]
+    if not any(f.name in ("tokenizer.json", "tokenizer.model") for f in tokenizer_files):
+        raise FileNotFoundError(f"{path} has no tokenizer (tokenizer.json or tokenizer.model)")
+
+    def save_tokenizer(out: Path):
+        for f in tokenizer_files:
+            shutil.copy(f, out / f.name)
+    return tokenizer_files, save_tokenizer
+
+
 def _hf_folder_source(path: Path) -> ModelSource:
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"{path} has no *.safetensors weights (pickled .bin checkpoints are not loaded)")
-    config = json.loads((path / "config.json").read_text())
-    gen_file = path / "generation_config.json"
-    generation = json.loads(gen_file.read_text()) if gen_file.exists() else {}
+        raise FileNotFoundError(f"{path} has no *.safetensors weights (pickled .bin checkpoints are not loaded; "
+                                f"--load-format dummy builds random weights of the config's shapes)")
+    config, generation = _configs(path)
 
     def tensors():
         from safetensors import safe_open
@@ -81,14 +123,7 @@ def _hf_folder_source(path: Path) -> ModelSource:
                 for name in fh.keys():
                     yield name, fh.get_tensor(name)
 
-    tokenizer_files = [path / n for n in TOKENIZER_FILES if (path / n).exists()]
-    if not any(f.name in ("tokenizer.json", "tokenizer.model") for f in tokenizer_files):
-        raise FileNotFoundError(f"{path} has no tokenizer (tokenizer.json or tokenizer.model)")
-
-    def save_tokenizer(out: Path):
-        for f in tokenizer_files:
-            shutil.copy(f, out / f.name)
-
+    tokenizer_files, save_tokenizer = _tokenizer(path)
     return ModelSource(path.name, path, config, generation, files, tensors, save_tokenizer, tokenizer_files)
 
 

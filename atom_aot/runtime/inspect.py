@@ -32,7 +32,8 @@ def describe(art: Artifact) -> str:
         ("artifact", f"{art.path} (format {m.format_version}, engine {m.engine_version}, "
                      f"forward signature {m.signature_version})"),
         ("build key", m.build_key),
-        ("model", f"{model.name} ({model.architecture}), from {model.source}"),
+        ("model", f"{model.name} ({model.architecture}), from {model.source}"
+                  + (" - RANDOM weights (--load-format dummy)" if m.options.load_format == "dummy" else "")),
         ("shape", f"{config.get('num_hidden_layers')} layers, hidden {config.get('hidden_size')}, "
                   f"heads {config.get('num_attention_heads')}/{config.get('num_key_value_heads')} (q/kv), "
                   f"vocab {config.get('vocab_size')}"),

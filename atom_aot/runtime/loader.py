@@ -106,6 +106,8 @@ def load_artifact(path: str | Path, enforce_eager: bool = False, rank: int = 0) 
     else:
         weights, forwards = _load_eager(manifest, model_config, tuning, buffer, device, timings)
     execution = "aotinductor" if compiled else "eager"
+    if manifest.options.load_format == "dummy":
+        log.warning("this artifact's weights are random (built with --load-format dummy): for benchmarks only")
     log.info("model path: %s (%s)", execution,
              "compiled package from the artifact" if compiled else
              "--enforce-eager" if enforce_eager else "the artifact has no compiled code (built with --compile none)")

@@ -1,0 +1,72 @@
+"""`atom-build --load-format dummy`: random weights of the config's shapes, drawn at build time, as
+vLLM's `--load-format dummy`. For benchmarks of models whose real weights are not on the machine:
+speed does not depend on weight values, and a 61 GB model then needs one copy on disk (the
+artifact), not two (a random checkpoint folder and the artifact).
+
+The names and shapes are transformers' own for the architecture (its model class built on the meta
+device), so the build's usual checkpoint mapping reads them; tensors are drawn one at a time (on the
+GPU when there is one) and handed over in host memory. The same (config, seed, std) always gives the
+same tensors, also as `scripts/make_random_model.py` writes them to a folder. The manifest records
+`load_format` and `atom-run ART inspect` says the weights are random.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import torch
+import xxhash
+
+LOAD_FORMATS = ("auto", "dummy")
+DEFAULT_STD = 0.02
+DEFAULT_SEED = 0
+
+
+def parameter_shapes(folder: Path) -> dict[str, torch.Size]:
+    """transformers' checkpoint names -> shapes for the folder's config.json, in its module order (a tied
+    lm_head left out)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    hf_config = AutoConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config)
+    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+    return {name: meta.shape for name, meta in model.state_dict().items()
+            if not (name == "lm_head.weight" and tied)}
+
+
+def draw(name: str, shape: torch.Size, dtype: torch.dtype, generator: torch.Generator, std: float) -> torch.Tensor:
+    """One random tensor on the generator's device: norm weights near 1 (as trained models have them),
+    every other tensor normal with `std`."""
+    device = generator.device
+    if "norm" in name:
+        t = 1 + 0.1 * torch.randn(shape, generator=generator, device=device)
+    else:
+        t = std * torch.randn(shape, generator=generator, device=device)
+    return t.to(dtype)
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def random_tensors(folder: Path, dtype: torch.dtype, seed: int = DEFAULT_SEED, std: float = DEFAULT_STD,
+                   device: str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, host tensor) one at a time, in transformers' order."""
+    generator = torch.Generator(device=device or default_device()).manual_seed(seed)
+    for name, shape in parameter_shapes(folder).items():
+        yield name, draw(name, shape, dtype, generator, std).cpu()
+
+
+def config_dtype(config: dict) -> torch.dtype:
+    name = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
+    return getattr(torch, name)
+
+
+def dummy_weights_hash(config: dict, device: str, seed: int = DEFAULT_SEED, std: float = DEFAULT_STD) -> str:
+    """What the drawn weights depend on (stands for the weight files' hash in the build key): the same
+    seed draws other numbers on another device type."""
+    h = xxhash.xxh3_128()
+    h.update(json.dumps({"load_format": "dummy", "config": config, "seed": seed, "std": std,
+                         "device": torch.device(device).type}, sort_keys=True).encode())
+    return h.hexdigest()
