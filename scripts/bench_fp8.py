@@ -5,11 +5,13 @@
 
 Per layer group (qkv, o, gate_up, down) and token count M (decode 1..256, prefill 512..8192):
 - bf16: torch.nn.functional.linear (cuBLAS), the baseline;
-- fp8 aten: atom::fp8_linear's CUDA path (dynamic per-token quantization + torch._scaled_mm row-wise);
+- fp8 aten: atom::fp8_linear's CUDA path (dynamic per-token quantization + torch._scaled_mm row-wise),
+  as separate kernels (what the build's tuning times); "aten compiled": the same through torch.compile
+  (the quantization fused, as inside an AOTInductor package); "scaled_mm only": the GEMM alone;
 - fp8 triton: atom_triton::fp8_linear with each candidate config (per-channel, and 128x128 blocks);
 each checked against the float32 reference on the same FP8 operands (relative error), timed with
 the build's measure_ms (CUDA-graph replay under do_bench, median). The winner per shape is what the
-build's tuning would store. Not yet run: written without a GPU (docs/quantization.md says so).
+build's tuning would store.
 """
 from __future__ import annotations
 
@@ -46,9 +48,32 @@ def timed(fn, smoke: bool) -> float | None:
     return measure_ms(fn)[0]
 
 
+_COMPILED = {}
+
+
+def compiled_aten():
+    """The aten path as an AOTInductor package holds it: quantization fused by Inductor, then _scaled_mm."""
+    if "fn" not in _COMPILED:
+        from atom_aot.ops.fp8 import fp8_linear_cublas
+        _COMPILED["fn"] = torch.compile(fp8_linear_cublas, dynamic=True)
+    return _COMPILED["fn"]
+
+
+def scaled_mm_only(x, w, s):
+    """_scaled_mm on activations quantized beforehand (outside the timing): the GEMM's own cost."""
+    from atom_aot.ops.fp8 import quantize_activations
+    key = ("q", x.data_ptr(), x.shape)
+    if _COMPILED.get("q_key") != key:
+        _COMPILED["q_key"], _COMPILED["q"] = key, quantize_activations(x, None, False)
+    xq, xs = _COMPILED["q"]
+    return torch._scaled_mm(xq, w.t(), scale_a=xs.contiguous(), scale_b=s[None, :], out_dtype=x.dtype)
+
+
 def candidates(block: bool):
     from atom_aot.ops.triton.fp8_gemm import CANDIDATE_CONFIGS
-    rows = [] if block else [("aten", lambda x, w, s: torch.ops.atom.fp8_linear(x, w, s, None, None))]
+    rows = [] if block else [("aten", lambda x, w, s: torch.ops.atom.fp8_linear(x, w, s, None, None)),
+                             ("aten compiled", lambda x, w, s: compiled_aten()(x, w, s, None, None)),
+                             ("scaled_mm only", scaled_mm_only)]
     for c in CANDIDATE_CONFIGS:
         rows.append((f"triton {','.join(map(str, c.as_args()))}",
                      lambda x, w, s, c=c: torch.ops.atom_triton.fp8_linear(x, w, s, None, None, *c.as_args())))
@@ -64,7 +89,7 @@ def bench_shape(group: str, n: int, k: int, m: int, device: str, smoke: bool) ->
         weight, scale = quantize(w)
         ref = fp8_linear_reference(x.cpu(), weight.cpu(), scale.cpu(), None, None) if smoke else None
         for name, fn in candidates(layout == "block"):
-            if smoke and name == "aten":
+            if smoke and name.startswith(("aten", "scaled_mm")):
                 continue          # _scaled_mm needs a GPU
             key = f"fp8 {layout} {name}"
             try:
