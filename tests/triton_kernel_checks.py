@@ -35,7 +35,8 @@ def patch_triton_interpreter() -> None:
     - scalars are 1-element arrays converted with `int(array)`, which numpy 2.4 refuses, so a
       `range(lo, hi)` over values loaded in the kernel fails;
     - bfloat16 is held as raw uint16 bits and `tl.dot` multiplies those bits as integers;
-    - narrowing float casts (to bf16, to fp8) truncate instead of rounding to nearest even.
+    - narrowing float casts (to bf16, to fp8) truncate instead of rounding to nearest even, and
+      casts from fp8 to fp16 convert the raw bits as integers.
     The casts and the bf16 dot are redone through torch, whose CPU conversions round like the GPU.
     """
     import numpy as np
@@ -50,10 +51,14 @@ def patch_triton_interpreter() -> None:
     raw = {1: (torch.uint8, np.uint8), 2: (torch.int16, np.uint16), 4: (torch.float32, np.float32)}
 
     def to_torch(data, dtype):
+        if dtype == tl.float16:   # the one 16-bit float numpy holds as itself
+            return torch.from_numpy(np.ascontiguousarray(data, dtype=np.float16))
         bits, _ = raw[dtype.primitive_bitwidth // 8]
         return torch.from_numpy(np.ascontiguousarray(data)).view(bits).view(torch_dtypes[dtype])
 
     def to_numpy(t, dtype):
+        if dtype == tl.float16:
+            return t.numpy()
         bits, np_bits = raw[dtype.primitive_bitwidth // 8]
         return t.view(bits).numpy().view(np_bits)
 
@@ -73,8 +78,8 @@ def patch_triton_interpreter() -> None:
 
     def cast_impl(self, src, dst_type):
         src_t, dst_t = src.dtype.scalar, dst_type.scalar
-        narrowing = dst_t in (tl.bfloat16, tl.float8e4nv, tl.float8e5) or src_t == tl.bfloat16
-        if narrowing and src_t in torch_dtypes and dst_t in torch_dtypes and src_t != dst_t:
+        raw_bits = (tl.bfloat16, tl.float8e4nv, tl.float8e5)   # held as integer bits by the interpreter
+        if (dst_t in raw_bits or src_t in raw_bits) and src_t in torch_dtypes and dst_t in torch_dtypes and src_t != dst_t:
             return torch_cast(src, dst_t)
         return original_cast(self, src, dst_type)
 

@@ -20,6 +20,9 @@ combines them.
 
 An fp8 cache's scales (KV_SCALED) cost nothing in the loop: keys are widened in registers and
 k_scale folds into the softmax scale; v_scale multiplies the tile's accumulator once.
+FP8_AS_FP16: with an fp8 cache and bf16 queries the two dots run in fp16 (q converted once per tile):
+e4m3 -> fp16 is one hardware conversion per pair of values, e4m3 -> bf16 is not, and fp16 holds every
+e4m3 value and the probabilities exactly enough (more mantissa than bf16).
 """
 import triton
 import triton.language as tl
@@ -145,6 +148,7 @@ def paged_attention_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE: tl.constexpr,
     MAY_SPLIT: tl.constexpr,            # the op's max_splits > 1
     KV_SCALED: tl.constexpr,            # fp8 cache with scales: stored * scale is the value
+    FP8_AS_FP16: tl.constexpr,          # fp8 cache, bf16 q: the dots run in fp16 (see the module docstring)
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     tile = tl.program_id(0)
@@ -169,6 +173,8 @@ def paged_attention_kernel(
     # q: [BLOCK_M, D]
     q = tl.load(q_ptr + tok64[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
                 mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    if FP8_AS_FP16:   # |q| past fp16's range would be inf: saturate (never seen in a real model's q)
+        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
     qk_scale = tl.cast(qk_scale_log2, tl.float32)
     if KV_SCALED:
         qk_scale = qk_scale * tl.load(kv_scale_ptr)

@@ -54,6 +54,7 @@ CANDIDATE_CONFIGS = {
         AttentionConfig(16, 64, 4, 2, 1024, 32),
         AttentionConfig(16, 64, 4, 2, 1024, 64),
         AttentionConfig(16, 128, 4, 2, 512, 16),
+        AttentionConfig(16, 128, 4, 4, 512, 16),    # long contexts in bf16 (docs/benchmarks/h100-fp8-kv-decode-attention.json)
         AttentionConfig(16, 32, 2, 3, 512, 32),
     ),
 }
@@ -97,6 +98,7 @@ def launch_paged_attention(
     scale: float,
     block_m: int, block_n: int, num_warps: int, num_stages: int, target_programs: int, max_splits: int,
     kv_scale: Optional[torch.Tensor] = None,   # [2] float32 (k, v): an fp8 cache's scales
+    fp8_as_fp16: Optional[bool] = None,        # None: as fp8_dots_in_fp16 says (benchmarks pass both)
 ) -> torch.Tensor:
     """Launches the tile kernel and, when this batch splits its keys, the merge kernel; returns out [T, H, D]."""
     check_kv_cache(kv_cache)
@@ -118,11 +120,17 @@ def launch_paged_attention(
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=block_n,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), PAGE_SIZE=page_size, IEEE=q.dtype == torch.float32,
         MAY_SPLIT=max_splits > 1, KV_SCALED=kv_scale is not None,
+        FP8_AS_FP16=fp8_dots_in_fp16(q.dtype, kv_cache.dtype) if fp8_as_fp16 is None else fp8_as_fp16,
         num_warps=num_warps, num_stages=num_stages,
     )
     if max_splits > 1:
         launch_merge_splits(part, lse, out, num_splits, max_splits)
     return out
+
+
+def fp8_dots_in_fp16(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
+    """Whether an fp8 cache's dots run in fp16 (for bf16 queries; fp16 queries do anyway)."""
+    return kv_dtype.itemsize == 1 and q_dtype == torch.bfloat16
 
 
 def split_outputs(q: torch.Tensor, dim: int, num_splits, max_splits: int):
