@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from atom_aot.build.kv_scales import prefill_inputs
-from atom_aot.build.weights import quantize_fp8_weights
+from atom_aot.build.weights import quantize_weights
 from atom_aot.models.quant_layers import Fp8Linear
 from atom_aot.ops.fp8 import dequantize_weight
 from model_factories import tiny_model
@@ -32,7 +32,7 @@ def fp8_twin(model, dtype: torch.dtype):
         twin = cls(model.config, dtype, "fp8", model.model.rotary.cos_sin_cache.shape[0])
     expected = twin.state_dict()
     state = {name: t.to(expected[name].dtype) if expected[name].dtype != torch.float8_e4m3fn else t
-             for name, t in quantize_fp8_weights(model.state_dict(), expected)}
+             for name, t in quantize_weights(model.state_dict(), expected, "fp8")}
     twin.load_state_dict(state, assign=True)
     return twin.eval()
 
