@@ -25,14 +25,13 @@ def prefill_step(model, kv_dtype: torch.dtype, seed: int = 0):
     return prefill_inputs(model.config, prompts, kv_dtype, "cpu", logits="all")
 
 
-def fp8_twin(model, dtype: torch.dtype):
-    """`model` with its decoder linears quantized as `atom-build --quant fp8` does."""
+def fp8_twin(model, dtype: torch.dtype, quant: str = "fp8"):
+    """`model` with its decoder linears quantized as `atom-build --quant fp8` (or `quant`) does."""
     cls = type(model)
     with torch.device("meta"):
-        twin = cls(model.config, dtype, "fp8", model.model.rotary.cos_sin_cache.shape[0])
+        twin = cls(model.config, dtype, quant, model.model.rotary.cos_sin_cache.shape[0])
     expected = twin.state_dict()
-    state = {name: t.to(expected[name].dtype) if expected[name].dtype != torch.float8_e4m3fn else t
-             for name, t in quantize_weights(model.state_dict(), expected, "fp8")}
+    state = {name: t.to(expected[name].dtype) for name, t in quantize_weights(model.state_dict(), expected, quant)}
     twin.load_state_dict(state, assign=True)
     return twin.eval()
 
