@@ -89,6 +89,16 @@ def test_manifest_and_inspect_name_the_scheme_its_origin_and_the_gemm(tiny_dir, 
     assert "int8 (quantized by atom-build --quant int8)" in built
 
 
+def test_a_manifest_whose_scheme_disagrees_with_quant_int8_is_refused(tiny_dir, build_artifact):
+    from atom_aot.artifact.manifest import Manifest
+    from atom_aot.errors import ArtifactError
+    d = json.loads(Artifact.open(build_artifact(tiny_dir, compile="none", quant="int8")).manifest.to_json())
+    assert Manifest.from_json(json.dumps(d).encode()).quantization.weights == "int8"
+    d["quantization"]["weights"] = "fp8"
+    with pytest.raises(ArtifactError, match=r"quantization\.weights disagrees"):
+        Manifest.from_json(json.dumps(d).encode())
+
+
 class TestRefusals:
     @pytest.mark.parametrize("config,named", [
         (int8_config(weight_fields={"symmetric": False}), "asymmetric int8 weights"),
