@@ -1,5 +1,5 @@
 """SmolLM2-135M-Instruct's perplexity on a fixed text (atom_aot/bench/perplexity.py) in float32, bf16,
-and with FP8 weights (W8A8) and/or an FP8 KV cache (calibrated scales), on the CPU; writes JSON.
+and with FP8 or INT8 weights (W8A8) and/or an FP8 KV cache (calibrated scales), on the CPU; writes JSON.
 
     python scripts/cpu_smollm2_fp8_perplexity.py [--out docs/benchmarks/cpu-smollm2-fp8-perplexity.json]
 
@@ -21,6 +21,8 @@ CONFIGS = {
     "fp8 kv cache": {"kv_cache_dtype": "fp8"},
     "fp8 weights + fp8 kv cache": {"quant": "fp8", "kv_cache_dtype": "fp8"},
     "bf16, fp8 weights + fp8 kv cache": {"dtype": "bfloat16", "quant": "fp8", "kv_cache_dtype": "fp8"},
+    "int8 weights": {"quant": "int8"},
+    "bf16, int8 weights": {"dtype": "bfloat16", "quant": "int8"},
 }
 ROOT = Path(__file__).resolve().parents[1]
 GGUF = ROOT.parent / "shared" / "models" / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -30,13 +32,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(GGUF))
     parser.add_argument("--out", type=Path, default=ROOT / "docs/benchmarks/cpu-smollm2-fp8-perplexity.json")
+    parser.add_argument("--only", nargs="+", choices=list(CONFIGS), help="these rows (float32 always runs)")
     args = parser.parse_args()
+    configs = {n: o for n, o in CONFIGS.items() if not args.only or n == "float32" or n in args.only}
     from atom_aot.bench.perplexity import perplexity
     from atom_aot.build.config import BuildConfig
     from atom_aot.build.pipeline import build
     rows = {}
     with tempfile.TemporaryDirectory() as cache:
-        for name, options in CONFIGS.items():
+        for name, options in configs.items():
             artifact = build(args.model, BuildConfig(arch="cpu", compile="none", **options), cache_dir=Path(cache),
                              show_progress=False).path
             start = time.perf_counter()

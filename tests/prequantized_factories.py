@@ -63,16 +63,27 @@ def write_prequantized(src: Path, dst: Path, fmt: str) -> Path:
     qc, layout, scale_name, static = FORMATS[fmt]
     if qc is None:
         qc = compressed_tensors_config(layout, static)
+
+    def quantize(linear: str, w: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = _quantized(w, layout, scale_name, fmt)
+        if static:
+            out["input_scale"] = torch.tensor(INPUT_AMAX / FP8_MAX)
+        return out
+    return rewrite_linears(src, dst, qc, quantize)
+
+
+def rewrite_linears(src: Path, dst: Path, qc: dict, quantize) -> Path:
+    """`src` copied to `dst` with config.json's quantization_config `qc` and each decoder linear's
+    weight replaced by `quantize(linear name, weight)`'s tensors (leaf name -> tensor); returns `dst`."""
     shutil.copytree(src, dst)
     for f in dst.glob("*.safetensors"):
         f.unlink()
     out = {}
     for name, tensor in load_file(str(next(src.glob("*.safetensors")))).items():
         module, _, leaf = name.rpartition(".")
-        if leaf == "weight" and module.split(".")[-1] in LINEARS:
-            out.update({f"{module}.{k}": v for k, v in _quantized(tensor, layout, scale_name, fmt).items()})
-            if static:
-                out[f"{module}.input_scale"] = torch.tensor(INPUT_AMAX / FP8_MAX)
+        linear = module.split(".")[-1]
+        if leaf == "weight" and linear in LINEARS:
+            out.update({f"{module}.{k}": v for k, v in quantize(linear, tensor).items()})
         else:
             out[name] = tensor
     save_file(out, str(dst / "model.safetensors"))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from atom_aot.build.kv_scales import prefill_inputs
-from atom_aot.build.weights import quantize_fp8_weights
+from atom_aot.build.weights import quantize_weights
 from atom_aot.models.quant_layers import Fp8Linear
 from atom_aot.ops.fp8 import dequantize_weight
 from model_factories import tiny_model
@@ -25,14 +25,13 @@ def prefill_step(model, kv_dtype: torch.dtype, seed: int = 0):
     return prefill_inputs(model.config, prompts, kv_dtype, "cpu", logits="all")
 
 
-def fp8_twin(model, dtype: torch.dtype):
-    """`model` with its decoder linears quantized as `atom-build --quant fp8` does."""
+def fp8_twin(model, dtype: torch.dtype, quant: str = "fp8"):
+    """`model` with its decoder linears quantized as `atom-build --quant fp8` (or `quant`) does."""
     cls = type(model)
     with torch.device("meta"):
-        twin = cls(model.config, dtype, "fp8", model.model.rotary.cos_sin_cache.shape[0])
+        twin = cls(model.config, dtype, quant, model.model.rotary.cos_sin_cache.shape[0])
     expected = twin.state_dict()
-    state = {name: t.to(expected[name].dtype) if expected[name].dtype != torch.float8_e4m3fn else t
-             for name, t in quantize_fp8_weights(model.state_dict(), expected)}
+    state = {name: t.to(expected[name].dtype) for name, t in quantize_weights(model.state_dict(), expected, quant)}
     twin.load_state_dict(state, assign=True)
     return twin.eval()
 

@@ -132,11 +132,10 @@ class TestRefusals:
         with pytest.raises(BuildError, match=r"quant_method 'gptq'.*Supported: fp8"):
             detect_checkpoint_quant({"quantization_config": {"quant_method": "gptq", "bits": 4}})
 
-    def test_int8_compressed_tensors_is_refused_by_name(self):
+    def test_int4_compressed_tensors_is_refused_by_name(self):
         config = {"quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"g": {
-            "weights": {"type": "int", "num_bits": 8, "strategy": "channel"},
-            "input_activations": {"type": "int", "num_bits": 8, "strategy": "token", "dynamic": True}}}}}
-        with pytest.raises(BuildError, match="int8 weights"):
+            "weights": {"type": "int", "num_bits": 4, "strategy": "group", "group_size": 128}}}}}
+        with pytest.raises(BuildError, match="int4 weights"):
             detect_checkpoint_quant(config)
 
     def test_other_block_sizes_are_refused(self):

@@ -10,7 +10,7 @@ from atom_aot.config_flags import flag, to_argv
 
 ARCHES = ("cpu", "sm80", "sm90", "sm100", "gfx942", "gfx950")
 DEFAULT_CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
-QUANT_MODES = ("none", "fp8")
+QUANT_MODES = ("none", "fp8", "int8")
 KV_CACHE_DTYPES = ("auto", "bf16", "fp8")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 COMPILE_MODES = ("aoti", "none")
@@ -49,8 +49,9 @@ class BuildOptions:
                                              "(default: 1/N of every expert's width); attention stays split by -tp")
     quant: str = flag("none", "--quant", choices=QUANT_MODES,
                       help="fp8: quantize an unquantized checkpoint to FP8 W8A8 (e4m3 weights with per-channel "
-                           "scales x activations quantized per token at run time; GEMMs in FP8). A pre-quantized "
-                           "checkpoint (fp8, compressed-tensors float8, fbgemm_fp8) is detected from its "
+                           "scales x activations quantized per token at run time; GEMMs in FP8); int8: the same "
+                           "in int8 (symmetric, GEMMs in int8 with int32 accumulation). A pre-quantized "
+                           "checkpoint (fp8, compressed-tensors float8 or int8, fbgemm_fp8) is detected from its "
                            "config.json and needs no flag")
     kv_cache_dtype: str = flag("auto", "--kv-cache-dtype", choices=KV_CACHE_DTYPES,
                                help="KV-cache dtype (auto: the model dtype)")

@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Callable
 
-from atom_aot.artifact.build_options import ARCHES, QUANT_MODES, BuildOptions
+from atom_aot.artifact.build_options import ARCHES, BuildOptions
 from atom_aot.artifact.fields import Reader
 from atom_aot.artifact.layout import MANIFEST, REBUILD, check_members, package_member, weights_member
 from atom_aot.artifact.phase import Phase
@@ -104,7 +104,9 @@ class Layout:
         return layout
 
 
-LINEAR_SCHEMES = ("none", "fp8", "fp8-static", "fp8-block", "fp8-ub")   # models/quant_layers.py describes each layout
+# models/quant_layers.py describes each layout
+LINEAR_SCHEMES = ("none", "fp8", "fp8-static", "fp8-block", "fp8-ub", "int8", "int8-static")
+KV_CACHE_QUANT = ("none", "fp8")
 WEIGHT_ORIGINS = ("none", "build", "checkpoint")           # who quantized: nobody, atom-build --quant, the checkpoint
 KV_SCALE_ORIGINS = ("none", "checkpoint", "calibrated")    # where an fp8 KV cache's k/v scales come from
 DECODER_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -135,7 +137,7 @@ class Quantization:
     @classmethod
     def from_reader(cls, r: Reader) -> "Quantization":
         weights = r.str("weights", choices=LINEAR_SCHEMES)
-        q = cls(weights, r.str("kv_cache", choices=QUANT_MODES),
+        q = cls(weights, r.str("kv_cache", choices=KV_CACHE_QUANT),
                 r.str("weights_origin", "none" if weights == "none" else "build", choices=WEIGHT_ORIGINS),
                 r.str("checkpoint_format", ""),
                 tuple(r.typed("ignored", list, [])), r.str("kv_scales", "none", choices=KV_SCALE_ORIGINS))
@@ -251,9 +253,11 @@ def _check_consistent(m: Manifest, r: Reader) -> None:
     pairs = [("options.arch", m.options.arch, m.target.arch),
              ("options.block_size", m.options.block_size, m.numerics.block_size),
              ("options.tensor_parallel_size", m.options.tensor_parallel_size, m.layout.tensor_parallel_size),
-             ("options.quant", m.options.quant == "fp8", m.quantization.weights_origin == "build"),
+             ("options.quant", m.options.quant != "none", m.quantization.weights_origin == "build"),
              ("quantization.kv_cache", m.quantization.kv_cache, implied.kv_cache),
              ("options.compile", m.options.compile == "aoti", m.compiled.kind == "aotinductor")]
+    if m.quantization.weights_origin == "build":    # --quant fp8 | int8 builds the scheme of its name
+        pairs.append(("quantization.weights", m.quantization.weights, m.options.quant))
     if m.options.max_model_len is not None:
         pairs.append(("options.max_model_len", m.options.max_model_len, m.numerics.max_model_len))
     if r.obj("quantization").has("kv_scales"):   # manifests before kv scales have none

@@ -74,7 +74,7 @@ def plan(model: str | None, config: BuildConfig) -> tuple[ModelSource, ModelConf
     linear_quant = resolve_quant_plan(source.config, config.quant)   # and on a quantization it cannot load
     if linear_quant.scheme != "none" and "mla_attention" in model_class(model_config.architecture).ATTENTION_OPS:
         raise BuildError(f"{model_config.architecture} with quantized linears ({linear_quant.scheme}) is not "
-                         f"supported yet (FP8 is wired into the dense and MoE decoders, not MLA): build it from a "
+                         f"supported yet (quantized linears are wired into the dense and MoE decoders, not MLA): build it from a "
                          f"bf16 checkpoint without --quant")
     if config.kv_torch_dtype.itemsize == 1 and "mla_attention" in model_class(model_config.architecture).ATTENTION_OPS:
         raise BuildError(f"{model_config.architecture}: an FP8 latent (MLA) cache has no scales yet: build with "

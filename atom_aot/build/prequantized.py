@@ -1,6 +1,6 @@
 """A pre-quantized checkpoint's tensors -> its scheme's runtime layout (quant_layers.py), as stored.
 
-The FP8 weights are kept bit for bit; only the scales change shape:
+The FP8 and int8 weights are kept bit for bit; only the scales change shape:
 - `weight_scale_inv` (fp8, DeepSeek-V3 style; multiplied like any scale) is renamed `weight_scale`;
 - a per-tensor weight scale becomes per-channel (its value on every row of the weight: exact), so the
   parts of a fused qkv / gate_up keep their own scales after concatenation;
@@ -8,7 +8,9 @@ The FP8 weights are kept bit for bit; only the scales change shape:
   along N (each fused part must then fill whole blocks, which the shape check after fusion enforces);
 - static input scales of fused parts (one input feeds them all) become their maximum: the coarsest
   of them, so no part's activations clip. Dynamic schemes do not read input scales;
-- fbgemm_fp8's `activation_scale_ub` (config.json) becomes every quantized linear's `activation_scale_ub`.
+- fbgemm_fp8's `activation_scale_ub` (config.json) becomes every quantized linear's `activation_scale_ub`;
+- compressed-tensors' zero points of symmetric int8 (`weight_zero_point`, `input_zero_point`, all 0
+  where a checkpoint stores them) are dropped; a nonzero one is refused by name.
 lm_head stays in the model dtype (it decides the argmax): a checkpoint that quantized it anyway has it
 dequantized (weight x scale), the one tensor that is.
 """
@@ -18,11 +20,19 @@ import torch
 
 from atom_aot.build.quant_config import CheckpointQuant
 from atom_aot.errors import BuildError
+from atom_aot.models.quant_layers import INT8_SCHEMES
 from atom_aot.ops.fp8 import dequantize_weight
 
 WEIGHT_SCALE_NAMES = ("weight_scale", "weight_scale_inv")
+ZERO_POINT_NAMES = ("weight_zero_point", "input_zero_point")
+STATIC_SCHEMES = ("fp8-static", "int8-static")     # the ones that read a checkpoint's input_scale
 UNQUANTIZED_MODULES = ("lm_head",)       # runs in the model dtype whatever the checkpoint did
 FP8_DTYPE = torch.float8_e4m3fn
+QUANTIZED_DTYPES = (FP8_DTYPE, torch.int8)
+
+
+def weight_dtype(quant: CheckpointQuant) -> torch.dtype:
+    return torch.int8 if quant.scheme in INT8_SCHEMES else FP8_DTYPE
 
 
 def normalize_checkpoint(tensors: dict[str, torch.Tensor], quant: CheckpointQuant) -> dict[str, torch.Tensor]:
@@ -36,8 +46,12 @@ def normalize_checkpoint(tensors: dict[str, torch.Tensor], quant: CheckpointQuan
         elif leaf in WEIGHT_SCALE_NAMES:
             out[f"{module}.weight_scale"] = _weight_scale(name, tensor, tensors[f"{module}.weight"], quant)
         elif leaf == "input_scale":
-            if quant.scheme == "fp8-static":
+            if quant.scheme in STATIC_SCHEMES:
                 out[name] = tensor.float().reshape(1)
+        elif leaf in ZERO_POINT_NAMES:
+            if tensor.count_nonzero():
+                raise BuildError(f"{name} is nonzero: asymmetric quantization (zero points) is not supported "
+                                 f"by atom-aot's {quant.scheme}, which is symmetric")
         else:
             out[name] = tensor
     return out
@@ -46,15 +60,15 @@ def normalize_checkpoint(tensors: dict[str, torch.Tensor], quant: CheckpointQuan
 def _unquantized_weight(module: str, tensors: dict[str, torch.Tensor], quant: CheckpointQuant) -> torch.Tensor:
     weight = tensors[f"{module}.weight"]
     scale_name = next((f"{module}.{n}" for n in WEIGHT_SCALE_NAMES if f"{module}.{n}" in tensors), None)
-    if weight.dtype != FP8_DTYPE or scale_name is None:
+    if weight.dtype not in QUANTIZED_DTYPES or scale_name is None:
         return weight
     return dequantize_weight(weight, _weight_scale(scale_name, tensors[scale_name], weight, quant))
 
 
 def _weight_scale(name: str, scale: torch.Tensor, weight: torch.Tensor, quant: CheckpointQuant) -> torch.Tensor:
-    if weight.dtype != FP8_DTYPE:
-        raise BuildError(f"{name} scales a {weight.dtype} weight; the {quant.method} loader reads "
-                         f"{FP8_DTYPE} weights only")
+    if weight.dtype != weight_dtype(quant):
+        raise BuildError(f"{name} scales a {weight.dtype} weight; the {quant.method} {quant.scheme} loader reads "
+                         f"{weight_dtype(quant)} weights only")
     scale = scale.float()
     if quant.scheme == "fp8-block":
         return scale

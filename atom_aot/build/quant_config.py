@@ -10,9 +10,12 @@ atom_aot/models/quant_layers.py (its layout is loaded as-is, never dequantized a
     fbgemm_fp8         per-channel weights, dynamic per-row activations          fp8
     compressed-tensors float 8-bit weights (tensor | channel | block 128x128)   fp8 / fp8-static / fp8-block
                        with float 8-bit activations (dynamic token | tensor, static tensor, dynamic group 128)
+    compressed-tensors int 8-bit symmetric weights (tensor | channel) with       int8 / int8-static
+                       symmetric int 8-bit activations (dynamic token | tensor, static tensor)
 
 Dynamic per-tensor activations run per token (a finer scale, never a coarser one). Anything else
-(int8 or int4 weights, other block sizes, weight-only float8) is refused by name.
+(int4 weights, asymmetric int8, int8 group/block weights, weight-only int8 or float8, other block
+sizes) is refused by name.
 """
 from __future__ import annotations
 
@@ -21,14 +24,17 @@ from dataclasses import dataclass
 from atom_aot.errors import BuildError
 
 SUPPORTED = ("fp8 (per-tensor or 128x128 blocks; dynamic or static activations), fbgemm_fp8, "
-             "compressed-tensors float8 W8A8 (tensor/channel/128x128-block weights)")
+             "compressed-tensors float8 W8A8 (tensor/channel/128x128-block weights), "
+             "compressed-tensors int8 W8A8 (symmetric tensor/channel weights; symmetric dynamic per-token or "
+             "static per-tensor activations)")
+INT8_FORMATS = (None, "int-quantized", "naive-quantized")    # compressed-tensors formats that store int8 as is
 
 
 @dataclass(frozen=True)
 class CheckpointQuant:
     """A pre-quantized checkpoint's format, as the build loads it."""
     method: str                    # quant_method as config.json spells it
-    scheme: str                    # runtime scheme: fp8 | fp8-static | fp8-block | fp8-ub
+    scheme: str                    # runtime scheme: fp8 | fp8-static | fp8-block | fp8-ub | int8 | int8-static
     ignored: tuple[str, ...]       # the checkpoint's ignore list (modules it left unquantized)
     description: str               # for the manifest and `inspect`
     kv_cache_scheme: bool = False  # the checkpoint says it carries k/v scales
@@ -45,7 +51,7 @@ def detect_checkpoint_quant(config: dict) -> CheckpointQuant | None:
     if method not in readers:
         raise BuildError(f"the checkpoint is quantized with quant_method {method!r}, which atom-aot cannot load. "
                          f"Supported: {SUPPORTED}. Use an unquantized (bf16) checkpoint, optionally with "
-                         f"--quant fp8.")
+                         f"--quant fp8 or --quant int8.")
     return readers[method](qc)
 
 
@@ -94,8 +100,11 @@ def _compressed_tensors(qc: dict) -> CheckpointQuant:
                                             f"Linear is supported")
     weights, activations = groups[0].get("weights") or {}, groups[0].get("input_activations")
     weight_type = f"{weights.get('type')}{weights.get('num_bits')}"
+    if weight_type == "int8":
+        return _compressed_int8(qc, weights, activations)
     if weight_type != "float8":
-        raise _refuse("compressed-tensors", f"{weight_type} weights (int8 W8A8 and int4 are left: no int GEMM path)")
+        raise _refuse("compressed-tensors", f"{weight_type} weights (int4 and other widths are left: only 8-bit "
+                                            f"W8A8 runs)")
     if not activations or f"{activations.get('type')}{activations.get('num_bits')}" != "float8":
         raise _refuse("compressed-tensors", "float8 weights without float8 activations (weight-only)")
     strategy, act_strategy = weights.get("strategy"), activations.get("strategy")
@@ -118,11 +127,39 @@ def _compressed_scheme(strategy, block, act_strategy, dynamic: bool) -> str:
                                         f"{'dynamic' if dynamic else 'static'} {act_strategy} activations")
 
 
+def _compressed_int8(qc: dict, weights: dict, activations: dict | None) -> CheckpointQuant:
+    """compressed-tensors W8A8 int8 (RedHatAI / neuralmagic "...-quantized.w8a8"): symmetric only."""
+    strategy = weights.get("strategy")
+    if qc.get("format") not in INT8_FORMATS:
+        raise _refuse("compressed-tensors", f"int8 weights stored as {qc.get('format')!r} (int-quantized is read)")
+    if not weights.get("symmetric", True):
+        raise _refuse("compressed-tensors", "asymmetric int8 weights (zero points)")
+    if strategy not in ("tensor", "channel"):
+        raise _refuse("compressed-tensors", f"int8 {strategy} weights (group size {weights.get('group_size')}); "
+                                            f"per-channel or per-tensor int8 weights run")
+    if not activations or f"{activations.get('type')}{activations.get('num_bits')}" != "int8":
+        raise _refuse("compressed-tensors", "int8 weights without int8 activations (weight-only W8A16)")
+    if not activations.get("symmetric", True):
+        raise _refuse("compressed-tensors", "asymmetric int8 activations (zero points)")
+    dynamic, act_strategy = bool(activations.get("dynamic")), activations.get("strategy")
+    if dynamic and act_strategy in ("token", "tensor"):
+        scheme = "int8"
+    elif not dynamic and act_strategy == "tensor":
+        scheme = "int8-static"
+    else:
+        raise _refuse("compressed-tensors", f"int8 {strategy} weights with {'dynamic' if dynamic else 'static'} "
+                                            f"{act_strategy} int8 activations")
+    when = "dynamic" if dynamic else "static"
+    return CheckpointQuant("compressed-tensors", scheme, _ignored(qc, "ignore"),
+                           f"compressed-tensors int8, {strategy} weights, {when} {act_strategy} activations",
+                           kv_cache_scheme=bool(qc.get("kv_cache_scheme")))
+
+
 @dataclass(frozen=True)
 class QuantPlan:
     """How the build gets the decoder linears' runtime scheme and the fp8 KV cache's scales."""
-    scheme: str                          # none | fp8 | fp8-static | fp8-block (quant_layers.py)
-    origin: str                          # none | build (atom-build --quant fp8) | checkpoint
+    scheme: str                          # none or a quantized scheme of quant_layers.py
+    origin: str                          # none | build (atom-build --quant fp8 | int8) | checkpoint
     checkpoint: CheckpointQuant | None   # the pre-quantized checkpoint's format, if it is one
     kv_scales: str = "none"              # none (no fp8 cache) | checkpoint | calibrated (at build)
 
@@ -135,7 +172,7 @@ class QuantPlan:
 
 def resolve_quant_plan(hf_config: dict, quant_flag: str, fp8_kv_cache: bool = False,
                        checkpoint_has_kv_scales: bool = False) -> QuantPlan:
-    """--quant fp8 quantizes an unquantized checkpoint (W8A8, dynamic per-token activations); a
+    """--quant fp8 / int8 quantizes an unquantized checkpoint (W8A8, dynamic per-token activations); a
     pre-quantized checkpoint runs in its own scheme, and asking to quantize it again is an error.
     An fp8 KV cache takes the checkpoint's k/v scales, or has the build calibrate them."""
     kv_scales = ("checkpoint" if checkpoint_has_kv_scales else "calibrated") if fp8_kv_cache else "none"
@@ -145,6 +182,6 @@ def resolve_quant_plan(hf_config: dict, quant_flag: str, fp8_kv_cache: bool = Fa
             raise BuildError(f"the checkpoint is already quantized ({checkpoint.description}); build it without "
                              f"--quant {quant_flag}: its own scheme is loaded as stored")
         return QuantPlan(checkpoint.scheme, "checkpoint", checkpoint, kv_scales)
-    if quant_flag == "fp8":
-        return QuantPlan("fp8", "build", None, kv_scales)
+    if quant_flag in ("fp8", "int8"):
+        return QuantPlan(quant_flag, "build", None, kv_scales)
     return QuantPlan("none", "none", None, kv_scales)

@@ -21,15 +21,21 @@ from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning, Tuning
 from atom_aot.build.config import BuildConfig
 from atom_aot.models import ModelConfig, model_class
+from atom_aot.models.quant_layers import INT8_SCHEMES, linear_op
 
 DECODE_BATCHES = (1, 8, 32, 128, 256)
 PREFILL_BATCHES = ((1, 1024), (4, 512))      # (sequences, tokens each)
 PREFILL_MOE_TOKENS = 2048                    # where the MoE op's last (prefill) bucket is timed
+CPU_LINEAR_KERNELS = {"fp8_linear": ("fp8 gemm", "float32 reference on fp8 values (atom::fp8_linear)"),
+                      "int8_linear": ("int8 gemm", "exact integer accumulation reference (atom::int8_linear)")}
+INT8_GPU_KERNEL = ("aten torch._int_mm (cuBLAS int8 GEMM, int32 accumulation; rows padded by 16), "
+                   "the only int8 backend: not measured")
 
 
 def tune_kernels(config: BuildConfig, model_config: ModelConfig, max_model_len: int,
                  linear_scheme: str = "none") -> Tuning:
-    """`linear_scheme`: the decoder linears' (quant_layers.py); a quantized one adds an fp8_linear choice."""
+    """`linear_scheme`: the decoder linears' (quant_layers.py); a quantized one adds an fp8_linear or
+    int8_linear choice."""
     ops = model_class(model_config.architecture).ATTENTION_OPS
     if config.arch != "cpu" and "mla_attention" in ops:
         from atom_aot.build.tune_mla import tune_mla
@@ -41,12 +47,25 @@ def tune_kernels(config: BuildConfig, model_config: ModelConfig, max_model_len: 
         choices = {op: BackendChoice("reference") for op in chosen}
         kernels = {**{op: names[op] for op in chosen}, "gemm": "aten (Inductor extern call)"}
         if linear_scheme != "none":
-            choices["fp8_linear"] = BackendChoice("aten")
-            kernels["fp8 gemm"] = f"{linear_scheme}: float32 reference on fp8 values (atom::fp8_linear)"
+            op = linear_op(linear_scheme)
+            choices[op] = BackendChoice("aten")
+            label, text = CPU_LINEAR_KERNELS[op]
+            kernels[label] = f"{linear_scheme}: {text}"
         return Tuning(arch="cpu", measured=False, phases={Phase.MIXED: PhaseTuning(choices)},
                       kernels={**kernels, "norms/activations": "Inductor C++ (fused)", "sampling": "torch"})
     tuning = _tune_triton(config, model_config, max_model_len)
+    if linear_scheme in INT8_SCHEMES:
+        return _with_int8_linear(tuning, linear_scheme)
     return tuning if linear_scheme == "none" else _with_fp8_linear(tuning, config, model_config, linear_scheme)
+
+
+def _with_int8_linear(tuning: Tuning, scheme: str) -> Tuning:
+    """`tuning` plus the int8_linear backend on every phase (one candidate: nothing to measure)."""
+    phases = {phase: PhaseTuning({**row.ops, "int8_linear": BackendChoice("aten")})
+              for phase, row in tuning.phases.items()}
+    return Tuning(arch=tuning.arch, measured=tuning.measured, phases=phases,
+                  kernels={**tuning.kernels, "int8 gemm": f"{scheme}: {INT8_GPU_KERNEL}"},
+                  measurements_ms=tuning.measurements_ms)
 
 
 def _with_fp8_linear(tuning: Tuning, config: BuildConfig, cfg: ModelConfig, scheme: str) -> Tuning:

@@ -18,11 +18,14 @@ from atom_aot.build.quant_config import CheckpointQuant
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.decoder import DecoderForCausalLM
 from atom_aot.ops.fp8 import quantize_weight_per_channel
+from atom_aot.ops.int8 import quantize_weight_int8
 from atom_aot.ops.rope import rope_cos_sin_cache
 
 log = logging.getLogger("atom_aot")
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# --quant: the per-output-channel quantizer, w [out, in] -> (q [out, in], scale [out] float32)
+WEIGHT_QUANTIZERS = {"fp8": quantize_weight_per_channel, "int8": quantize_weight_int8}
 
 
 def build_meta_model(model_cls: type[DecoderForCausalLM], cfg: ModelConfig, dtype: torch.dtype, quant: str,
@@ -50,7 +53,7 @@ def convert_state_dict(tensors: Iterable[tuple[str, torch.Tensor]], model: Decod
                        checkpoint_quant: CheckpointQuant | None = None) -> dict[str, torch.Tensor]:
     """Fuse, cast and quantize `tensors` into the state dict of `model` (a meta-device instance).
 
-    `quant` "fp8" quantizes an unquantized checkpoint here; a pre-quantized one (`checkpoint_quant`)
+    `quant` "fp8" or "int8" quantizes an unquantized checkpoint here; a pre-quantized one (`checkpoint_quant`)
     is loaded in its own scheme, as stored."""
     expected = model.state_dict()
     if checkpoint_quant is not None:
@@ -86,8 +89,8 @@ def convert_state_dict(tensors: Iterable[tuple[str, torch.Tensor]], model: Decod
                                                            max_positions)
     if checkpoint_quant is not None:
         out = finish_fused(out, expected, checkpoint_quant)
-    elif quant == "fp8":
-        out = dict(quantize_fp8_weights(out, expected))
+    elif quant in WEIGHT_QUANTIZERS:
+        out = dict(quantize_weights(out, expected, quant))
     unexpected = sorted(set(out) - set(expected))
     missing = sorted(set(expected) - set(out))
     if unexpected or missing or pending or experts.incomplete:
@@ -112,12 +115,14 @@ def _take_kv_scale(name: str, tensor: torch.Tensor, kv_scales: dict[str, torch.T
     return True
 
 
-def quantize_fp8_weights(state: dict[str, torch.Tensor], expected: dict) -> Iterator[tuple[str, torch.Tensor]]:
-    """Per-output-channel e4m3 quantization of every weight the model declares as float8."""
+def quantize_weights(state: dict[str, torch.Tensor], expected: dict,
+                     quant: str = "fp8") -> Iterator[tuple[str, torch.Tensor]]:
+    """Per-output-channel quantization (e4m3 or int8) of every weight the model declares with a scale."""
+    quantize = WEIGHT_QUANTIZERS[quant]
     for name, tensor in state.items():
         scale_name = name.removesuffix("weight") + "weight_scale"
         if name.endswith(".weight") and scale_name in expected:
-            weight, scale = quantize_weight_per_channel(tensor)     # [out, in] e4m3, [out]
+            weight, scale = quantize(tensor)                        # [out, in] e4m3 | int8, [out]
             yield name, weight
             yield scale_name, scale
         else:

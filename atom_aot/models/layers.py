@@ -11,7 +11,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from atom_aot.models.quant_layers import Fp8Linear
+from atom_aot.models.quant_layers import make_quantized_linear
 from atom_aot.ops.norm import rms_norm
 
 
@@ -52,7 +52,7 @@ class Linear(nn.Module):
 
 
 def make_linear(in_features: int, out_features: int, bias: bool, dtype: torch.dtype, quant: str) -> nn.Module:
-    """A linear of the scheme `quant` ("none", or one of quant_layers.FP8_SCHEMES)."""
+    """A linear of the scheme `quant` ("none", or one of quant_layers.FP8_SCHEMES / INT8_SCHEMES)."""
     if quant == "none":
         return Linear(in_features, out_features, bias, dtype)
-    return Fp8Linear(in_features, out_features, bias, dtype, quant)
+    return make_quantized_linear(in_features, out_features, bias, dtype, quant)

@@ -1,4 +1,5 @@
-"""Quantized linear layers: FP8 W8A8 that computes in FP8 (atom_aot/ops/fp8.py).
+"""Quantized linear layers: FP8 W8A8 that computes in FP8 (atom_aot/ops/fp8.py) and INT8 W8A8 that
+computes in int8 (atom_aot/ops/int8.py).
 
 A layer's scheme (artifact/manifest.py LINEAR_SCHEMES) fixes its parameters, so the runtime
 builds the module on meta and assigns the artifact's tensors as they are:
@@ -8,12 +9,15 @@ builds the module on meta and assigns the artifact's tensors as they are:
     fp8-block   weight [N, K] e4m3, weight_scale [ceil(N/128), ceil(K/128)]  activations: dynamic 1x128 groups
     fp8-ub      weight [N, K] e4m3, weight_scale [N], activation_scale_ub [1]
                                                     activations: dynamic per token, scale <= ub / 448 (fbgemm_fp8)
+    int8        weight [N, K] int8, weight_scale [N]                        activations: dynamic per token (int8)
+    int8-static weight [N, K] int8, weight_scale [N], input_scale [1]       activations: the checkpoint's scale
 
 fp8-ub clamps the activations to [-ub, ub] before the per-token quantization: the token's scale is then
 min(amax, ub) / 448 and the values beyond ub saturate at +-448, exactly fbgemm's bounded scale, with
 no change to the GEMM's kernels.
 
-The GEMM runs through the `fp8_linear` backend the phase's tuning row names (aten or triton).
+The GEMM runs through the backend the phase's tuning row names for `fp8_linear` (aten or triton) or
+`int8_linear` (aten).
 """
 from __future__ import annotations
 
@@ -25,6 +29,12 @@ from atom_aot.ops.backends import make_backend
 from atom_aot.ops.fp8 import BLOCK, FP8_DTYPE
 
 FP8_SCHEMES = ("fp8", "fp8-static", "fp8-block", "fp8-ub")
+INT8_SCHEMES = ("int8", "int8-static")
+
+
+def linear_op(scheme: str) -> str:
+    """The backend op (ops/backends) that runs a quantized scheme's GEMM."""
+    return "int8_linear" if scheme in INT8_SCHEMES else "fp8_linear"
 
 
 def _frozen(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -57,11 +67,38 @@ class Fp8Linear(nn.Module):
         return self.gemm(x, self.weight, self.weight_scale, self.input_scale, self.bias)
 
 
+class Int8Linear(nn.Module):
+    """y = x W^T (+ b) with W and x in int8 and exact integer accumulation (layouts: module docstring)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype, scheme: str = "int8"):
+        super().__init__()
+        if scheme not in INT8_SCHEMES:
+            raise ValueError(f"unknown int8 scheme {scheme!r}; known: {', '.join(INT8_SCHEMES)}")
+        self.scheme = scheme
+        self.weight = _frozen(out_features, in_features, dtype=torch.int8)
+        self.weight_scale = _frozen(out_features, dtype=torch.float32)
+        self.input_scale = _frozen(1, dtype=torch.float32) if scheme == "int8-static" else None
+        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype)) if bias else None
+        # the aten op (reference on the CPU) until use_linear_kernels sets the phase's choice
+        self.gemm = make_backend("int8_linear", BackendChoice("aten"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [T, K] -> [T, N]
+        return self.gemm(x, self.weight, self.weight_scale, self.input_scale, self.bias)
+
+
+def make_quantized_linear(in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
+                          scheme: str) -> nn.Module:
+    cls = Int8Linear if scheme in INT8_SCHEMES else Fp8Linear
+    return cls(in_features, out_features, bias, dtype, scheme)
+
+
 def use_linear_kernels(model: nn.Module, row: PhaseTuning) -> None:
-    """Point every quantized linear of `model` at the `fp8_linear` backend `row` names (a model with
+    """Point every quantized linear of `model` at the backend `row` names for its op (a model with
     none asks the row nothing)."""
-    layers = [m for m in model.modules() if isinstance(m, Fp8Linear)]
-    if layers:
-        gemm = make_backend("fp8_linear", row.op("fp8_linear"))
-        for layer in layers:
-            layer.gemm = gemm
+    for op, cls in (("fp8_linear", Fp8Linear), ("int8_linear", Int8Linear)):
+        layers = [m for m in model.modules() if isinstance(m, cls)]
+        if layers:
+            gemm = make_backend(op, row.op(op))
+            for layer in layers:
+                layer.gemm = gemm

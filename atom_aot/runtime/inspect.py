@@ -5,7 +5,7 @@ from atom_aot.artifact.layout import CONFIG
 from atom_aot.artifact.manifest import Quantization
 from atom_aot.artifact.reader import Artifact
 
-WEIGHT_ORIGINS = {"none": "not quantized", "build": "quantized by atom-build --quant fp8",
+WEIGHT_ORIGINS = {"none": "not quantized", "build": "quantized by atom-build --quant",
                   "checkpoint": "from the checkpoint"}
 KV_SCALE_ORIGINS = {"none": "no scales (1.0)", "checkpoint": "per-layer k/v scales from the checkpoint",
                     "calibrated": "per-layer k/v scales calibrated at build"}
@@ -13,7 +13,7 @@ KV_SCALE_ORIGINS = {"none": "no scales (1.0)", "checkpoint": "per-layer k/v scal
 
 def quantization_rows(q: Quantization, kv_cache_dtype: str) -> list[tuple[str, str]]:
     """The weights' scheme with its origin, per layer group, and the KV cache's dtype with its scales' origin."""
-    origin = WEIGHT_ORIGINS[q.weights_origin]
+    origin = WEIGHT_ORIGINS[q.weights_origin] + (f" {q.weights}" if q.weights_origin == "build" else "")
     if q.checkpoint_format:
         origin += f": {q.checkpoint_format}" + (f"; ignored {', '.join(q.ignored)}" if q.ignored else "")
     kv = f"{kv_cache_dtype}, {KV_SCALE_ORIGINS[q.kv_scales]}" if q.kv_cache == "fp8" else kv_cache_dtype

@@ -38,6 +38,9 @@ REGISTRY: dict[str, dict[str, BackendEntry]] = {
         "aten": BackendEntry("atom_aot.ops.backends.fp8_linear", "AtenFp8Linear"),
         "triton": BackendEntry("atom_aot.ops.backends.fp8_linear", "TritonFp8Linear"),
     },
+    "int8_linear": {
+        "aten": BackendEntry("atom_aot.ops.backends.int8_linear", "AtenInt8Linear"),
+    },
 }
 
 
