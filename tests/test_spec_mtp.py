@@ -14,7 +14,7 @@ from atom_aot.artifact.phase import Phase
 from atom_aot.errors import StartupError
 from atom_aot.runtime.kv_cache import allocate_kv_cache
 from atom_aot.spec.setup import check_mtp
-from deepseek_factories import make_tiny_deepseek, mtp_reference
+from deepseek_factories import make_copying_deepseek, make_tiny_deepseek, mtp_reference
 from factories import random_prompts
 from test_deepseek import loaded_model, one_sequence_step
 
@@ -52,14 +52,17 @@ def mtp_engine(artifact, k: int, **options) -> LLMEngine:
     return LLMEngine(artifact, method="mtp", num_speculative_tokens=k, **options)
 
 
-def recorded_drafts(engine) -> list[tuple[list[int], list[int]]]:
-    """Every (known tokens, drafts) the engine's MTP proposer returns, from now on."""
+def recorded_drafts(engine) -> list[tuple[list[int], list[int], torch.Tensor]]:
+    """Every (known tokens, drafts, the MTP layer's cache rows [computed, latent] of the sequence)
+    the engine's MTP proposer returns, from now on."""
     proposer, seen = engine.core.scheduler.proposer, []
-    propose = proposer.propose
+    propose, layer = proposer.propose, engine.loaded.model_config.num_hidden_layers
 
     def recording(seqs, limits):
         drafts = propose(seqs, limits)
-        seen.extend((list(seq.token_ids), list(d)) for seq, d in zip(seqs, drafts))
+        for seq, d in zip(seqs, drafts):
+            rows = proposer.kv_cache[layer, 0, seq.block_table].flatten(0, 2)[:seq.num_computed_tokens].clone()
+            seen.append((list(seq.token_ids), list(d), rows))
         return drafts
     proposer.propose = recording
     return seen
@@ -83,7 +86,7 @@ def test_drafts_equal_the_mtp_layer_run_eagerly(artifact, model_dir):
     engine = mtp_engine(artifact, 2)
     seen = recorded_drafts(engine)
     engine.generate([prompt], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-    known, drafts = seen[0]
+    known, drafts, _ = seen[0]
     assert known[:-1] == prompt and len(drafts) == 2
     n = len(prompt)
     cfg, model = loaded_model(model_dir)
@@ -95,6 +98,50 @@ def test_drafts_equal_the_mtp_layer_run_eagerly(artifact, model_dir):
         chained, _ = model.mtp_logits(mtp_hidden[-1:], one_sequence_step([first], torch.tensor([n]), kv))
     assert drafts == [first, int(chained[-1].argmax())]
     assert first == int(mtp_reference(model_dir, known)[-1].argmax())
+
+
+def eager_drafts(model, cfg, known: list[int], k: int) -> tuple[list[int], torch.Tensor]:
+    """The drafts after `known` computed from scratch: the target over known[:-1], the MTP layer over
+    every position with the next tokens, then chained k - 1 times on its own output; and the MTP
+    layer's cache rows [len(known) - 1, latent] of the computed positions."""
+    n = len(known) - 1
+    kv = allocate_kv_cache(cfg, 8, 16, torch.float32, torch.device("cpu"))
+    with torch.no_grad():
+        hidden = model.hidden_states(one_sequence_step(known[:-1], torch.arange(n), kv))         # [n, hidden]
+        logits, mtp_hidden = model.mtp_logits(hidden, one_sequence_step(known[1:], torch.arange(n), kv))
+        cache = kv[cfg.num_hidden_layers, 0].flatten(0, 2)[:n].clone()                           # [n, latent]
+        drafts = [int(logits[-1].argmax())]
+        for step in range(1, k):
+            logits, mtp_hidden = model.mtp_logits(mtp_hidden[-1:], one_sequence_step(
+                drafts[-1:], torch.tensor([n - 1 + step]), kv))
+            drafts.append(int(logits[-1].argmax()))
+    return drafts, cache
+
+
+@pytest.fixture(scope="module")
+def copying(tmp_path_factory, build_artifact):
+    model_dir = make_copying_deepseek(tmp_path_factory.mktemp("models") / "copying-deepseek")
+    return model_dir, str(build_artifact(model_dir, compile="none"))
+
+
+@pytest.mark.parametrize("which", ["random", "copying"])
+def test_every_draft_and_the_mtp_cache_equal_a_computation_from_scratch(which, artifact, model_dir, copying,
+                                                                          prompts):
+    """Batched, over many steps, with drafts rejected (random weights) or accepted (the copying model,
+    runs of K + 1 tokens): the MTP layer's cache rows of every computed position (caught up after
+    each step, chained positions overwritten) and its drafts equal a from-scratch computation."""
+    model_dir, artifact = copying if which == "copying" else (model_dir, artifact)
+    engine = mtp_engine(artifact, 3)
+    seen = recorded_drafts(engine)
+    engine.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    stats = engine.print_mtp_statistics()
+    assert stats["acceptance_rate"] > 0.9 if which == "copying" else stats["acceptance_rate"] < 0.2
+    cfg, model = loaded_model(model_dir)
+    assert len(seen) >= 12
+    for known, drafts, cache in [s for s in seen if s[1]]:          # none at max_tokens
+        expected, expected_cache = eager_drafts(model, cfg, known, len(drafts))
+        assert drafts == expected
+        torch.testing.assert_close(cache, expected_cache, rtol=1e-4, atol=1e-5)
 
 
 def test_preemption_and_prefix_caching(artifact, baseline):
@@ -137,3 +184,14 @@ class TestRefusals:
         old = SimpleNamespace(returns_hidden=False)
         with pytest.raises(StartupError, match=r"does not return the hidden states.*Rebuild it with"):
             check_mtp(self.loaded(1, {Phase.MIXED: old, Phase.MTP: object()}))
+
+
+def test_accepted_runs_stop_where_decoding_without_speculation_does(copying, prompts):
+    """The copying model accepts every draft: runs of K + 1 tokens, cut by max_tokens inside a run."""
+    _, artifact = copying
+    baseline = LLMEngine(artifact)
+    engine = mtp_engine(artifact, 3)
+    for max_tokens in (7, 14):
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        assert tokens(engine, prompts, params) == tokens(baseline, prompts, params)
+    assert engine.print_mtp_statistics()["mean_accepted_length"] > 3
