@@ -195,3 +195,20 @@ def test_accepted_runs_stop_where_decoding_without_speculation_does(copying, pro
         params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
         assert tokens(engine, prompts, params) == tokens(baseline, prompts, params)
     assert engine.print_mtp_statistics()["mean_accepted_length"] > 3
+
+
+def test_compiled_packages(model_dir, build_artifact, artifact, prompts):
+    """The AOTInductor build: the mixed package also returns the hidden states (LogitsAndHidden), the
+    `mtp` package proposes, and greedy outputs equal the eager artifact's without speculation."""
+    from atom_aot.runtime.compiled import CompiledModel, CompiledMTP
+    compiled = str(build_artifact(model_dir, compile="aoti"))
+    engine = mtp_engine(compiled, 2)
+    mixed = engine.loaded.forwards[Phase.MIXED]
+    assert isinstance(mixed, CompiledModel) and mixed.returns_hidden
+    assert isinstance(engine.loaded.forwards[Phase.MTP], CompiledMTP)
+    seen = recorded_drafts(engine)
+    assert tokens(engine, prompts, GREEDY) == tokens(LLMEngine(artifact), prompts, GREEDY)
+    assert tokens(LLMEngine(compiled), prompts[:2], GREEDY) == tokens(LLMEngine(artifact), prompts[:2], GREEDY)
+    cfg, model = loaded_model(model_dir)
+    for known, drafts, _ in [s for s in seen if s[1]][:6]:
+        assert drafts == eager_drafts(model, cfg, known, len(drafts))[0]
