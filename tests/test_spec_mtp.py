@@ -17,6 +17,7 @@ from atom_aot.spec.setup import check_mtp
 from deepseek_factories import make_copying_deepseek, make_tiny_deepseek, mtp_reference
 from factories import random_prompts
 from test_deepseek import loaded_model, one_sequence_step
+from test_spec_engine import tokens
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
@@ -39,13 +40,6 @@ def prompts():
 @pytest.fixture(scope="module")
 def baseline(artifact):
     return LLMEngine(artifact)
-
-
-def tokens(engine, prompts, params) -> list[list[int]]:
-    outs = engine.generate(prompts, params)
-    assert engine.is_finished()
-    assert engine.core.block_manager.num_free_blocks == engine.core.block_manager.num_blocks
-    return [o["token_ids"] for o in outs]
 
 
 def mtp_engine(artifact, k: int, **options) -> LLMEngine:
