@@ -101,3 +101,23 @@ def _hf_block_state(w: dict, num_experts: int) -> dict:
         [torch.cat([w[f"mlp.experts.{e}.gate_proj.weight"], w[f"mlp.experts.{e}.up_proj.weight"]]) for e in experts])
     state["mlp.experts.down_proj"] = torch.stack([w[f"mlp.experts.{e}.down_proj.weight"] for e in experts])
     return state
+
+
+def make_copying_deepseek(out: Path, damp: float = 0.1) -> Path:
+    """A tiny DeepSeek whose target and MTP layer both (mostly) repeat their input token: the output
+    head is the embedding and every block's output projections are damped, so greedy decoding repeats
+    the prompt's last token and the MTP layer's drafts are accepted (speculative runs of K + 1 tokens).
+    The MTP layer still reads the target's hidden state (a damped half of eh_proj) and its own cache."""
+    out = make_tiny_deepseek(out, seed=13)
+    path = out / "model.safetensors"
+    tensors = load_file(str(path))
+    embed, mtp = tensors["model.embed_tokens.weight"], f"model.layers.{TINY_DEEPSEEK['num_hidden_layers']}."
+    for name in [n for n in tensors if n.endswith(("o_proj.weight", "down_proj.weight"))]:
+        tensors[name] = tensors[name] * damp
+    hidden = embed.shape[1]
+    tensors.update({"lm_head.weight": embed.clone(), mtp + "embed_tokens.weight": embed.clone(),
+                    mtp + "shared_head.head.weight": embed.clone(),
+                    mtp + "eh_proj.weight": torch.cat([torch.eye(hidden), damp * tensors[mtp + "eh_proj.weight"][:, hidden:]],
+                                                      dim=1)})
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    return out

@@ -72,10 +72,12 @@ def dynamic_shapes(max_model_len: int, block_size: int, phase: Phase) -> dict:
 
 def export_model(model: DecoderForCausalLM, kv_dtype: torch.dtype, block_size: int, max_model_len: int,
                  device: torch.device, phase: Phase) -> torch.export.ExportedProgram:
-    """Trace `model` (real weights, on `device`) with the dynamic dimensions of `phase`."""
+    """Trace `model` (real weights, on `device`) with the dynamic dimensions of `phase`: its `target_step`
+    (the model, or a module that also returns the hidden states for its MTP layers)."""
     inputs = example_inputs(model, kv_dtype, block_size, device, phase)
     with torch.no_grad():
-        return torch.export.export(model, (inputs,), dynamic_shapes=dynamic_shapes(max_model_len, block_size, phase))
+        return torch.export.export(model.target_step(), (inputs,),
+                                   dynamic_shapes=dynamic_shapes(max_model_len, block_size, phase))
 
 
 def compile_package(exported: torch.export.ExportedProgram, out_path: Path) -> Path:

@@ -168,7 +168,16 @@ class DecoderForCausalLM(nn.Module):
 
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """Runs T tokens of B sequences; returns float32 logits [N, vocab] for the rows in logits_indices."""
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.attention_inputs())
-        hidden = hidden[inputs.logits_indices]   # [N, hidden]
+        return self.logits_and_hidden(inputs)[0]
+
+    def logits_and_hidden(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 logits [N, vocab] as `forward`, and the final-normed hidden states [T, hidden] of every
+        token of the step (what an MTP layer reads)."""
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.attention_inputs())   # [T, hidden]
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return vocab_logits(hidden, weight, self.config.vocab_size, self.tp)
+        return vocab_logits(hidden[inputs.logits_indices], weight, self.config.vocab_size, self.tp), hidden
+
+    def target_step(self) -> nn.Module:
+        """The module the build exports as the mixed and decode packages: the model itself, or, for a
+        model with MTP layers, `LogitsAndHidden` (the MTP proposer reads the hidden states)."""
+        return self

@@ -62,3 +62,18 @@ class MTPStep(nn.Module):
     def forward(self, inputs: StepInputs, previous_hidden: torch.Tensor):
         """(float32 logits [N, vocab], hidden [T, hidden]); see MTPLayer.forward."""
         return self.mtp[self.depth](previous_hidden, inputs, self.model.rotary)
+
+
+class LogitsAndHidden(nn.Module):
+    """The target forward a model with MTP layers exports as its mixed and decode packages:
+    (float32 logits [N, vocab], final-normed hidden states [T, hidden]); the MTP proposer reads the
+    hidden states. Like MTPStep it holds the causal LM's modules under their own names, so the
+    packages bind to the artifact's weights by name."""
+
+    def __init__(self, causal_lm: nn.Module):
+        super().__init__()
+        self.model, self.lm_head = causal_lm.model, causal_lm.lm_head
+        self._causal_lm = [causal_lm]        # in a list: not registered a second time as a submodule
+
+    def forward(self, inputs: StepInputs):
+        return self._causal_lm[0].logits_and_hidden(inputs)

@@ -17,7 +17,7 @@ from atom_aot.artifact.tuning import PhaseTuning
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.decoder import DecoderForCausalLM, DecoderModel
 from atom_aot.models.deepseek_layer import DeepseekDecoderLayer
-from atom_aot.models.deepseek_mtp import MTPLayer, MTPStep
+from atom_aot.models.deepseek_mtp import LogitsAndHidden, MTPLayer, MTPStep
 from atom_aot.models.kv_layout import KVCacheLayout
 from atom_aot.models.layers import RMSNorm, RotaryEmbedding, make_linear
 from atom_aot.models.mla import split_kv_b_proj
@@ -77,6 +77,10 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
     def mtp_logits(self, previous_hidden: torch.Tensor, inputs: StepInputs, depth: int = 0):
         """The MTP proposer's step; see atom_aot/models/deepseek_mtp.py `MTPLayer.forward` and docs/deepseek.md."""
         return self.mtp[depth](previous_hidden, inputs, self.model.rotary)
+
+    def target_step(self) -> nn.Module:
+        """With MTP layers the packages also return the hidden states (deepseek_mtp.LogitsAndHidden)."""
+        return LogitsAndHidden(self) if len(self.mtp) else self
 
     def mtp_step(self) -> MTPStep | None:
         """The module the build exports as the `mtp` package (None: the model has no MTP layer)."""

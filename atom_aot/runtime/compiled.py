@@ -51,6 +51,16 @@ class CompiledModel:
     def __call__(self, inputs: StepInputs) -> torch.Tensor:
         return self._loader.run(list(inputs))[0]    # flattened in field order, as exported
 
+    @property
+    def returns_hidden(self) -> bool:
+        """Whether the package also returns the hidden states (a model with MTP layers: deepseek_mtp.LogitsAndHidden)."""
+        return output_count(self._loader.get_call_spec()[1]) == 2
+
+    def logits_and_hidden(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """(float32 logits [N, vocab], hidden [T, hidden]), from a package that `returns_hidden`."""
+        logits, hidden = self._loader.run(list(inputs))
+        return logits, hidden
+
 
 class CompiledMTP(CompiledModel):
     """The `mtp` package (atom_aot/models/deepseek_mtp.py `MTPStep`): (step inputs, previous hidden [T, hidden])
@@ -69,5 +79,14 @@ def input_type_names(in_spec: str) -> tuple[str | None, ...] | None:
     try:
         args = json.loads(in_spec)[1]["children_spec"][0]["children_spec"]
         return tuple(arg["context"] if arg.get("type") else None for arg in args)
+    except (ValueError, LookupError, TypeError, AttributeError):
+        return None
+
+
+def output_count(out_spec: str) -> int | None:
+    """How many outputs the exported forward returns (out_spec: its JSON pytree spec; None: unreadable)."""
+    try:
+        spec = json.loads(out_spec)[1]
+        return len(spec["children_spec"]) if spec.get("type") else 1
     except (ValueError, LookupError, TypeError, AttributeError):
         return None

@@ -225,29 +225,32 @@ class Scheduler:
         # preempted sequences, those still in their prefill, and those whose last token is pending
         # and ends them (they finish when it is read) do not decode
         candidates = [seq for seq in self.running if seq.num_uncomputed_tokens == 1 and not self._reached_length(seq)]
-        drafts = self._propose(candidates)
-        scheduled, scheduled_drafts = [], []
-        for seq, draft in zip(candidates, drafts):
+        scheduled, limits = [], []
+        for seq, limit in zip(candidates, self._draft_limits(candidates)):
             if seq.status != SequenceStatus.RUNNING:
                 continue                          # preempted meanwhile
-            if self._reserve(seq, 1 + len(draft), scheduled):
-                scheduled.append(seq), scheduled_drafts.append(tuple(draft))
+            # slots for the newest token and every draft it may get, before proposing: a proposer may
+            # write its own cache layer at those positions (the MTP layer's chained steps)
+            if self._reserve(seq, 1 + limit, scheduled):
+                scheduled.append(seq), limits.append(limit)
         if not scheduled:
             return None
-        verify = tuple(scheduled_drafts) if self.proposer is not None else None
-        return self._commit(scheduled, [1 + len(d) for d in scheduled_drafts], is_prefill=False, now=now,
-                            draft_token_ids=verify)
+        if self.proposer is None:
+            return self._commit(scheduled, [1] * len(scheduled), is_prefill=False, now=now)
+        drafts = tuple(tuple(d) for d in self.proposer.propose(scheduled, limits))
+        return self._commit(scheduled, [1 + len(d) for d in drafts], is_prefill=False, now=now, draft_token_ids=drafts)
 
-    def _propose(self, seqs: list[Sequence]) -> list[list[int]]:
-        """Each sequence's draft tokens: none without a proposer; at most what its limits leave room
-        for (the verify step emits one token more than it accepts)."""
-        if self.proposer is None or not seqs:
-            return [[] for _ in seqs]
-        limits = [self.config.max_model_len - seq.num_tokens - 1 for seq in seqs]
+    def _draft_limits(self, seqs: list[Sequence]) -> list[int]:
+        """The most draft tokens each sequence may get: none without a proposer; at most K and what its
+        limits leave room for (the verify step emits one token more than it accepts)."""
+        if self.proposer is None:
+            return [0] * len(seqs)
+        limits = [min(self.proposer.num_speculative_tokens, self.config.max_model_len - seq.num_tokens - 1)
+                  for seq in seqs]
         for i, seq in enumerate(seqs):
             if seq.params.max_tokens is not None:
                 limits[i] = min(limits[i], seq.params.max_tokens - seq.num_output_tokens - 1)
-        return self.proposer.propose(seqs, limits)
+        return [max(0, limit) for limit in limits]
 
     def _commit(self, seqs: list[Sequence], counts: list[int], is_prefill: bool, now: float,
                 draft_token_ids: tuple[tuple[int, ...], ...] | None = None) -> ScheduledBatch:

@@ -46,19 +46,15 @@ class StepInputsBuilder:
         self.rows.release(batch.freed)
         rows, widest = self.rows.rows_for(batch.seqs)
         starts = np.asarray(batch.num_computed_tokens, dtype=np.int64)      # [B]
-        counts = np.asarray(batch.num_new_tokens, dtype=np.int64)           # [B]
-        query_start = np.zeros(len(counts) + 1, dtype=np.int64)             # [B + 1]
-        np.cumsum(counts, out=query_start[1:])
-        seq_of_token = np.repeat(np.arange(len(counts)), counts)            # [T]
-        positions = np.arange(query_start[-1]) + (starts - query_start[:-1])[seq_of_token]
         tables = self.rows.block_tables[rows, :widest]                      # [B, widest]
-        slots = tables[seq_of_token, positions // self.block_size].astype(np.int64) * self.block_size \
-            + positions % self.block_size
+        query_start, seq_of_token, positions, slots = token_layout(starts, batch.num_new_tokens, tables,
+                                                                   self.block_size)
         input_ids = _token_ids(batch, int(query_start[-1]))
         logits_indices, logits_rows = _logits_rows(batch, query_start)
         self._sample_rows = rows[np.asarray(batch.sampling, dtype=bool)]
         host = dict(input_ids=input_ids, positions=positions, slot_mapping=slots, block_tables=tables,
-                    seq_lens=starts + counts, query_start_loc=query_start, logits_indices=logits_indices)
+                    seq_lens=starts + np.diff(query_start), query_start_loc=query_start,
+                    logits_indices=logits_indices)
         kv_dtype = self.kv_cache.dtype
         inputs = StepInputs(kv_cache=self.kv_cache, **{
             name: to_device(array, input_dtype(name, kv_dtype), self.device) for name, array in host.items()})
@@ -84,6 +80,20 @@ class StepInputsBuilder:
                                f"sampled by the previous step")
         index = to_device(token_rows, torch.int64, self.device)
         input_ids.index_copy_(0, index, self._last_sampled[to_device(sources, torch.int64, self.device)])
+
+
+def token_layout(starts: np.ndarray, counts, tables: np.ndarray, block_size: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Where a step's T tokens go: sequence b computes counts[b] positions from starts[b] [B], its
+    blocks the row tables[b]. Returns query_start [B + 1], the sequence of each token [T], positions [T]
+    and KV slots [T] (int64)."""
+    counts = np.asarray(counts, dtype=np.int64)                             # [B]
+    query_start = np.zeros(len(counts) + 1, dtype=np.int64)                 # [B + 1]
+    np.cumsum(counts, out=query_start[1:])
+    seq_of_token = np.repeat(np.arange(len(counts)), counts)                # [T]
+    positions = np.arange(query_start[-1]) + (starts - query_start[:-1])[seq_of_token]
+    slots = tables[seq_of_token, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    return query_start, seq_of_token, positions, slots
 
 
 def _token_ids(batch: ScheduledBatch, num_tokens: int) -> np.ndarray:

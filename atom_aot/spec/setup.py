@@ -3,7 +3,7 @@ core runs with (None without --method)."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from atom_aot.artifact.phase import Phase
 from atom_aot.errors import StartupError
@@ -15,6 +15,7 @@ from atom_aot.runtime.loader import LoadedArtifact, load_artifact
 from atom_aot.runtime.model_runner import ModelRunner
 from atom_aot.runtime.sampler import Sampler
 from atom_aot.spec.draft import DraftModelProposer
+from atom_aot.spec.mtp import HiddenTap, MTPProposer
 from atom_aot.spec.ngram import NgramProposer
 from atom_aot.spec.proposer import Proposer
 from atom_aot.spec.stats import SpecCounters
@@ -35,26 +36,41 @@ def start_speculation(loaded: LoadedArtifact, config: RuntimeConfig, runner: Mod
         return None
     k = config.num_speculative_tokens
     if config.method == "mtp":
-        refuse_mtp(loaded)
-    if config.method == "ngram":
+        proposer = start_mtp(loaded, runner, k)
+    elif config.method == "ngram":
         proposer = NgramProposer(k, config.ngram_min_n, config.ngram_max_n)
     else:
         proposer = start_draft(loaded, config, max_model_len, num_kv_blocks * loaded.block_size, max_num_seqs)
     log.info("speculative decoding: %s proposer, %d draft tokens per step; verify steps run the mixed package "
              "(CUDA graphs hold one token per sequence) and synchronously (async scheduling is off)", config.method, k)
-    return Speculation(proposer, SpeculativeRunner(runner, SpecCounters(config.method, k)))
+    observer = proposer if isinstance(proposer, MTPProposer) else None
+    return Speculation(proposer, SpeculativeRunner(runner, SpecCounters(config.method, k), observer))
 
 
-def refuse_mtp(loaded: LoadedArtifact) -> None:
+def start_mtp(loaded: LoadedArtifact, runner: ModelRunner, k: int) -> MTPProposer:
+    """The model's MTP layer on the target's KV cache (its last cache layer). The runner's mixed
+    forward becomes a tap that keeps the hidden states the MTP layer reads."""
+    check_mtp(loaded)
+    tap = HiddenTap(loaded.forwards[Phase.MIXED].logits_and_hidden)
+    runner.forwards = replace(runner.forwards, mixed=tap)      # prefill and verify steps run `mixed`
+    return MTPProposer(loaded.forwards[Phase.MTP], tap, runner.kv_cache, runner.block_size, runner.device, k)
+
+
+def check_mtp(loaded: LoadedArtifact) -> None:
+    """A model with MTP layers, in an artifact whose packages give what the proposer needs."""
     layers = loaded.hf_config.get("num_nextn_predict_layers") or 0
     name = loaded.manifest.model.name
     if not layers:
         raise StartupError(f"--method mtp needs a model with MTP layers, and {name} "
                            f"({loaded.manifest.model.architecture}) has none (its config's num_nextn_predict_layers "
                            f"is {layers}). Use --method ngram, or --method draft --draft-model ARTIFACT.")
-    raise StartupError(f"--method mtp: {name} has {layers} MTP layer(s), but atom-aot's MTP proposer is not built "
-                       f"yet (it needs the DeepSeek MTP layer in atom_aot/models and the artifact's MTP weights). "
-                       f"Use --method ngram, or --method draft --draft-model ARTIFACT.")
+    mixed = loaded.forwards[Phase.MIXED]
+    if Phase.MTP not in loaded.forwards or not getattr(mixed, "returns_hidden", True):
+        lacks = ("no `mtp` package" if Phase.MTP not in loaded.forwards
+                 else "a mixed package that does not return the hidden states the MTP layer reads")
+        raise StartupError(f"--method mtp: {loaded.path} ({name}, {layers} MTP layer(s)) was built with {lacks} "
+                           f"(an older atom-build). Rebuild it with: {loaded.manifest.rebuild_command()} ; or serve "
+                           f"it with --enforce-eager, or use --method ngram.")
 
 
 def start_draft(target: LoadedArtifact, config: RuntimeConfig, max_model_len: int, target_tokens: int,

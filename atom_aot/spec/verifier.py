@@ -6,6 +6,7 @@ back at once: speculative engines schedule synchronously."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -24,11 +25,20 @@ class VerifiedOutput:
     logprobs: list[list[TokenLogprobs] | None]     # per token of the run, for sequences that asked
 
 
+class StepObserver(Protocol):
+    """A proposer that follows every target step (the MTP proposer: atom_aot/spec/mtp.py)."""
+
+    def observe(self, batch: ScheduledBatch, following: list[list[int]]) -> None:
+        """following[i]: the tokens after the positions the step computed for batch.seqs[i]."""
+        ...
+
+
 class SpeculativeRunner:
-    def __init__(self, runner: ModelRunner, counters: SpecCounters):
+    def __init__(self, runner: ModelRunner, counters: SpecCounters, observer: StepObserver | None = None):
         self.runner = runner
         self.sampler = runner.sampler
         self.counters = counters
+        self.observer = observer        # told of each step's computed positions before the scheduler's update
 
     def run(self, batch: ScheduledBatch) -> StepOutput | VerifiedOutput:
         return self.complete(self.launch(batch))
@@ -40,10 +50,18 @@ class SpeculativeRunner:
         with torch.profiler.record_function(f"verify[bs={len(batch.seqs)},tokens={batch.num_tokens}]"):
             inputs, _ = self.runner.prepare_inputs(batch)
             logits = self.runner.forwards.mixed(inputs)         # [T, V]: every row of the batch
-            return self._verify(batch, logits)
+            verified = self._verify(batch, logits)
+            if self.observer is not None:
+                self.observer.observe(batch, following_tokens(batch, verified.runs))
+            return verified
 
     def complete(self, launched: LaunchedStep | VerifiedOutput) -> StepOutput | VerifiedOutput:
-        return launched if isinstance(launched, VerifiedOutput) else self.runner.complete(launched)
+        if isinstance(launched, VerifiedOutput):
+            return launched
+        result = self.runner.complete(launched)
+        if self.observer is not None:
+            self.observer.observe(launched.batch, following_tokens(launched.batch, result.sampled))
+        return result
 
     def _verify(self, batch: ScheduledBatch, logits: torch.Tensor) -> VerifiedOutput:
         rows = [seq for seq, count in zip(batch.seqs, batch.num_new_tokens) for _ in range(count)]
@@ -68,3 +86,16 @@ class SpeculativeRunner:
             return None
         tokens = torch.tensor(run, dtype=torch.int64, device=logits.device)
         return token_logprobs(logprob_tensors(logits, tokens, seq.params.logprobs), [seq.params.logprobs] * len(run))
+
+
+def following_tokens(batch: ScheduledBatch, runs_or_sampled: list) -> list[list[int]]:
+    """For each sequence of a target step, the tokens after the positions it computed: a verify
+    step's run (its accepted drafts, then the target's token); a prefill chunk's next prompt tokens,
+    ending with the sampled token where the chunk reaches the end."""
+    if batch.is_verify:
+        return [list(run) for run in runs_or_sampled]
+    following = []
+    for seq, start, count, token in zip(batch.seqs, batch.num_computed_tokens, batch.num_new_tokens, runs_or_sampled):
+        known = seq.token_ids[start + 1:start + count + 1]
+        following.append(known + [token] if len(known) < count and token is not None else known)
+    return following

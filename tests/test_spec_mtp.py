@@ -1,0 +1,208 @@
+"""MTP speculative decoding on a tiny random DeepSeek-V3 (one MTP layer): greedy outputs token for
+token equal to decoding without speculation for K = 1, 2, 3; the proposer's drafts equal an eager
+computation of the MTP layer (and transformers' modules for the first); acceptance statistics;
+preemption and prefix caching; refusals of artifacts that cannot serve it."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from atom_aot import LLMEngine, SamplingParams
+from atom_aot.artifact.phase import Phase
+from atom_aot.errors import StartupError
+from atom_aot.runtime.kv_cache import allocate_kv_cache
+from atom_aot.spec.setup import check_mtp
+from deepseek_factories import make_copying_deepseek, make_tiny_deepseek, mtp_reference
+from factories import random_prompts
+from test_deepseek import loaded_model, one_sequence_step
+from test_spec_engine import tokens
+
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_deepseek(tmp_path_factory.mktemp("models") / "tiny-deepseek-mtp", seed=11)
+
+
+@pytest.fixture(scope="module")
+def artifact(model_dir, build_artifact) -> str:
+    return str(build_artifact(model_dir, compile="none"))
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return random_prompts(4, 380, seed=41, lengths=(5, 30))
+
+
+@pytest.fixture(scope="module")
+def baseline(artifact):
+    return LLMEngine(artifact)
+
+
+def mtp_engine(artifact, k: int, **options) -> LLMEngine:
+    return LLMEngine(artifact, method="mtp", num_speculative_tokens=k, **options)
+
+
+def recorded_drafts(engine) -> list[tuple[list[int], list[int], torch.Tensor]]:
+    """Every (known tokens, drafts, the MTP layer's cache rows [computed, latent] of the sequence)
+    the engine's MTP proposer returns, from now on."""
+    proposer, seen = engine.core.scheduler.proposer, []
+    propose, layer = proposer.propose, engine.loaded.model_config.num_hidden_layers
+
+    def recording(seqs, limits):
+        drafts = propose(seqs, limits)
+        for seq, d in zip(seqs, drafts):
+            rows = proposer.kv_cache[layer, 0, seq.block_table].flatten(0, 2)[:seq.num_computed_tokens].clone()
+            seen.append((list(seq.token_ids), list(d), rows))
+        return drafts
+    proposer.propose = recording
+    return seen
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_greedy_outputs_equal_decoding_without_speculation(artifact, baseline, prompts, k):
+    engine = mtp_engine(artifact, k)
+    assert tokens(engine, prompts, GREEDY) == tokens(baseline, prompts, GREEDY)
+    stats = engine.print_mtp_statistics()
+    assert stats["method"] == "mtp" and stats["num_speculative_tokens"] == k
+    assert stats["proposed_total"] > 0 and len(stats["acceptance_per_position"]) == k
+    assert 1 <= stats["mean_accepted_length"] <= k + 1
+
+
+def test_drafts_equal_the_mtp_layer_run_eagerly(artifact, model_dir):
+    """After the prefill of a prompt of P tokens and its target token t_P: the first draft is the
+    argmax of the MTP layer at position P - 1 (target hidden h_{P-1}, token t_P), here and by
+    transformers' modules; the second chains the layer at position P on its own output and draft."""
+    prompt = random_prompts(1, 380, seed=43, lengths=(21, 21))[0]
+    engine = mtp_engine(artifact, 2)
+    seen = recorded_drafts(engine)
+    engine.generate([prompt], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    known, drafts, _ = seen[0]
+    assert known[:-1] == prompt and len(drafts) == 2
+    n = len(prompt)
+    cfg, model = loaded_model(model_dir)
+    kv = allocate_kv_cache(cfg, 4, 16, torch.float32, torch.device("cpu"))
+    with torch.no_grad():
+        hidden = model.hidden_states(one_sequence_step(prompt, torch.arange(n), kv))              # [P, hidden]
+        logits, mtp_hidden = model.mtp_logits(hidden, one_sequence_step(known[1:], torch.arange(n), kv))
+        first = int(logits[-1].argmax())
+        chained, _ = model.mtp_logits(mtp_hidden[-1:], one_sequence_step([first], torch.tensor([n]), kv))
+    assert drafts == [first, int(chained[-1].argmax())]
+    assert first == int(mtp_reference(model_dir, known)[-1].argmax())
+
+
+def eager_drafts(model, cfg, known: list[int], k: int) -> tuple[list[int], torch.Tensor]:
+    """The drafts after `known` computed from scratch: the target over known[:-1], the MTP layer over
+    every position with the next tokens, then chained k - 1 times on its own output; and the MTP
+    layer's cache rows [len(known) - 1, latent] of the computed positions."""
+    n = len(known) - 1
+    kv = allocate_kv_cache(cfg, 8, 16, torch.float32, torch.device("cpu"))
+    with torch.no_grad():
+        hidden = model.hidden_states(one_sequence_step(known[:-1], torch.arange(n), kv))         # [n, hidden]
+        logits, mtp_hidden = model.mtp_logits(hidden, one_sequence_step(known[1:], torch.arange(n), kv))
+        cache = kv[cfg.num_hidden_layers, 0].flatten(0, 2)[:n].clone()                           # [n, latent]
+        drafts = [int(logits[-1].argmax())]
+        for step in range(1, k):
+            logits, mtp_hidden = model.mtp_logits(mtp_hidden[-1:], one_sequence_step(
+                drafts[-1:], torch.tensor([n - 1 + step]), kv))
+            drafts.append(int(logits[-1].argmax()))
+    return drafts, cache
+
+
+@pytest.fixture(scope="module")
+def copying(tmp_path_factory, build_artifact):
+    model_dir = make_copying_deepseek(tmp_path_factory.mktemp("models") / "copying-deepseek")
+    return model_dir, str(build_artifact(model_dir, compile="none"))
+
+
+@pytest.mark.parametrize("which", ["random", "copying"])
+def test_every_draft_and_the_mtp_cache_equal_a_computation_from_scratch(which, artifact, model_dir, copying,
+                                                                          prompts):
+    """Batched, over many steps, with drafts rejected (random weights) or accepted (the copying model,
+    runs of K + 1 tokens): the MTP layer's cache rows of every computed position (caught up after
+    each step, chained positions overwritten) and its drafts equal a from-scratch computation."""
+    model_dir, artifact = copying if which == "copying" else (model_dir, artifact)
+    engine = mtp_engine(artifact, 3)
+    seen = recorded_drafts(engine)
+    engine.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    stats = engine.print_mtp_statistics()
+    assert stats["acceptance_rate"] > 0.9 if which == "copying" else stats["acceptance_rate"] < 0.2
+    cfg, model = loaded_model(model_dir)
+    assert len(seen) >= 12
+    for known, drafts, cache in [s for s in seen if s[1]]:          # none at max_tokens
+        expected, expected_cache = eager_drafts(model, cfg, known, len(drafts))
+        assert drafts == expected
+        torch.testing.assert_close(cache, expected_cache, rtol=1e-4, atol=1e-5)
+
+
+def test_preemption_and_prefix_caching(artifact, baseline):
+    shared = random_prompts(1, 380, seed=45, lengths=(40, 40))[0]
+    prompts = [shared + p for p in random_prompts(6, 380, seed=46, lengths=(4, 10))]
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    expected = tokens(baseline, prompts, params)
+    engine = mtp_engine(artifact, 2, num_kv_blocks=14, max_model_len=96)
+    assert tokens(engine, prompts, params) == expected
+    assert engine.core.scheduler.num_preemptions > 0
+    assert tokens(engine, prompts[:2], params) == expected[:2]             # again, from the prefix cache
+    assert engine.core.block_manager.prefix_hits > 0
+
+
+def test_stops_inside_a_run(artifact, baseline, prompts):
+    first = baseline.generate(prompts[:1], GREEDY)[0]
+    engine = mtp_engine(artifact, 3)
+    for params in (SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
+                   SamplingParams(temperature=0, max_tokens=16, stop_token_ids=[first["token_ids"][6]])):
+        assert tokens(engine, prompts, params) == tokens(baseline, prompts, params)
+
+
+class TestRefusals:
+    @staticmethod
+    def loaded(layers: int, forwards: dict):
+        model = SimpleNamespace(name="tiny-deepseek", architecture="DeepseekV3ForCausalLM")
+        manifest = SimpleNamespace(model=model, rebuild_command=lambda: "atom-build tiny-deepseek --compile aoti")
+        return SimpleNamespace(hf_config={"num_nextn_predict_layers": layers}, manifest=manifest, path="m.atom",
+                               forwards=forwards)
+
+    def test_a_model_without_mtp_layers(self):
+        with pytest.raises(StartupError, match=r"--method mtp needs a model with MTP layers.*has none"):
+            check_mtp(self.loaded(0, {Phase.MIXED: object()}))
+
+    def test_an_artifact_without_the_mtp_package(self):
+        with pytest.raises(StartupError, match=r"no `mtp` package.*Rebuild it with: atom-build tiny-deepseek"):
+            check_mtp(self.loaded(1, {Phase.MIXED: object()}))
+
+    def test_a_mixed_package_without_hidden_states(self):
+        old = SimpleNamespace(returns_hidden=False)
+        with pytest.raises(StartupError, match=r"does not return the hidden states.*Rebuild it with"):
+            check_mtp(self.loaded(1, {Phase.MIXED: old, Phase.MTP: object()}))
+
+
+def test_accepted_runs_stop_where_decoding_without_speculation_does(copying, prompts):
+    """The copying model accepts every draft: runs of K + 1 tokens, cut by max_tokens inside a run."""
+    _, artifact = copying
+    baseline = LLMEngine(artifact)
+    engine = mtp_engine(artifact, 3)
+    for max_tokens in (7, 14):
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        assert tokens(engine, prompts, params) == tokens(baseline, prompts, params)
+    assert engine.print_mtp_statistics()["mean_accepted_length"] > 3
+
+
+def test_compiled_packages(model_dir, build_artifact, artifact, prompts):
+    """The AOTInductor build: the mixed package also returns the hidden states (LogitsAndHidden), the
+    `mtp` package proposes, and greedy outputs equal the eager artifact's without speculation."""
+    from atom_aot.runtime.compiled import CompiledModel, CompiledMTP
+    compiled = str(build_artifact(model_dir, compile="aoti"))
+    engine = mtp_engine(compiled, 2)
+    mixed = engine.loaded.forwards[Phase.MIXED]
+    assert isinstance(mixed, CompiledModel) and mixed.returns_hidden
+    assert isinstance(engine.loaded.forwards[Phase.MTP], CompiledMTP)
+    seen = recorded_drafts(engine)
+    assert tokens(engine, prompts, GREEDY) == tokens(LLMEngine(artifact), prompts, GREEDY)
+    assert tokens(LLMEngine(compiled), prompts[:2], GREEDY) == tokens(LLMEngine(artifact), prompts[:2], GREEDY)
+    cfg, model = loaded_model(model_dir)
+    for known, drafts, _ in [s for s in seen if s[1]][:6]:
+        assert drafts == eager_drafts(model, cfg, known, len(drafts))[0]
