@@ -18,6 +18,7 @@ from deepseek_factories import make_copying_deepseek, make_tiny_deepseek, mtp_re
 from factories import random_prompts
 from test_deepseek import loaded_model, one_sequence_step
 from test_spec_engine import tokens
+from test_verify_graphs import cpu_verify_graphs  # noqa: F401  (a fixture)
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
@@ -118,12 +119,17 @@ def copying(tmp_path_factory, build_artifact):
     return model_dir, str(build_artifact(model_dir, compile="none"))
 
 
-@pytest.mark.parametrize("which", ["random", "copying"])
-def test_every_draft_and_the_mtp_cache_equal_a_computation_from_scratch(which, artifact, model_dir, copying,
-                                                                          prompts):
+@pytest.mark.parametrize("which,graphs", [("random", False), ("copying", False), ("random", True), ("copying", True)],
+                         ids=["random", "copying", "random-verify-graphs", "copying-verify-graphs"])
+def test_every_draft_and_the_mtp_cache_equal_a_computation_from_scratch(which, graphs, artifact, model_dir, copying,
+                                                                          prompts, request):
     """Batched, over many steps, with drafts rejected (random weights) or accepted (the copying model,
     runs of K + 1 tokens): the MTP layer's cache rows of every computed position (caught up after
-    each step, chained positions overwritten) and its drafts equal a from-scratch computation."""
+    each step, chained positions overwritten) and its drafts equal a from-scratch computation. With
+    verify graphs (runtime/verify_graphs.py, replayed as plain calls on the CPU) the hidden states the
+    MTP layer reads come from the padded verify rows."""
+    if graphs:
+        request.getfixturevalue("cpu_verify_graphs")
     model_dir, artifact = copying if which == "copying" else (model_dir, artifact)
     engine = mtp_engine(artifact, 3)
     seen = recorded_drafts(engine)

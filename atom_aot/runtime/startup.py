@@ -46,16 +46,29 @@ def kv_block_count(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
         free, total = torch.cuda.mem_get_info(loaded.device)
         used = total - free
         graph_pool = loaded.graph_plan.pool_bytes if uses_graphs(loaded, config) else 0
-        budget = int(total * config.gpu_memory_utilization) - used - activation_reserve(loaded, config) - graph_pool
+        budget = (int(total * config.gpu_memory_utilization) - used - activation_reserve(loaded, config) - graph_pool
+                  - verify_graph_reserve(loaded, config))
     return max(0, budget // per_block)
+
+
+def verify_graph_reserve(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
+    """Bytes the verify CUDA graphs' pool keeps (runtime/verify_graphs.py): the largest one's activations,
+    bounded like activation_reserve's at its token count; 0 where they are not captured."""
+    if config.method is None or not uses_graphs(loaded, config) or loaded.manifest.layout.world_size > 1:
+        return 0
+    from atom_aot.runtime.verify_graphs import MAX_GRAPH_TOKENS
+    return MAX_GRAPH_TOKENS * widest_row_bytes(loaded)
 
 
 def activation_reserve(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
     """Bytes kept free for activations of the largest step (logits dominate): a bound, not a probe."""
+    return config.max_num_batched_tokens * widest_row_bytes(loaded) + (256 << 20)
+
+
+def widest_row_bytes(loaded: LoadedArtifact) -> int:
+    """float32 bytes of one token's widest activation row (the logits, or the MLP's inner row)."""
     cfg = loaded.model_config
-    tokens = config.max_num_batched_tokens
-    width = max(cfg.hidden_size * 4, cfg.intermediate_size * 3, cfg.vocab_size)
-    return tokens * width * 4 + (256 << 20)
+    return max(cfg.hidden_size * 4, cfg.intermediate_size * 3, cfg.vocab_size) * 4
 
 
 def uses_graphs(loaded: LoadedArtifact, config: RuntimeConfig) -> bool:

@@ -3,6 +3,7 @@ core runs with (None without --method)."""
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, replace
 
 from atom_aot.artifact.phase import Phase
@@ -14,12 +15,13 @@ from atom_aot.runtime.kv_cache import allocate_kv_cache
 from atom_aot.runtime.loader import LoadedArtifact, load_artifact
 from atom_aot.runtime.model_runner import ModelRunner
 from atom_aot.runtime.sampler import Sampler
+from atom_aot.runtime.verify_graphs import VerifyGraphs, verify_capture_sizes
 from atom_aot.spec.draft import DraftModelProposer
 from atom_aot.spec.mtp import HiddenTap, MTPProposer
 from atom_aot.spec.ngram import NgramProposer
 from atom_aot.spec.proposer import Proposer
 from atom_aot.spec.stats import SpecCounters
-from atom_aot.spec.verifier import SpeculativeRunner
+from atom_aot.spec.verifier import SpeculativeRunner, VerifyForward
 
 log = logging.getLogger("atom_aot")
 
@@ -41,10 +43,43 @@ def start_speculation(loaded: LoadedArtifact, config: RuntimeConfig, runner: Mod
         proposer = NgramProposer(k, config.ngram_min_n, config.ngram_max_n)
     else:
         proposer = start_draft(loaded, config, max_model_len, num_kv_blocks * loaded.block_size, max_num_seqs)
-    log.info("speculative decoding: %s proposer, %d draft tokens per step; verify steps run the mixed package "
-             "(CUDA graphs hold one token per sequence) and synchronously (async scheduling is off)", config.method, k)
+    log.info("speculative decoding: %s proposer, %d draft tokens per step; verify steps run synchronously "
+             "(async scheduling is off)", config.method, k)
     observer = proposer if isinstance(proposer, MTPProposer) else None
-    return Speculation(proposer, SpeculativeRunner(runner, SpecCounters(config.method, k), observer))
+    verify = start_verify_graphs(loaded, config, runner, max_model_len, observer.tap if observer else None)
+    return Speculation(proposer, SpeculativeRunner(runner, SpecCounters(config.method, k), observer, verify))
+
+
+def start_verify_graphs(loaded: LoadedArtifact, config: RuntimeConfig, runner: ModelRunner, max_model_len: int,
+                        tap: HiddenTap | None) -> VerifyForward | None:
+    """Verify steps as CUDA graphs of the mixed package (K+1 rows per sequence) where the decode steps
+    have graphs (a CUDA device, not enforce_eager) and the model runs on one rank; None: the mixed
+    package runs them as it is. The startup log says which."""
+    k = config.num_speculative_tokens
+    sizes = verify_capture_sizes(loaded.graph_plan.capture_sizes, k)
+    reason = no_verify_graphs_reason(loaded, config, sizes)
+    if reason is not None:
+        log.info("verify steps: the mixed package, no CUDA graphs (%s)", reason)
+        return None
+    mixed = runner.forwards.mixed
+    graphs = VerifyGraphs(tap.logits_and_hidden if tap else mixed, runner.kv_cache, sizes, k,
+                          -(-max_model_len // loaded.block_size), loaded.block_size)
+    start = time.perf_counter()
+    graphs.capture()
+    loaded.timings["verify graph capture"] = time.perf_counter() - start
+    log.info("verify steps: CUDA graphs of the mixed package at %d rows per sequence, %d sizes up to %d sequences "
+             "captured in %.2fs; larger verify batches run the package as it is", k + 1, len(sizes),
+             graphs.max_batch_size, loaded.timings["verify graph capture"])
+
+    def verify(inputs, counts):
+        if len(counts) > graphs.max_batch_size:
+            return mixed(inputs)
+        out = graphs(inputs, counts)
+        if tap is None:
+            return out
+        tap.hidden = out[1]
+        return out[0]
+    return verify
 
 
 def start_mtp(loaded: LoadedArtifact, runner: ModelRunner, k: int) -> MTPProposer:
@@ -54,6 +89,19 @@ def start_mtp(loaded: LoadedArtifact, runner: ModelRunner, k: int) -> MTPPropose
     tap = HiddenTap(loaded.forwards[Phase.MIXED].logits_and_hidden)
     runner.forwards = replace(runner.forwards, mixed=tap)      # prefill and verify steps run `mixed`
     return MTPProposer(loaded.forwards[Phase.MTP], tap, runner.kv_cache, runner.block_size, runner.device, k)
+
+
+def no_verify_graphs_reason(loaded: LoadedArtifact, config: RuntimeConfig, sizes: tuple[int, ...]) -> str | None:
+    """Why verify steps cannot run as CUDA graphs here (None: they can)."""
+    if loaded.device.type != "cuda":
+        return "not a CUDA device"
+    if config.enforce_eager:
+        return "enforce_eager"
+    if loaded.manifest.layout.world_size > 1:     # the other ranks follow rank 0's steps at their real shapes
+        return f"{loaded.manifest.layout.world_size} ranks"
+    if not sizes:
+        return f"no capture size holds {config.num_speculative_tokens + 1} rows per sequence"
+    return None
 
 
 def check_mtp(loaded: LoadedArtifact) -> None:

@@ -1,15 +1,16 @@
 """The model runner of a speculative engine: ordinary steps run as they are; a verify step runs the
 mixed forward over each sequence's newest token and its drafts (several query tokens per
-sequence; the decode package and its CUDA graphs hold one token per sequence) and turns the logits
-into each sequence's run of tokens with the rejection sampler. Verification reads its results
-back at once: speculative engines schedule synchronously."""
+sequence: the mixed package itself, or its verify CUDA graphs, runtime/verify_graphs.py) and turns
+the logits into each sequence's run of tokens with the rejection sampler. Verification reads its
+results back at once: speculative engines schedule synchronously."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol, Sequence as Seq
 
 import torch
 
+from atom_aot.models.step_inputs import StepInputs
 from atom_aot.runtime.model_runner import LaunchedStep, ModelRunner, StepOutput
 from atom_aot.runtime.outputs import TokenLogprobs
 from atom_aot.runtime.sampler import logprob_tensors, sampling_probs, token_logprobs
@@ -33,12 +34,18 @@ class StepObserver(Protocol):
         ...
 
 
+# (a verify batch's inputs, its query tokens per sequence) -> float32 logits [T, vocab], every row
+VerifyForward = Callable[[StepInputs, Seq[int]], torch.Tensor]
+
+
 class SpeculativeRunner:
-    def __init__(self, runner: ModelRunner, counters: SpecCounters, observer: StepObserver | None = None):
+    def __init__(self, runner: ModelRunner, counters: SpecCounters, observer: StepObserver | None = None,
+                 verify_forward: VerifyForward | None = None):
         self.runner = runner
         self.sampler = runner.sampler
         self.counters = counters
         self.observer = observer        # told of each step's computed positions before the scheduler's update
+        self.verify_forward = verify_forward or (lambda inputs, counts: runner.forwards.mixed(inputs))
 
     def run(self, batch: ScheduledBatch) -> StepOutput | VerifiedOutput:
         return self.complete(self.launch(batch))
@@ -49,7 +56,7 @@ class SpeculativeRunner:
             return self.runner.launch(batch)
         with torch.profiler.record_function(f"verify[bs={len(batch.seqs)},tokens={batch.num_tokens}]"):
             inputs, _ = self.runner.prepare_inputs(batch)
-            logits = self.runner.forwards.mixed(inputs)         # [T, V]: every row of the batch
+            logits = self.verify_forward(inputs, batch.num_new_tokens)    # [T, V]: every row of the batch
             verified = self._verify(batch, logits)
             if self.observer is not None:
                 self.observer.observe(batch, following_tokens(batch, verified.runs))
