@@ -54,6 +54,28 @@ class TestTuning:
         make_backend("moe", choice)
 
 
+    def test_a_candidate_the_gpu_cannot_launch_is_skipped(self, monkeypatch, caplog):
+        """Triton's OutOfResources (shared memory, registers) at a candidate: recorded as None, logged, never chosen."""
+        from triton.runtime.errors import OutOfResources
+        too_big, fits = triton_moe.MoEConfig(16, 16, 32, 1, 2, 1), triton_moe.MoEConfig(32, 16, 16, 2, 4, 2)
+        monkeypatch.setattr(triton_moe, "CANDIDATE_CONFIGS", (too_big, fits))
+        monkeypatch.setattr(triton_moe, "TOKEN_BUCKETS", (1, 4))
+        monkeypatch.setattr("atom_aot.build.tune.PREFILL_MOE_TOKENS", 9)
+        calls = itertools.count()
+
+        def scripted(fn):
+            if next(calls) % 2 == 0:       # the first candidate of each bucket
+                raise OutOfResources(300000, 232448, "shared memory")
+            return 5.0, True
+        monkeypatch.setattr("atom_aot.ops.triton.timing.measure_ms", scripted)
+        with caplog.at_level("INFO", logger="atom_aot"):
+            choice, measured = _tune_moe(ModelConfig.from_hf_dict(MOE), SimpleNamespace(torch_dtype=torch.float32),
+                                         DEVICE)
+        assert choice.params == {"fused_moe@1": fits.as_args(), "fused_moe@4": fits.as_args()}
+        assert measured[9] == {too_big.as_args(): None, fits.as_args(): 5.0}
+        assert "does not fit this GPU" in caplog.text
+
+
 @pytest.mark.parametrize("config", [MOE, MIXTRAL], ids=["qwen3moe", "mixtral"])
 def test_triton_moe_in_the_model_equals_reference(config):
     model = tiny_model(**config)

@@ -13,6 +13,7 @@ own expert shapes (both phases carry the whole table: the op picks the bucket fr
 """
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -22,6 +23,8 @@ from atom_aot.artifact.tuning import BackendChoice, PhaseTuning, Tuning
 from atom_aot.build.config import BuildConfig
 from atom_aot.models import ModelConfig, model_class
 from atom_aot.models.quant_layers import INT8_SCHEMES, linear_op
+
+log = logging.getLogger("atom_aot")
 
 DECODE_BATCHES = (1, 8, 32, 128, 256)
 PREFILL_BATCHES = ((1, 1024), (4, 512))      # (sequences, tokens each)
@@ -171,6 +174,17 @@ def _time_rope(cfg, config: BuildConfig, candidates, tokens: int) -> dict:
     return times
 
 
+def _ms_unless_too_big(fn, config) -> float | None:
+    """measure_ms's median, or None (logged) for a config this GPU cannot launch (shared memory, registers)."""
+    from triton.runtime.errors import OutOfResources
+    from atom_aot.ops.triton.timing import measure_ms
+    try:
+        return measure_ms(fn)[0]
+    except OutOfResources as e:
+        log.info("tuning: %s does not fit this GPU (%s); not a candidate", config, e)
+        return None
+
+
 def _tune_moe(cfg: ModelConfig, config: BuildConfig, dev: str = "cuda") -> tuple[BackendChoice, dict]:
     """Per token-count bucket, the fastest candidate on one layer of the model's experts (random weights,
     softmax top-k routing of random logits); timed at each bucket's first token count, the last at
@@ -186,9 +200,9 @@ def _tune_moe(cfg: ModelConfig, config: BuildConfig, dev: str = "cuda") -> tuple
         tokens = PREFILL_MOE_TOKENS if first == TOKEN_BUCKETS[-1] else first
         x = torch.randn(tokens, hidden, device=dev, dtype=dt)
         weights, ids = softmax_topk(torch.randn(tokens, experts, device=dev), cfg.num_experts_per_tok, True)
-        row = {c.as_args(): measure_ms(lambda: op(x, w13, w2, weights, ids, [1, *c.as_args()]))[0]
+        row = {c.as_args(): _ms_unless_too_big(lambda: op(x, w13, w2, weights, ids, [1, *c.as_args()]), c)
                for c in CANDIDATE_CONFIGS}
-        params[f"fused_moe@{first}"] = min(row, key=row.get)
+        params[f"fused_moe@{first}"] = min((c for c in row if row[c] is not None), key=row.get)
         times[tokens] = row
     del w13, w2
     return BackendChoice("triton", params), times

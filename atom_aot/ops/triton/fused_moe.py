@@ -54,6 +54,10 @@ CANDIDATE_CONFIGS = (
     MoEConfig(16, 128, 64, 1, 4, 3), MoEConfig(32, 64, 64, 8, 4, 3), MoEConfig(64, 64, 64, 8, 4, 3),
     MoEConfig(64, 128, 64, 8, 4, 3), MoEConfig(64, 128, 64, 8, 8, 4), MoEConfig(128, 128, 64, 8, 8, 3),
     MoEConfig(128, 64, 64, 8, 4, 4),
+    # small token counts read every expert's weights once: deeper K tiles and more stages keep more bytes
+    # in flight (shared memory per stage: (BLOCK_M + 2 * BLOCK_N) * BLOCK_K bf16, at most ~160 KiB here)
+    MoEConfig(16, 64, 128, 1, 4, 5), MoEConfig(32, 64, 128, 1, 4, 4), MoEConfig(16, 64, 256, 1, 4, 2),
+    MoEConfig(16, 128, 128, 1, 8, 2),
 )
 DEFAULT_CONFIG = MoEConfig(64, 64, 64, 8, 4, 3)
 # the first token count of each bucket the build tunes: decode batches, then prefill (512 and up)
