@@ -88,3 +88,33 @@ def test_dummy_needs_a_config_folder(tmp_path):
         resolve_model(None, "dummy")
     with pytest.raises(ValueError, match="--load-format must be one of auto, dummy"):
         BuildConfig(arch="cpu", load_format="zeros")
+
+
+def test_a_deepseek_config_gets_its_mtp_layer_and_serves_mtp(tmp_path):
+    """transformers' DeepSeek-V3 leaves the MTP layer out; dummy weights add it as checkpoints name it
+    (layer num_hidden_layers: the last layer's tensors plus enorm, hnorm, eh_proj, embed_tokens,
+    shared_head), so a config-only DeepSeek builds with its `mtp` package and serves --method mtp."""
+    from atom_aot import LLMEngine, SamplingParams
+    from atom_aot.build.dummy import parameter_shapes
+    from deepseek_factories import TINY_DEEPSEEK
+    folder = tmp_path / "deepseek-config"
+    folder.mkdir()
+    tokenizer = make_tokenizer(folder)
+    config = {**TINY_DEEPSEEK, "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+              "vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id, "eos_token_id": 2,
+              "torch_dtype": "float32"}
+    (folder / "config.json").write_text(json.dumps(config))
+    shapes = parameter_shapes(folder)
+    mtp, last, hidden = "model.layers.4.", "model.layers.3.", TINY_DEEPSEEK["hidden_size"]
+    assert shapes[mtp + "eh_proj.weight"] == (hidden, 2 * hidden)
+    assert shapes[mtp + "shared_head.head.weight"] == (len(tokenizer), hidden)
+    block = {n.removeprefix(last) for n in shapes if n.startswith(last)}
+    assert block and block <= {n.removeprefix(mtp) for n in shapes if n.startswith(mtp)}
+    result = build(str(folder), BuildConfig(arch="cpu", compile="none", load_format="dummy"), cache_dir=tmp_path,
+                   show_progress=False)
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    prompts = [[5, 6, 7, 8, 9], [9, 10, 11]]
+    plain = [o["token_ids"] for o in LLMEngine(result.path).generate(prompts, params)]
+    spec = LLMEngine(result.path, method="mtp", num_speculative_tokens=2)
+    assert [o["token_ids"] for o in spec.generate(prompts, params)] == plain
+    assert spec.print_mtp_statistics()["proposed_total"] > 0

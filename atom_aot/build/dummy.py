@@ -31,8 +31,26 @@ def parameter_shapes(folder: Path) -> dict[str, torch.Size]:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config)
     tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-    return {name: meta.shape for name, meta in model.state_dict().items()
-            if not (name == "lm_head.weight" and tied)}
+    shapes = {name: meta.shape for name, meta in model.state_dict().items()
+              if not (name == "lm_head.weight" and tied)}
+    return {**shapes, **mtp_layer_shapes(hf_config, shapes)}
+
+
+def mtp_layer_shapes(hf_config, shapes: dict[str, torch.Size]) -> dict[str, torch.Size]:
+    """DeepSeek's MTP layers (`num_nextn_predict_layers`), which transformers' model leaves out (it skips
+    them when loading a checkpoint), named as the checkpoints hold them: layer num_hidden_layers + i has
+    the last decoder layer's tensors (an MoE block) plus enorm, hnorm, eh_proj, embed_tokens, shared_head."""
+    count = getattr(hf_config, "num_nextn_predict_layers", 0) or 0
+    if not count:
+        return {}
+    hidden, vocab, layers = hf_config.hidden_size, hf_config.vocab_size, hf_config.num_hidden_layers
+    last = f"model.layers.{layers - 1}."
+    block = {name.removeprefix(last): shape for name, shape in shapes.items() if name.startswith(last)}
+    own = {"enorm.weight": (hidden,), "hnorm.weight": (hidden,), "eh_proj.weight": (hidden, 2 * hidden),
+           "embed_tokens.weight": (vocab, hidden), "shared_head.norm.weight": (hidden,),
+           "shared_head.head.weight": (vocab, hidden)}
+    return {f"model.layers.{layers + i}.{name}": torch.Size(shape)
+            for i in range(count) for name, shape in {**block, **own}.items()}
 
 
 def draw(name: str, shape: torch.Size, dtype: torch.dtype, generator: torch.Generator, std: float) -> torch.Tensor:
