@@ -158,3 +158,17 @@ def test_cpu_engines_say_verify_steps_run_the_package(target, caplog):
     with caplog.at_level(logging.INFO, logger="atom_aot"):
         LLMEngine(target, method="ngram", num_speculative_tokens=K)
     assert "verify steps: the mixed package, no CUDA graphs (not a CUDA device)" in caplog.text
+
+
+def test_a_capture_that_fails_leaves_verify_steps_to_the_package_and_says_so(target, cpu_verify_graphs,
+                                                                            monkeypatch, caplog):
+    def failing():
+        def record(call):
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return record
+    monkeypatch.setattr(verify_graphs_module, "CudaGraphRecorder", failing)
+    with caplog.at_level(logging.INFO, logger="atom_aot"):
+        engine = LLMEngine(target, method="ngram", num_speculative_tokens=K)
+    assert "capturing it at 4 rows per sequence failed: operation not permitted" in caplog.text
+    out = engine.generate([[5, 6, 7, 5, 6, 7, 5, 6]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    assert len(out[0]["token_ids"]) == 6

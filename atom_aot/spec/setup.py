@@ -65,7 +65,12 @@ def start_verify_graphs(loaded: LoadedArtifact, config: RuntimeConfig, runner: M
     graphs = VerifyGraphs(tap.logits_and_hidden if tap else mixed, runner.kv_cache, sizes, k,
                           -(-max_model_len // loaded.block_size), loaded.block_size)
     start = time.perf_counter()
-    graphs.capture()
+    try:
+        graphs.capture()
+    except RuntimeError as e:     # a mixed package that cannot be captured (the build probes only the decode one)
+        log.warning("verify steps: the mixed package, no CUDA graphs (capturing it at %d rows per sequence failed: "
+                    "%s)", k + 1, str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return None
     loaded.timings["verify graph capture"] = time.perf_counter() - start
     log.info("verify steps: CUDA graphs of the mixed package at %d rows per sequence, %d sizes up to %d sequences "
              "captured in %.2fs; larger verify batches run the package as it is", k + 1, len(sizes),
