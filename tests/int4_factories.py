@@ -85,13 +85,13 @@ def awq_config(**fields) -> dict:
 
 
 def write_int4(src: Path, dst: Path, fmt: str) -> Path:
-    """`src` saved as fmt: gptq (group 128), gptq-channel (group -1), awq, or dequantized (float32 weights
-    equal to what the int4 ones encode, no quantization_config)."""
-    group = -1 if fmt == "gptq-channel" else 128
+    """`src` saved as fmt: gptq (group 128), gptq-channel (group -1), awq, or dequantized / dequantized-channel
+    (float32 weights equal to what gptq / gptq-channel encode, no quantization_config)."""
+    group = -1 if fmt.endswith("-channel") else 128
 
     def quantize(linear: str, w: torch.Tensor) -> dict[str, torch.Tensor]:
         v = quantize_rtn(w, group)
-        if fmt == "dequantized":
+        if fmt.startswith("dequantized"):
             return {"weight": v.dequantized()}
         return pack_awq(v) if fmt == "awq" else pack_gptq(v)
     qc = {"gptq": gptq_config(), "gptq-channel": gptq_config(-1), "awq": awq_config()}.get(fmt)
