@@ -68,7 +68,8 @@ def bench(compiled) -> list[dict]:
                    "bf16_ms": measure_ms(lambda: torch.nn.functional.linear(x, w16))[0],
                    "aten_compiled_ms": measure_ms(lambda: compiled(x, *layer, None))[0]}
             for c in CANDIDATE_CONFIGS:
-                row[f"triton{c.as_args()}_ms"] = measure_ms(lambda: launch_int4_linear(x, *layer, None, *c.as_args()))[0]
+                args = c.as_args()
+                row[f"triton{args}_ms"] = measure_ms(lambda: launch_int4_linear(x, *layer, None, *args))[0]
             best = min(v for key, v in row.items() if key.startswith("triton"))
             row["best_triton_speedup_vs_bf16"] = row["bf16_ms"] / best
             print(json.dumps(row), flush=True)

@@ -3,6 +3,7 @@ op opaque, and the AOTInductor-compiled artifact generates what the eager one do
 import pytest
 import torch
 
+from atom_aot.artifact.phase import Phase
 from atom_aot.models.quant_layers import Int4Linear
 from atom_aot.ops.int4 import pack_nibbles
 from int4_factories import quantize_rtn
@@ -37,7 +38,6 @@ def test_every_decoder_linear_is_int4():
 
 def test_export_keeps_the_int4_op():
     """torch.export keeps atom::int4_linear opaque (its fake impl gives the shapes), one call per linear."""
-    from atom_aot.artifact.phase import Phase
     from atom_aot.build.export import export_model
     twin = int4_twin(tiny_model(seed=8, hidden_size=128, intermediate_size=256, head_dim=32), "int4-w4a16-channel")
     exported = export_model(twin, torch.float32, 16, 128, torch.device("cpu"), Phase.MIXED)
@@ -59,3 +59,31 @@ def test_compiled_int4_artifact_matches_its_eager_twin(tmp_path, build_artifact)
     outs = [[o["token_ids"] for o in LLMEngine(str(build_artifact(checkpoint, compile=c))).generate(prompts, params)]
             for c in ("none", "aoti")]
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("scheme,op,kernel", [("int4-w4a16", "int4_linear", "int4_gemm"),
+                                              ("fp8", "fp8_linear", "fp8_gemm")])
+def test_gpu_tuning_rows_name_the_measured_backend(monkeypatch, scheme, op, kernel):
+    """The GPU build's plumbing without a GPU: the fastest candidate (timings stubbed) becomes each
+    phase's choice for the scheme's op, in the params form its backend reads, and `inspect`'s kernel line."""
+    import atom_aot.build.tune_fp8 as tune_fp8
+    from atom_aot.artifact.tuning import BackendChoice, PhaseTuning, Tuning
+    from atom_aot.build.config import BuildConfig
+    from atom_aot.build.tune import _with_measured_linear
+    from atom_aot.ops.backends import make_backend
+    from atom_aot.models import ModelConfig
+    from model_factories import TINY_QWEN3
+    fast = tune_fp8.candidates(scheme)[2]
+
+    def stub(cfg, scheme_, dtype, phase):
+        return {f"{g} 1x8x8": {c: (1.0 if c == fast else 2.0) for c in tune_fp8.candidates(scheme_)}
+                for g in ("qkv_proj", "down_proj")}
+    monkeypatch.setattr(tune_fp8, "measure_linear", stub)
+    row = PhaseTuning({"attention": BackendChoice("triton")})
+    base = Tuning(arch="sm90", measured=True, phases={Phase.DECODE: row, Phase.MIXED: row}, kernels={})
+    tuned = _with_measured_linear(base, BuildConfig(arch="sm90"), ModelConfig.from_hf_dict(TINY_QWEN3), scheme)
+    choice = tuned.for_phase(Phase.MIXED).op(op)
+    assert choice.backend == "triton" and tuple(choice.params[kernel]) == fast[1:]
+    assert make_backend(op, choice).args == fast[1:]
+    assert any(label.endswith("gemm") and "per phase as measured" in text for label, text in tuned.kernels.items())
+
