@@ -129,8 +129,8 @@ def test_the_bounded_scale_is_fbgemms_on_rows_beyond_the_bound():
 
 class TestRefusals:
     def test_unknown_method_names_itself_and_the_supported_ones(self):
-        with pytest.raises(BuildError, match=r"quant_method 'gptq'.*Supported: fp8"):
-            detect_checkpoint_quant({"quantization_config": {"quant_method": "gptq", "bits": 4}})
+        with pytest.raises(BuildError, match=r"quant_method 'bitsandbytes'.*Supported: fp8"):
+            detect_checkpoint_quant({"quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}})
 
     def test_int4_compressed_tensors_is_refused_by_name(self):
         config = {"quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"g": {

@@ -105,7 +105,8 @@ class Layout:
 
 
 # models/quant_layers.py describes each layout
-LINEAR_SCHEMES = ("none", "fp8", "fp8-static", "fp8-block", "fp8-ub", "int8", "int8-static")
+LINEAR_SCHEMES = ("none", "fp8", "fp8-static", "fp8-block", "fp8-ub", "int8", "int8-static", "int4-w4a16",
+                  "int4-w4a16-channel")
 KV_CACHE_QUANT = ("none", "fp8")
 WEIGHT_ORIGINS = ("none", "build", "checkpoint")           # who quantized: nobody, atom-build --quant, the checkpoint
 KV_SCALE_ORIGINS = ("none", "checkpoint", "calibrated")    # where an fp8 KV cache's k/v scales come from

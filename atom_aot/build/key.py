@@ -23,7 +23,7 @@ from atom_aot.version import ARTIFACT_FORMAT_VERSION, __version__
 # graph-pool probe the build runs, and the artifact format itself).
 ENGINE_CODE = ("models", "ops", "artifact", "distributed/collectives.py", "build/weights.py", "build/shard.py",
                "build/export.py", "build/tune.py", "build/graphs.py", "build/cxx.py", "build/quant_config.py",
-               "build/prequantized.py", "build/tune_fp8.py", "build/kv_scales.py", "runtime/graph_probe.py",
+               "build/prequantized.py", "build/int4_checkpoint.py", "build/tune_fp8.py", "build/kv_scales.py", "runtime/graph_probe.py",
                "runtime/cuda_graphs.py")
 
 

@@ -81,7 +81,7 @@ def calibrate_kv_scales(model, prompts: list[list[int]]) -> dict[str, torch.Tens
     device = next(model.parameters()).device
     dtype = model.model.embed_tokens.weight.dtype
     model.use_kernels(PhaseTuning({"attention": BackendChoice("reference"), "fp8_linear": BackendChoice("aten"),
-                                   "int8_linear": BackendChoice("aten")}))
+                                   "int8_linear": BackendChoice("aten"), "int4_linear": BackendChoice("aten")}))
     inputs = prefill_inputs(model.config, prompts, dtype, device)
     with torch.no_grad():
         model(inputs)

@@ -32,6 +32,7 @@ from atom_aot.build.config import BuildConfig
 from atom_aot.build.export import compile_package, export_model
 from atom_aot.build.export_mtp import export_mtp
 from atom_aot.build.graphs import probe_capture_sizes
+from atom_aot.build.int4_checkpoint import check_int4_model
 from atom_aot.build.key import build_key, key_inputs
 from atom_aot.build.kv_scales import calibrate_kv_scales, calibration_prompts, checkpoint_has_kv_scales
 from atom_aot.build.progress import StageProgress
@@ -45,6 +46,7 @@ from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.tuning import Tuning
 from atom_aot.models import ModelConfig, model_class
 from atom_aot.models.parallel import check_splittable, rank_shapes
+from atom_aot.models.quant_layers import INT4_SCHEMES
 from atom_aot.version import ARTIFACT_FORMAT_VERSION, __version__
 
 log = logging.getLogger("atom_aot")
@@ -82,6 +84,8 @@ def plan(model: str | None, config: BuildConfig) -> tuple[ModelSource, ModelConf
     if config.tensor_parallel_size > 1 and linear_quant.scheme == "fp8-block":
         raise BuildError("block-scaled FP8 (128x128 weight blocks) is not sharded over tensor-parallel ranks yet: "
                          "build this checkpoint with -tp 1")
+    if linear_quant.scheme in INT4_SCHEMES:
+        check_int4_model(model_config, config.tensor_parallel_size)
     try:
         check_splittable(model_config, config.tensor_parallel_size, config.enable_expert_parallel)
     except ValueError as e:

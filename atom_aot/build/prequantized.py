@@ -11,6 +11,7 @@ The FP8 and int8 weights are kept bit for bit; only the scales change shape:
 - fbgemm_fp8's `activation_scale_ub` (config.json) becomes every quantized linear's `activation_scale_ub`;
 - compressed-tensors' zero points of symmetric int8 (`weight_zero_point`, `input_zero_point`, all 0
   where a checkpoint stores them) are dropped; a nonzero one is refused by name.
+GPTQ / AWQ int4 checkpoints are repacked nibble for nibble by int4_checkpoint.py.
 lm_head stays in the model dtype (it decides the argmax): a checkpoint that quantized it anyway has it
 dequantized (weight x scale), the one tensor that is.
 """
@@ -18,9 +19,10 @@ from __future__ import annotations
 
 import torch
 
+from atom_aot.build.int4_checkpoint import normalize_int4_checkpoint
 from atom_aot.build.quant_config import CheckpointQuant
 from atom_aot.errors import BuildError
-from atom_aot.models.quant_layers import INT8_SCHEMES
+from atom_aot.models.quant_layers import INT4_SCHEMES, INT8_SCHEMES
 from atom_aot.ops.fp8 import dequantize_weight
 
 WEIGHT_SCALE_NAMES = ("weight_scale", "weight_scale_inv")
@@ -37,6 +39,8 @@ def weight_dtype(quant: CheckpointQuant) -> torch.dtype:
 
 def normalize_checkpoint(tensors: dict[str, torch.Tensor], quant: CheckpointQuant) -> dict[str, torch.Tensor]:
     """Checkpoint names and scale shapes -> the runtime's, before the fusion of q/k/v and gate/up."""
+    if quant.scheme in INT4_SCHEMES:
+        return normalize_int4_checkpoint(tensors, quant)
     out = {}
     for name, tensor in tensors.items():
         module, _, leaf = name.rpartition(".")

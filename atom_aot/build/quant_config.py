@@ -12,10 +12,13 @@ atom_aot/models/quant_layers.py (its layout is loaded as-is, never dequantized a
                        with float 8-bit activations (dynamic token | tensor, static tensor, dynamic group 128)
     compressed-tensors int 8-bit symmetric weights (tensor | channel) with       int8 / int8-static
                        symmetric int 8-bit activations (dynamic token | tensor, static tensor)
+    gptq               bits 4, group_size 128 | -1, sym true | false, desc_act false  int4-w4a16 / -channel
+    awq                bits 4, group_size 128, zero_point true, version gemm          int4-w4a16
 
 Dynamic per-tensor activations run per token (a finer scale, never a coarser one). Anything else
-(int4 weights, asymmetric int8, int8 group/block weights, weight-only int8 or float8, other block
-sizes) is refused by name.
+(compressed-tensors int4 `pack-quantized`, GPTQ act-order (desc_act) or other widths than 4 bits,
+AWQ gemv / other versions, asymmetric int8, int8 group/block weights, weight-only int8 or float8,
+other block sizes) is refused by name.
 """
 from __future__ import annotations
 
@@ -26,7 +29,8 @@ from atom_aot.errors import BuildError
 SUPPORTED = ("fp8 (per-tensor or 128x128 blocks; dynamic or static activations), fbgemm_fp8, "
              "compressed-tensors float8 W8A8 (tensor/channel/128x128-block weights), "
              "compressed-tensors int8 W8A8 (symmetric tensor/channel weights; symmetric dynamic per-token or "
-             "static per-tensor activations)")
+             "static per-tensor activations), gptq 4-bit (group 128 or per channel, sym or asym, no desc_act), "
+             "awq 4-bit (gemm, group 128, zero points)")
 INT8_FORMATS = (None, "int-quantized", "naive-quantized")    # compressed-tensors formats that store int8 as is
 
 
@@ -39,6 +43,8 @@ class CheckpointQuant:
     description: str               # for the manifest and `inspect`
     kv_cache_scheme: bool = False  # the checkpoint says it carries k/v scales
     activation_scale_ub: float | None = None   # fbgemm_fp8: the bound on per-token activation amax
+    int4_packing: str = ""         # gptq (zeros stored - 1) | gptq_v2 (zeros as they are) | awq
+    group_size: int = 0            # int4: inputs per scale/zero group (-1: the whole row)
 
 
 def detect_checkpoint_quant(config: dict) -> CheckpointQuant | None:
@@ -47,7 +53,8 @@ def detect_checkpoint_quant(config: dict) -> CheckpointQuant | None:
     if not qc:
         return None
     method = qc.get("quant_method")
-    readers = {"fp8": _hf_fp8, "fbgemm_fp8": _fbgemm_fp8, "compressed-tensors": _compressed_tensors}
+    readers = {"fp8": _hf_fp8, "fbgemm_fp8": _fbgemm_fp8, "compressed-tensors": _compressed_tensors,
+               "gptq": _gptq, "awq": _awq}
     if method not in readers:
         raise BuildError(f"the checkpoint is quantized with quant_method {method!r}, which atom-aot cannot load. "
                          f"Supported: {SUPPORTED}. Use an unquantized (bf16) checkpoint, optionally with "
@@ -103,8 +110,8 @@ def _compressed_tensors(qc: dict) -> CheckpointQuant:
     if weight_type == "int8":
         return _compressed_int8(qc, weights, activations)
     if weight_type != "float8":
-        raise _refuse("compressed-tensors", f"{weight_type} weights (int4 and other widths are left: only 8-bit "
-                                            f"W8A8 runs)")
+        raise _refuse("compressed-tensors", f"{weight_type} weights (int4 pack-quantized and other widths are "
+                                            f"left: only 8-bit W8A8 runs; int4 runs from gptq / awq checkpoints)")
     if not activations or f"{activations.get('type')}{activations.get('num_bits')}" != "float8":
         raise _refuse("compressed-tensors", "float8 weights without float8 activations (weight-only)")
     strategy, act_strategy = weights.get("strategy"), activations.get("strategy")
@@ -153,6 +160,43 @@ def _compressed_int8(qc: dict, weights: dict, activations: dict | None) -> Check
     return CheckpointQuant("compressed-tensors", scheme, _ignored(qc, "ignore"),
                            f"compressed-tensors int8, {strategy} weights, {when} {act_strategy} activations",
                            kv_cache_scheme=bool(qc.get("kv_cache_scheme")))
+
+
+def _gptq(qc: dict) -> CheckpointQuant:
+    """AutoGPTQ / GPTQModel / optimum checkpoints (qweight, qzeros, scales, g_idx)."""
+    bits, group, sym = qc.get("bits"), qc.get("group_size"), qc.get("sym", True)
+    packing = qc.get("checkpoint_format", "gptq")
+    if bits != 4:
+        raise _refuse("gptq", f"{bits}-bit weights (4-bit runs)")
+    if qc.get("desc_act"):
+        raise _refuse("gptq", "desc_act true (act-order: g_idx permutes the groups along K)")
+    if group not in (128, -1):
+        raise _refuse("gptq", f"group_size {group} (128 or -1 runs)")
+    if packing not in ("gptq", "gptq_v2"):
+        raise _refuse("gptq", f"checkpoint_format {packing!r} (gptq or gptq_v2 is read)")
+    if qc.get("lm_head") or qc.get("dynamic"):
+        raise _refuse("gptq", "a quantized lm_head or per-module `dynamic` overrides")
+    scheme = "int4-w4a16" if group == 128 else "int4-w4a16-channel"
+    groups = "groups of 128" if group == 128 else "per channel"
+    return CheckpointQuant("gptq", scheme, _ignored(qc, "modules_to_not_convert"),
+                           f"gptq 4-bit ({packing}), {groups}, {'symmetric' if sym else 'asymmetric'}, W4A16",
+                           int4_packing=packing, group_size=group)
+
+
+def _awq(qc: dict) -> CheckpointQuant:
+    """AutoAWQ checkpoints (bits / w_bit, group_size / q_group_size as transformers or AutoAWQ spell them)."""
+    bits, group = qc.get("bits", qc.get("w_bit")), qc.get("group_size", qc.get("q_group_size"))
+    version = str(qc.get("version", "gemm")).lower()
+    if bits != 4:
+        raise _refuse("awq", f"{bits}-bit weights (4-bit runs)")
+    if version != "gemm":
+        raise _refuse("awq", f"version {version!r} (its packing differs; version gemm is read)")
+    if group != 128:
+        raise _refuse("awq", f"group_size {group} (128 runs)")
+    if not qc.get("zero_point", True):
+        raise _refuse("awq", "zero_point false")
+    return CheckpointQuant("awq", "int4-w4a16", _ignored(qc, "modules_to_not_convert"),
+                           "awq 4-bit (gemm), groups of 128, zero points, W4A16", int4_packing="awq", group_size=128)
 
 
 @dataclass(frozen=True)

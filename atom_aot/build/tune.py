@@ -30,15 +30,20 @@ DECODE_BATCHES = (1, 8, 32, 128, 256)
 PREFILL_BATCHES = ((1, 1024), (4, 512))      # (sequences, tokens each)
 PREFILL_MOE_TOKENS = 2048                    # where the MoE op's last (prefill) bucket is timed
 CPU_LINEAR_KERNELS = {"fp8_linear": ("fp8 gemm", "float32 reference on fp8 values (atom::fp8_linear)"),
-                      "int8_linear": ("int8 gemm", "exact integer accumulation reference (atom::int8_linear)")}
+                      "int8_linear": ("int8 gemm", "exact integer accumulation reference (atom::int8_linear)"),
+                      "int4_linear": ("int4 gemm", "exact dequantization (q - z) * s to float32, then a float32 "
+                                                   "matmul (atom::int4_linear)")}
+GPU_LINEAR_KERNELS = {"fp8_linear": ("fp8 gemm", "aten (cuBLASLt _scaled_mm) or triton atom_triton::fp8_linear"),
+                      "int4_linear": ("int4 gemm", "triton atom_triton::int4_linear (nibbles unpacked in "
+                                                   "registers) or aten (dequantize, then cuBLAS)")}
 INT8_GPU_KERNEL = ("aten torch._int_mm (cuBLAS int8 GEMM, int32 accumulation; rows padded by 16), "
                    "the only int8 backend: not measured")
 
 
 def tune_kernels(config: BuildConfig, model_config: ModelConfig, max_model_len: int,
                  linear_scheme: str = "none") -> Tuning:
-    """`linear_scheme`: the decoder linears' (quant_layers.py); a quantized one adds an fp8_linear or
-    int8_linear choice."""
+    """`linear_scheme`: the decoder linears' (quant_layers.py); a quantized one adds an fp8_linear,
+    int8_linear or int4_linear choice."""
     ops = model_class(model_config.architecture).ATTENTION_OPS
     if config.arch != "cpu" and "mla_attention" in ops:
         from atom_aot.build.tune_mla import tune_mla
@@ -59,7 +64,7 @@ def tune_kernels(config: BuildConfig, model_config: ModelConfig, max_model_len: 
     tuning = _tune_triton(config, model_config, max_model_len)
     if linear_scheme in INT8_SCHEMES:
         return _with_int8_linear(tuning, linear_scheme)
-    return tuning if linear_scheme == "none" else _with_fp8_linear(tuning, config, model_config, linear_scheme)
+    return tuning if linear_scheme == "none" else _with_measured_linear(tuning, config, model_config, linear_scheme)
 
 
 def _with_int8_linear(tuning: Tuning, scheme: str) -> Tuning:
@@ -71,20 +76,20 @@ def _with_int8_linear(tuning: Tuning, scheme: str) -> Tuning:
                   measurements_ms=tuning.measurements_ms)
 
 
-def _with_fp8_linear(tuning: Tuning, config: BuildConfig, cfg: ModelConfig, scheme: str) -> Tuning:
-    """`tuning` plus each phase's measured fp8_linear backend."""
-    from atom_aot.build.tune_fp8 import as_choice, measure_fp8_linear
-    phases, timings = {}, {}
+def _with_measured_linear(tuning: Tuning, config: BuildConfig, cfg: ModelConfig, scheme: str) -> Tuning:
+    """`tuning` plus each phase's measured fp8_linear or int4_linear backend."""
+    from atom_aot.build.tune_fp8 import as_choice, measure_linear
+    op, phases, timings = linear_op(scheme), {}, {}
     for phase, row in tuning.phases.items():
-        rows = measure_fp8_linear(cfg, scheme, config.torch_dtype, "decode" if phase == Phase.DECODE else "mixed")
+        rows = measure_linear(cfg, scheme, config.torch_dtype, "decode" if phase == Phase.DECODE else "mixed")
         best = _best(rows)
-        phases[phase] = PhaseTuning({**row.ops, "fp8_linear": as_choice(best)})
+        phases[phase] = PhaseTuning({**row.ops, op: as_choice(best, op)})
         timings[phase.value] = {"chosen": ",".join(map(str, best)), **{
             shape: {",".join(map(str, c)): ms for c, ms in r.items()} for shape, r in rows.items()}}
-    kernels = {**tuning.kernels, "fp8 gemm": f"{scheme}: aten (cuBLASLt _scaled_mm) or triton "
-                                             f"atom_triton::fp8_linear, per phase as measured"}
+    label, text = GPU_LINEAR_KERNELS[op]
+    kernels = {**tuning.kernels, label: f"{scheme}: {text}, per phase as measured"}
     return Tuning(arch=tuning.arch, measured=True, phases=phases, kernels=kernels,
-                  measurements_ms={**tuning.measurements_ms, "fp8_linear": timings})
+                  measurements_ms={**tuning.measurements_ms, op: timings})
 
 
 def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int) -> Tuning:

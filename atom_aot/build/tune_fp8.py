@@ -1,9 +1,10 @@
-"""The FP8 linear's backend per phase, measured on the model's own GEMM shapes at build time.
+"""The FP8 and INT4 linears' backend per phase, measured on the model's own GEMM shapes at build time.
 
-Candidates are cuBLASLt (`aten`: torch._scaled_mm, per-channel layouts only) and each Triton GEMM
-config of atom_aot/ops/triton/fp8_gemm.py; every candidate is timed on every linear of the model
-(qkv, o, gate_up, down) at the phase's token counts, and tune.py keeps the one with the lowest
-geometric-mean slowdown against each shape's fastest.
+fp8 candidates are cuBLASLt (`aten`: torch._scaled_mm, per-channel layouts only) and each Triton GEMM
+config of atom_aot/ops/triton/fp8_gemm.py; int4 (W4A16) candidates are `aten` (dequantize, then
+cuBLAS) and each config of atom_aot/ops/triton/int4_gemm.py. Every candidate is timed on every
+linear of the model (qkv, o, gate_up, down) at the phase's token counts, and tune.py keeps the one
+with the lowest geometric-mean slowdown against each shape's fastest.
 """
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import torch
 
 from atom_aot.artifact.tuning import BackendChoice
 from atom_aot.models import ModelConfig
+from atom_aot.models.quant_layers import INT4_SCHEMES, int4_groups, linear_op
 
 TOKENS = {"decode": (1, 16, 64, 256), "mixed": (512, 2048, 8192)}
 Candidate = tuple   # ("aten",) or ("triton", block_m, block_n, block_k, num_warps, num_stages)
+TRITON_KERNELS = {"fp8_linear": "fp8_gemm", "int4_linear": "int4_gemm"}    # op -> its Triton kernel's params key
 
 
 def linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -25,35 +28,48 @@ def linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
 
 
 def candidates(scheme: str) -> list[Candidate]:
-    from atom_aot.ops.triton.fp8_gemm import CANDIDATE_CONFIGS
+    if scheme in INT4_SCHEMES:
+        from atom_aot.ops.triton.int4_gemm import CANDIDATE_CONFIGS
+    else:
+        from atom_aot.ops.triton.fp8_gemm import CANDIDATE_CONFIGS
     triton = [("triton", *c.as_args()) for c in CANDIDATE_CONFIGS]
     return triton if scheme == "fp8-block" else [("aten",)] + triton
 
 
-def as_choice(candidate: Candidate) -> BackendChoice:
-    return BackendChoice("aten") if candidate[0] == "aten" else BackendChoice("triton", {"fp8_gemm": candidate[1:]})
+def as_choice(candidate: Candidate, op: str = "fp8_linear") -> BackendChoice:
+    if candidate[0] == "aten":
+        return BackendChoice("aten")
+    return BackendChoice("triton", {TRITON_KERNELS[op]: candidate[1:]})
 
 
-def measure_fp8_linear(cfg: ModelConfig, scheme: str, dtype: torch.dtype, phase: str) -> dict[str, dict]:
+def measure_linear(cfg: ModelConfig, scheme: str, dtype: torch.dtype, phase: str) -> dict[str, dict]:
     """'{group} {M}x{N}x{K}' -> {candidate: ms} for the phase's token counts."""
-    import atom_aot.ops.triton  # noqa: F401  (registers atom_triton::fp8_linear)
+    import atom_aot.ops.triton  # noqa: F401  (registers atom_triton::*)
     from atom_aot.ops.backends import make_backend
     from atom_aot.ops.triton.timing import measure_ms
-    rows = {}
+    op, rows = linear_op(scheme), {}
     for group, (n, k) in linear_shapes(cfg).items():
-        weight, weight_scale, input_scale = _random_layer(scheme, n, k)
+        layer = _random_int4_layer(scheme, n, k) if scheme in INT4_SCHEMES else _random_fp8_layer(scheme, n, k)
         for m in TOKENS[phase]:
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             row = rows.setdefault(f"{group} {m}x{n}x{k}", {})
             for candidate in candidates(scheme):
-                gemm = make_backend("fp8_linear", as_choice(candidate))
-                row[candidate] = measure_ms(lambda: gemm(x, weight, weight_scale, input_scale, None))[0]
+                gemm = make_backend(op, as_choice(candidate, op))
+                row[candidate] = measure_ms(lambda: gemm(x, *layer, None))[0]
     return rows
 
 
-def _random_layer(scheme: str, n: int, k: int):
+def _random_fp8_layer(scheme: str, n: int, k: int):
     from atom_aot.ops.fp8 import FP8_MAX, quantize_weight_blocks, quantize_weight_per_channel
     w = torch.randn(n, k, device="cuda") / k ** 0.5
     weight, scale = (quantize_weight_blocks if scheme == "fp8-block" else quantize_weight_per_channel)(w)
     input_scale = torch.full((1,), 4.0 / FP8_MAX, device="cuda") if scheme == "fp8-static" else None
     return weight, scale, input_scale
+
+
+def _random_int4_layer(scheme: str, n: int, k: int):
+    groups = int4_groups(scheme, k)
+    weight = torch.randint(0, 256, (n, k // 2), device="cuda", dtype=torch.uint8)
+    scale = torch.rand(n, groups, device="cuda") / (8 * k ** 0.5)
+    zero = torch.randint(0, 16, (n, groups), device="cuda", dtype=torch.uint8)
+    return weight, scale, zero

@@ -52,7 +52,7 @@ class Linear(nn.Module):
 
 
 def make_linear(in_features: int, out_features: int, bias: bool, dtype: torch.dtype, quant: str) -> nn.Module:
-    """A linear of the scheme `quant` ("none", or one of quant_layers.FP8_SCHEMES / INT8_SCHEMES)."""
+    """A linear of the scheme `quant` ("none", or one of quant_layers.FP8_SCHEMES / INT8_SCHEMES / INT4_SCHEMES)."""
     if quant == "none":
         return Linear(in_features, out_features, bias, dtype)
     return make_quantized_linear(in_features, out_features, bias, dtype, quant)

@@ -1,5 +1,5 @@
-"""Quantized linear layers: FP8 W8A8 that computes in FP8 (atom_aot/ops/fp8.py) and INT8 W8A8 that
-computes in int8 (atom_aot/ops/int8.py).
+"""Quantized linear layers: FP8 W8A8 that computes in FP8 (atom_aot/ops/fp8.py), INT8 W8A8 that
+computes in int8 (atom_aot/ops/int8.py) and INT4 weight-only W4A16 (atom_aot/ops/int4.py).
 
 A layer's scheme (artifact/manifest.py LINEAR_SCHEMES) fixes its parameters, so the runtime
 builds the module on meta and assigns the artifact's tensors as they are:
@@ -11,13 +11,16 @@ builds the module on meta and assigns the artifact's tensors as they are:
                                                     activations: dynamic per token, scale <= ub / 448 (fbgemm_fp8)
     int8        weight [N, K] int8, weight_scale [N]                        activations: dynamic per token (int8)
     int8-static weight [N, K] int8, weight_scale [N], input_scale [1]       activations: the checkpoint's scale
+    int4-w4a16  weight [N, K/2] uint8 (two nibbles), weight_scale [N, K/128] float32, weight_zero [N, K/128] uint8
+                                                    activations: as they are (bf16/fp16), groups of 128 inputs
+    int4-w4a16-channel  the same with one group per output channel: weight_scale, weight_zero [N, 1]
 
 fp8-ub clamps the activations to [-ub, ub] before the per-token quantization: the token's scale is then
 min(amax, ub) / 448 and the values beyond ub saturate at +-448, exactly fbgemm's bounded scale, with
 no change to the GEMM's kernels.
 
-The GEMM runs through the backend the phase's tuning row names for `fp8_linear` (aten or triton) or
-`int8_linear` (aten).
+The GEMM runs through the backend the phase's tuning row names for `fp8_linear` (aten or triton),
+`int8_linear` (aten) or `int4_linear` (aten or triton).
 """
 from __future__ import annotations
 
@@ -27,14 +30,23 @@ from torch import nn
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
 from atom_aot.ops.backends import make_backend
 from atom_aot.ops.fp8 import BLOCK, FP8_DTYPE
+from atom_aot.ops.int4 import GROUP
 
 FP8_SCHEMES = ("fp8", "fp8-static", "fp8-block", "fp8-ub")
 INT8_SCHEMES = ("int8", "int8-static")
+INT4_SCHEMES = ("int4-w4a16", "int4-w4a16-channel")
 
 
 def linear_op(scheme: str) -> str:
     """The backend op (ops/backends) that runs a quantized scheme's GEMM."""
+    if scheme in INT4_SCHEMES:
+        return "int4_linear"
     return "int8_linear" if scheme in INT8_SCHEMES else "fp8_linear"
+
+
+def int4_groups(scheme: str, in_features: int) -> int:
+    """G, the number of scale/zero groups along K of an int4 layer."""
+    return 1 if scheme == "int4-w4a16-channel" else -(-in_features // GROUP)
 
 
 def _frozen(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -87,16 +99,40 @@ class Int8Linear(nn.Module):
         return self.gemm(x, self.weight, self.weight_scale, self.input_scale, self.bias)
 
 
+class Int4Linear(nn.Module):
+    """y = x W^T (+ b) with W stored as int4 nibbles, zero points and group scales; x as it is (W4A16)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
+                 scheme: str = "int4-w4a16"):
+        super().__init__()
+        if scheme not in INT4_SCHEMES:
+            raise ValueError(f"unknown int4 scheme {scheme!r}; known: {', '.join(INT4_SCHEMES)}")
+        self.scheme = scheme
+        groups = int4_groups(scheme, in_features)
+        self.weight = _frozen(out_features, -(-in_features // 2), dtype=torch.uint8)
+        self.weight_scale = _frozen(out_features, groups, dtype=torch.float32)
+        self.weight_zero = _frozen(out_features, groups, dtype=torch.uint8)
+        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype)) if bias else None
+        # the aten op (reference on the CPU) until use_linear_kernels sets the phase's choice
+        self.gemm = make_backend("int4_linear", BackendChoice("aten"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [T, K] -> [T, N]
+        return self.gemm(x, self.weight, self.weight_scale, self.weight_zero, self.bias)
+
+
+LINEAR_CLASSES = {"fp8_linear": Fp8Linear, "int8_linear": Int8Linear, "int4_linear": Int4Linear}
+
+
 def make_quantized_linear(in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
                           scheme: str) -> nn.Module:
-    cls = Int8Linear if scheme in INT8_SCHEMES else Fp8Linear
-    return cls(in_features, out_features, bias, dtype, scheme)
+    return LINEAR_CLASSES[linear_op(scheme)](in_features, out_features, bias, dtype, scheme)
 
 
 def use_linear_kernels(model: nn.Module, row: PhaseTuning) -> None:
     """Point every quantized linear of `model` at the backend `row` names for its op (a model with
     none asks the row nothing)."""
-    for op, cls in (("fp8_linear", Fp8Linear), ("int8_linear", Int8Linear)):
+    for op, cls in LINEAR_CLASSES.items():
         layers = [m for m in model.modules() if isinstance(m, cls)]
         if layers:
             gemm = make_backend(op, row.op(op))

@@ -41,6 +41,10 @@ REGISTRY: dict[str, dict[str, BackendEntry]] = {
     "int8_linear": {
         "aten": BackendEntry("atom_aot.ops.backends.int8_linear", "AtenInt8Linear"),
     },
+    "int4_linear": {
+        "aten": BackendEntry("atom_aot.ops.backends.int4_linear", "AtenInt4Linear"),
+        "triton": BackendEntry("atom_aot.ops.backends.int4_linear", "TritonInt4Linear"),
+    },
 }
 
 
