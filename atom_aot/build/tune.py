@@ -196,7 +196,6 @@ def _tune_moe(cfg: ModelConfig, config: BuildConfig, dev: str = "cuda") -> tuple
     PREFILL_MOE_TOKENS. Returns the `triton` choice and the timings."""
     from atom_aot.ops.moe import softmax_topk
     from atom_aot.ops.triton.fused_moe import CANDIDATE_CONFIGS, TOKEN_BUCKETS
-    from atom_aot.ops.triton.timing import measure_ms
     dt, experts, hidden = config.torch_dtype, cfg.num_experts, cfg.hidden_size
     w13 = torch.randn(experts, 2 * cfg.moe_intermediate_size, hidden, device=dev, dtype=dt) * hidden ** -0.5
     w2 = torch.randn(experts, hidden, cfg.moe_intermediate_size, device=dev, dtype=dt) * cfg.moe_intermediate_size ** -0.5
