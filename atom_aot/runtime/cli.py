@@ -102,9 +102,18 @@ def worker(artifact: str, argv: list[str]) -> int:
 
 
 def inspect(artifact: str, argv: list[str]) -> int:
+    """The artifact's description; `--measurements`: also the kernel timings its build's choices rest on."""
     from atom_aot.artifact.reader import Artifact
-    from atom_aot.runtime.inspect import describe
-    print(describe(Artifact.open(artifact)))
+    from atom_aot.runtime.inspect import describe, measurement_lines
+    p = argparse.ArgumentParser(prog="atom-run ART inspect")
+    p.add_argument("--measurements", action="store_true",
+                   help="the build's kernel timings (ms) per op and shape, fastest candidates first")
+    args = p.parse_args(argv)
+    art = Artifact.open(artifact)
+    print(describe(art))
+    if args.measurements:
+        print("measurements (ms, fastest first)")
+        print("\n".join(measurement_lines(art.read_tuning().measurements_ms)))
     return 0
 
 

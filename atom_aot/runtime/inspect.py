@@ -65,3 +65,27 @@ def describe(art: Artifact) -> str:
         stored = f", stored zstd {member.stored_size / 2**20:.2f} MiB" if member.stored == "zstd" else ""
         lines.append(f"  {name:<40} {member.size / 2**20:9.2f} MiB{stored}  sha256 {member.sha256[:16]}")
     return "\n".join(lines)
+
+
+def measurement_lines(measurements: dict, top: int = 4) -> list[str]:
+    """tuning.json's build-time timings, one line per timed shape: its `top` fastest candidates in ms
+    (a candidate the GPU could not launch shows as -). Walks the free-form tree down to the dicts that
+    map candidates to times, so every op's table reads the same way."""
+    lines = []
+
+    def walk(path: list[str], node) -> None:
+        timings = {k: v for k, v in node.items() if isinstance(v, (int, float)) or v is None}
+        if timings and len(timings) == len(node):
+            ranked = sorted(timings.items(), key=lambda kv: (kv[1] is None, kv[1] or 0.0))
+            shown = ", ".join(f"{c}: {'-' if ms is None else f'{ms:.4f}'}" for c, ms in ranked[:top])
+            more = f" (+{len(ranked) - top} more)" if len(ranked) > top else ""
+            lines.append(f"  {' / '.join(path):<40} {shown}{more}")
+            return
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(path + [str(key)], value)
+            else:
+                lines.append(f"  {' / '.join(path + [str(key)]):<40} {value}")
+
+    walk([], measurements)
+    return lines or ["  nothing was timed (one implementation per op on this target)"]
