@@ -1,7 +1,8 @@
 """MTP speculative decoding on a tiny random DeepSeek-V3 (one MTP layer): greedy outputs token for
 token equal to decoding without speculation for K = 1, 2, 3; the proposer's drafts equal an eager
 computation of the MTP layer (and transformers' modules for the first); acceptance statistics;
-preemption and prefix caching; refusals of artifacts that cannot serve it."""
+preemption and prefix caching; sampled tokens that follow the target's distribution; refusals of
+artifacts that cannot serve it."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -212,3 +213,25 @@ def test_compiled_packages(model_dir, build_artifact, artifact, prompts):
     cfg, model = loaded_model(model_dir)
     for known, drafts, _ in [s for s in seen if s[1]][:6]:
         assert drafts == eager_drafts(model, cfg, known, len(drafts))[0]
+
+
+def test_sampled_tokens_follow_the_targets_distribution(copying, prompts):
+    """MTP drafts of sampled requests (top-k 2 at temperature 3, the copying model: its draft is often the
+    likelier of the two, so drafts are accepted and rejected): the token after the first, conditioned on
+    the commonest first, against the target's exact top-2 probabilities at that temperature."""
+    from test_spec_rejection import chi_square_p_value
+    _, artifact = copying
+    baseline, engine = LLMEngine(artifact), mtp_engine(artifact, 1)
+    prompt, temperature = prompts[0], 3.0
+    outs = engine.generate([prompt] * 240, [SamplingParams(top_k=2, temperature=temperature, max_tokens=3, seed=s)
+                                            for s in range(240)])
+    firsts = [o["token_ids"][0] for o in outs]
+    first = max(set(firsts), key=firsts.count)
+    seconds = [o["token_ids"][1] for o in outs if o["token_ids"][0] == first]
+    exact = baseline.add_request([prompt + [first]], SamplingParams(temperature=0, max_tokens=1, logprobs=2))
+    top = next(u for _ in range(20) for u in baseline.step() if u.request_id == exact[0]).logprobs[0].top
+    probs = (torch.tensor([lp for _, lp in top]) / temperature).softmax(dim=0)
+    counts = torch.tensor([float(seconds.count(token)) for token, _ in top])
+    assert counts.sum() == len(seconds) >= 60
+    assert chi_square_p_value(counts, probs) > 1e-3
+    assert 0 < engine.print_mtp_statistics()["acceptance_rate"] < 1
