@@ -17,7 +17,7 @@ from atom_aot.models.step_inputs import StepInputs
 from atom_aot.runtime.scheduler import ScheduledBatch
 from atom_aot.runtime.sequence import Sequence, SequenceStatus
 from atom_aot.runtime.verify_graphs import VerifyGraphs, verify_capture_sizes
-import atom_aot.runtime.verify_graphs as verify_graphs_module
+import atom_aot.runtime.cuda_graphs as cuda_graphs_module
 import atom_aot.spec.setup as spec_setup
 from factories import random_prompts
 
@@ -111,7 +111,7 @@ def cpu_verify_graphs(monkeypatch):
     """start_verify_graphs as on a GPU, with plain calls for graphs and capture sizes 1, 2, 4."""
     monkeypatch.setattr(spec_setup, "no_verify_graphs_reason", lambda *args: None)
     monkeypatch.setattr(spec_setup, "verify_capture_sizes", lambda sizes, k: SIZES)
-    monkeypatch.setattr(verify_graphs_module, "CudaGraphRecorder", lambda: (lambda call: call))
+    monkeypatch.setattr(cuda_graphs_module, "CudaGraphRecorder", lambda: (lambda call: call))
 
 
 def test_the_mixed_model_sees_the_same_real_rows(target):
@@ -166,7 +166,7 @@ def test_a_capture_that_fails_leaves_verify_steps_to_the_package_and_says_so(tar
         def record(call):
             raise RuntimeError("operation not permitted when stream is capturing")
         return record
-    monkeypatch.setattr(verify_graphs_module, "CudaGraphRecorder", failing)
+    monkeypatch.setattr(cuda_graphs_module, "CudaGraphRecorder", failing)
     with caplog.at_level(logging.INFO, logger="atom_aot"):
         engine = LLMEngine(target, method="ngram", num_speculative_tokens=K)
     assert "capturing it at 4 rows per sequence failed: operation not permitted" in caplog.text

@@ -27,9 +27,33 @@ PADDING = {"slot_mapping": -1,   # nothing is written to the cache
            "seq_lens": 1}        # attend over one token of the row's first block
 # The same for every decode batch (one token per sequence, each sampled), so never copied.
 FIXED = ("kv_cache", "query_start_loc", "logits_indices")
-# Rows of an input's first dimension at capture size s, by the dimension's name; other inputs
-# (the KV cache) are passed whole.
-ROWS_AT_SIZE = {"num_tokens": 0, "num_seqs": 0, "num_logits": 0, "num_seqs_plus_1": 1}   # s + this
+
+
+def graph_view(buffers: StepInputs, size: int, rows_per_seq: int = 1) -> StepInputs:
+    """The inputs of the graph of `size` sequences of `rows_per_seq` token rows each: leading slices of
+    the static buffers by each input's first dimension (the KV cache passed whole)."""
+    extent = {"num_tokens": size * rows_per_seq, "num_logits": size * rows_per_seq, "num_seqs": size,
+              "num_seqs_plus_1": size + 1}
+    return StepInputs(*(buf[:extent[spec.dims[0]]] if spec.dims[0] in extent else buf
+                        for spec, buf in zip(STEP_INPUTS, buffers)))
+
+
+def static_buffer(name: str, *shape: int, kv_cache: torch.Tensor, fill: int = 0) -> torch.Tensor:
+    """A static input buffer of the step input `name`, in its dtype, on the cache's device."""
+    return torch.full(shape, fill, dtype=input_dtype(name, kv_cache.dtype), device=kv_cache.device)
+
+
+def smallest_size(sizes: list[int], num_seqs: int) -> int:
+    """The smallest capture size (of `sizes`, increasing) that holds `num_seqs` sequences."""
+    return sizes[bisect.bisect_left(sizes, num_seqs)]
+
+
+def record_sizes(sizes: list[int], forward_at: Callable[[int], object],
+                 record: Callable[[Replay], Replay] | None = None) -> dict[int, Replay]:
+    """Each size's replay, recorded largest first; `record` turns a call into its replay (default: a
+    CUDA graph, all sharing one pool)."""
+    record = record or CudaGraphRecorder()
+    return {size: record(functools.partial(forward_at, size)) for size in reversed(sizes)}
 
 
 class StaticDecodeInputs:
@@ -38,10 +62,7 @@ class StaticDecodeInputs:
     def __init__(self, kv_cache: torch.Tensor, capture_sizes: tuple[int, ...], max_blocks_per_seq: int):
         self.sizes = sorted(capture_sizes)
         biggest, device = self.sizes[-1], kv_cache.device
-
-        def buffer(name: str, *shape: int, fill: int = 0) -> torch.Tensor:
-            return torch.full(shape, fill, dtype=input_dtype(name, kv_cache.dtype), device=device)
-
+        buffer = functools.partial(static_buffer, kv_cache=kv_cache)
         self.buffers = StepInputs(
             input_ids=buffer("input_ids", biggest), positions=buffer("positions", biggest), kv_cache=kv_cache,
             slot_mapping=buffer("slot_mapping", biggest, fill=PADDING["slot_mapping"]),
@@ -56,13 +77,11 @@ class StaticDecodeInputs:
         return self.sizes[-1]
 
     def size_for(self, num_seqs: int) -> int:
-        """The smallest capture size that holds `num_seqs` sequences."""
-        return self.sizes[bisect.bisect_left(self.sizes, num_seqs)]
+        return smallest_size(self.sizes, num_seqs)
 
     def view(self, size: int) -> StepInputs:
         """The inputs of the graph of `size`: leading slices of the buffers."""
-        return StepInputs(*(buf[:size + ROWS_AT_SIZE[spec.dims[0]]] if spec.dims[0] in ROWS_AT_SIZE else buf
-                            for spec, buf in zip(STEP_INPUTS, self.buffers)))
+        return graph_view(self.buffers, size)
 
     def load(self, inputs: StepInputs) -> int:
         """Copies a decode batch of n sequences into the buffers, pads rows n .. size; returns the size."""
@@ -123,9 +142,7 @@ class DecodeGraphs:
     @torch.inference_mode()
     def capture(self, record: Callable[[Replay], Replay] | None = None) -> None:
         """Records every size, largest first; `record` turns a call into its replay (default: a CUDA graph)."""
-        record = record or CudaGraphRecorder()
-        for size in reversed(self.sizes):
-            self.replays[size] = record(functools.partial(self.forward_at, size))
+        self.replays = record_sizes(self.sizes, self.forward_at, record)
 
     def __call__(self, inputs: StepInputs) -> torch.Tensor:
         n = inputs.input_ids.shape[0]

@@ -20,7 +20,6 @@ the CPU tests run the real mixed forward through the same buffers (`record` = a 
 """
 from __future__ import annotations
 
-import bisect
 import functools
 from typing import Callable, Sequence
 
@@ -28,7 +27,7 @@ import numpy as np
 import torch
 
 from atom_aot.models.step_inputs import StepInputs, input_dtype
-from atom_aot.runtime.cuda_graphs import CudaGraphRecorder, Replay
+from atom_aot.runtime.cuda_graphs import Replay, graph_view, record_sizes, smallest_size, static_buffer
 from atom_aot.runtime.transfer import to_device
 
 Outputs = torch.Tensor | tuple[torch.Tensor, ...]
@@ -55,10 +54,7 @@ class VerifyGraphs:
         self.device = kv_cache.device
         biggest, width = self.sizes[-1], max_blocks_per_seq + -(-num_speculative_tokens // block_size) + 1
         tokens = biggest * self.rows
-
-        def buffer(name: str, *shape: int, fill: int = 0) -> torch.Tensor:
-            return torch.full(shape, fill, dtype=input_dtype(name, kv_cache.dtype), device=self.device)
-
+        buffer = functools.partial(static_buffer, kv_cache=kv_cache)
         self.static = StepInputs(
             input_ids=buffer("input_ids", tokens), positions=buffer("positions", tokens), kv_cache=kv_cache,
             slot_mapping=buffer("slot_mapping", tokens, fill=-1), block_tables=buffer("block_tables", biggest, width),
@@ -73,15 +69,11 @@ class VerifyGraphs:
         return self.sizes[-1]
 
     def size_for(self, num_seqs: int) -> int:
-        return self.sizes[bisect.bisect_left(self.sizes, num_seqs)]
+        return smallest_size(self.sizes, num_seqs)
 
     def view(self, size: int) -> StepInputs:
         """The static inputs of the graph of `size` sequences (size * (K+1) token rows)."""
-        tokens, s = size * self.rows, self.static
-        return s._replace(input_ids=s.input_ids[:tokens], positions=s.positions[:tokens],
-                          slot_mapping=s.slot_mapping[:tokens], block_tables=s.block_tables[:size],
-                          seq_lens=s.seq_lens[:size], query_start_loc=s.query_start_loc[:size + 1],
-                          logits_indices=s.logits_indices[:tokens])
+        return graph_view(self.static, size, self.rows)
 
     def forward_at(self, size: int) -> Outputs:
         return self.forward(self.view(size))
@@ -89,9 +81,7 @@ class VerifyGraphs:
     @torch.inference_mode()
     def capture(self, record: Callable[[Replay], Replay] | None = None) -> None:
         """Records every size, largest first; `record` turns a call into its replay (default: a CUDA graph)."""
-        record = record or CudaGraphRecorder()
-        for size in reversed(self.sizes):
-            self.replays[size] = record(functools.partial(self.forward_at, size))
+        self.replays = record_sizes(self.sizes, self.forward_at, record)
 
     def __call__(self, inputs: StepInputs, counts: Sequence[int]) -> Outputs:
         """The forward's outputs at the batch's real rows: inputs as the model runner built them for
