@@ -35,8 +35,8 @@ class AtenFp8Linear:
 class TritonFp8Linear:
     def __init__(self, choice: BackendChoice):
         import atom_aot.ops.triton  # noqa: F401  (registers atom_triton::*)
-        from atom_aot.ops.triton.fp8_gemm import Fp8GemmConfig
-        self.args = launch_configs(choice, {"fp8_gemm": Fp8GemmConfig})["fp8_gemm"].as_args()
+        from atom_aot.ops.triton._common import GemmConfig
+        self.args = launch_configs(choice, {"fp8_gemm": GemmConfig})["fp8_gemm"].as_args()
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                  input_scale: Optional[torch.Tensor], bias: Optional[torch.Tensor]) -> torch.Tensor:

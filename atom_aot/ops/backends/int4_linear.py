@@ -29,8 +29,8 @@ class AtenInt4Linear(AtenFp8Linear):
 class TritonInt4Linear:
     def __init__(self, choice: BackendChoice):
         import atom_aot.ops.triton  # noqa: F401  (registers atom_triton::*)
-        from atom_aot.ops.triton.int4_gemm import Int4GemmConfig
-        self.args = launch_configs(choice, {"int4_gemm": Int4GemmConfig})["int4_gemm"].as_args()
+        from atom_aot.ops.triton._common import GemmConfig
+        self.args = launch_configs(choice, {"int4_gemm": GemmConfig})["int4_gemm"].as_args()
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                  weight_zero: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:

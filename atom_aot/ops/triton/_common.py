@@ -1,6 +1,8 @@
 """Small helpers the Triton op modules share."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 
@@ -21,3 +23,16 @@ def check_kv_cache(kv_cache: torch.Tensor) -> None:
     if kv_cache.dim() != 6 or kv_cache.shape[1] != 2:
         raise ValueError(f"kv_cache must be [L, 2, num_blocks, block_size, Hkv, D], got {tuple(kv_cache.shape)}")
     check_last_dim_contiguous("kv_cache", kv_cache)
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """A tiled GEMM kernel's launch config (the FP8 and INT4 linears'): what the build measures and stores."""
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+    def as_args(self) -> tuple[int, int, int, int, int]:
+        return (self.block_m, self.block_n, self.block_k, self.num_warps, self.num_stages)

@@ -11,7 +11,6 @@ tensor cores with float32 accumulation:
 
 Launch params arrive as ints (the build measured them; the exported graph carries them).
 """
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -20,28 +19,16 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from atom_aot.ops.fp8 import BLOCK, check_block_shapes, is_block_scaled, quantize_activations
-from atom_aot.ops.triton._common import check_last_dim_contiguous
-
-
-@dataclass(frozen=True)
-class Fp8GemmConfig:
-    block_m: int = 64
-    block_n: int = 128
-    block_k: int = 128
-    num_warps: int = 4
-    num_stages: int = 3
-
-    def as_args(self) -> tuple[int, int, int, int, int]:
-        return (self.block_m, self.block_n, self.block_k, self.num_warps, self.num_stages)
+from atom_aot.ops.triton._common import GemmConfig, check_last_dim_contiguous
 
 
 # What the build measures per GEMM shape (small M for decode, large for prefill).
 CANDIDATE_CONFIGS = (
-    Fp8GemmConfig(16, 64, 128, 4, 4),
-    Fp8GemmConfig(32, 128, 128, 4, 3),
-    Fp8GemmConfig(64, 128, 128, 4, 3),
-    Fp8GemmConfig(128, 128, 128, 8, 3),
-    Fp8GemmConfig(128, 256, 64, 8, 3),
+    GemmConfig(16, 64, 128, 4, 4),
+    GemmConfig(32, 128, 128, 4, 3),
+    GemmConfig(64, 128, 128, 4, 3),
+    GemmConfig(128, 128, 128, 8, 3),
+    GemmConfig(128, 256, 64, 8, 3),
 )
 
 

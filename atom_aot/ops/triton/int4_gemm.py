@@ -11,7 +11,6 @@ point and multiplies each half with the matching strided half of the activations
 (q - z) is an integer in [-16, 15], exact in bf16/fp16, so the dot sees the stored values exactly and
 the scale is applied in float32. Launch params arrive as ints (the build measured them).
 """
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -20,28 +19,16 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from atom_aot.ops.int4 import check_int4_shapes
-from atom_aot.ops.triton._common import check_last_dim_contiguous
-
-
-@dataclass(frozen=True)
-class Int4GemmConfig:
-    block_m: int = 16
-    block_n: int = 128
-    block_k: int = 128
-    num_warps: int = 4
-    num_stages: int = 3
-
-    def as_args(self) -> tuple[int, int, int, int, int]:
-        return (self.block_m, self.block_n, self.block_k, self.num_warps, self.num_stages)
+from atom_aot.ops.triton._common import GemmConfig, check_last_dim_contiguous
 
 
 # What the build measures per GEMM shape (decode: small M, weight-bound; prefill: large M). BLOCK_K divides 128.
 CANDIDATE_CONFIGS = (
-    Int4GemmConfig(16, 64, 128, 4, 4),
-    Int4GemmConfig(16, 128, 128, 4, 3),
-    Int4GemmConfig(32, 128, 64, 4, 3),
-    Int4GemmConfig(64, 128, 64, 4, 3),
-    Int4GemmConfig(128, 128, 64, 8, 3),
+    GemmConfig(16, 64, 128, 4, 4),
+    GemmConfig(16, 128, 128, 4, 3),
+    GemmConfig(32, 128, 64, 4, 3),
+    GemmConfig(64, 128, 64, 4, 3),
+    GemmConfig(128, 128, 64, 8, 3),
 )
 
 
