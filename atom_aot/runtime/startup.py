@@ -22,7 +22,8 @@ from atom_aot.runtime.scheduler import Scheduler, SchedulerConfig
 from atom_aot.runtime.structured_output import Grammars
 from atom_aot.runtime.tp_lead import LeadRank, start_other_ranks
 from atom_aot.runtime.threads import set_torch_threads
-from atom_aot.spec.setup import start_speculation
+from atom_aot.runtime.verify_graphs import MAX_GRAPH_TOKENS, verify_capture_sizes
+from atom_aot.spec.setup import no_verify_graphs_reason, start_speculation
 
 log = logging.getLogger("atom_aot")
 
@@ -54,9 +55,11 @@ def kv_block_count(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
 def verify_graph_reserve(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
     """Bytes the verify CUDA graphs' pool keeps (runtime/verify_graphs.py): the largest one's activations,
     bounded like activation_reserve's at its token count; 0 where they are not captured."""
-    if config.method is None or not uses_graphs(loaded, config) or loaded.manifest.layout.world_size > 1:
+    if config.method is None or not uses_graphs(loaded, config):
         return 0
-    from atom_aot.runtime.verify_graphs import MAX_GRAPH_TOKENS
+    sizes = verify_capture_sizes(loaded.graph_plan.capture_sizes, config.num_speculative_tokens)
+    if no_verify_graphs_reason(loaded, config, sizes) is not None:     # the same decision start_speculation makes
+        return 0
     return MAX_GRAPH_TOKENS * widest_row_bytes(loaded)
 
 
