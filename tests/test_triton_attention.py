@@ -132,6 +132,16 @@ class TestChunkedAndMixed:
         assert err < TOL[torch.float32]
         assert torch.equal(pad, torch.zeros_like(pad))
 
+    @pytest.mark.parametrize("num_splits", [1, 3])
+    def test_tiles_past_full_key_blocks(self, num_splits):
+        # chunks after cached contexts: a tile's key blocks wholly before its first query run unmasked, the
+        # diagonal and the last partial block masked. Tiles start every 8 queries (BLOCK_Q 8 with GROUP 2) and
+        # the contexts cover every residue mod 8, so the first query falls at every offset of a 16-key block
+        err, pad = run_case([0, 9, 18, 27, 36, 45, 54, 63], [40, 17, 19, 18, 21, 16, 20, 1], 4, 2, 32,
+                            fixed_splits(num_splits, block_m=16, block_n=16), pad_tokens=3, seed=11 + num_splits)
+        assert err < TOL[torch.float32]
+        assert torch.equal(pad, torch.zeros_like(pad))
+
     def test_group_of_three_and_empty_sequences(self):
         # 6 q heads over 2 kv heads (GROUP 3, padded to 4); sequences 1 and 3 have no new tokens
         for splits in (1, 2):

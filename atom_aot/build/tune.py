@@ -133,7 +133,9 @@ def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int) -> T
 
 
 def _best(rows: dict) -> tuple[int, ...]:
-    """The config with the lowest geometric-mean slowdown against each shape's fastest."""
+    """The config with the lowest geometric-mean slowdown against each shape's fastest, among those that
+    launched at every shape (None: did not fit the GPU)."""
+    rows = {shape: {c: ms for c, ms in row.items() if ms is not None} for shape, row in rows.items()}
     configs = set.intersection(*(set(row) for row in rows.values()))
     def score(c):
         return sum(math.log(row[c] / min(row.values())) for row in rows.values())
@@ -147,15 +149,14 @@ def _batch(cfg: ModelConfig, config: BuildConfig, context: list[int], new: list[
 
 
 def _time_attention(cfg, config: BuildConfig, candidates, context: list[int], new: list[int]) -> dict:
-    from atom_aot.ops.triton.timing import measure_ms
     b = _batch(cfg, config, context, new)
     q = torch.randn(sum(new), cfg.num_attention_heads, cfg.head_dim, device="cuda", dtype=config.torch_dtype)
     op, scale = torch.ops.atom_triton.paged_attention, cfg.head_dim ** -0.5
     times = {}
     for c in candidates:
         args = c.as_args()
-        times[args] = measure_ms(lambda: op(q, b.kv_cache, 0, b.block_tables, b.seq_lens, b.query_start_loc,
-                                            scale, *args))[0]
+        times[args] = _ms_unless_too_big(lambda: op(q, b.kv_cache, 0, b.block_tables, b.seq_lens, b.query_start_loc,
+                                                    scale, *args), c)
     return times
 
 

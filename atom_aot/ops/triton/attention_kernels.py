@@ -73,33 +73,46 @@ def _key_blocks(seq_lens_ptr, b, num_seqs, q_start, q_end, q_first, split, num_s
 
 
 @triton.jit
-def _attend(q, cache, table, kb_lo, kb_hi, kv_len, q_pos, dims, dim_ok, qk_scale_log2,
-            stride_ckv, stride_cblk, stride_crow,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr,
-            IEEE: tl.constexpr):
-    """Online softmax (base 2) of q [BLOCK_M, D] over key blocks [kb_lo, kb_hi): (acc, l_i, m_i) in fp32."""
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
+def _attend_blocks(q, cache, table, kb_lo, kb_hi, kv_len, q_pos, dims, dim_ok, qk_scale_log2, acc, l_i, m_i,
+                   stride_ckv, stride_cblk, stride_crow,
+                   BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE: tl.constexpr, MASKED: tl.constexpr):
+    """Online softmax (base 2) of q [BLOCK_M, D] over key blocks [kb_lo, kb_hi), continuing (acc, l_i, m_i).
+
+    MASKED false: the caller guarantees every key of these blocks is < kv_len and visible to every row
+    (a block wholly before the tile's first query), so the loop carries no causal or length mask and no
+    guard for rows that see no key: the off-diagonal bulk of a prefill tile, and all but the last
+    block of a decode step."""
     for kb in range(kb_lo, kb_hi):
         keys = kb * BLOCK_N + tl.arange(0, BLOCK_N)         # [BLOCK_N] key positions
-        key_ok = keys < kv_len
-        page = tl.load(table + keys // PAGE_SIZE, mask=key_ok, other=0).to(tl.int64)
+        if MASKED:
+            key_ok = keys < kv_len
+            page = tl.load(table + keys // PAGE_SIZE, mask=key_ok, other=0).to(tl.int64)
+        else:
+            page = tl.load(table + keys // PAGE_SIZE).to(tl.int64)
         slot = page * stride_cblk + (keys % PAGE_SIZE) * stride_crow
         # k: [D, BLOCK_N] (transposed by addressing); v: [BLOCK_N, D]; fp8 caches widen here
-        k = tl.load(cache + slot[None, :] + dims[:, None], mask=key_ok[None, :] & dim_ok[:, None],
-                    other=0.0).to(q.dtype)
-        v = tl.load(cache + stride_ckv + slot[:, None] + dims[None, :], mask=key_ok[:, None] & dim_ok[None, :],
-                    other=0.0).to(q.dtype)
+        if MASKED:
+            k = tl.load(cache + slot[None, :] + dims[:, None], mask=key_ok[None, :] & dim_ok[:, None],
+                        other=0.0).to(q.dtype)
+            v = tl.load(cache + stride_ckv + slot[:, None] + dims[None, :], mask=key_ok[:, None] & dim_ok[None, :],
+                        other=0.0).to(q.dtype)
+        else:
+            k = tl.load(cache + slot[None, :] + dims[:, None], mask=dim_ok[:, None], other=0.0).to(q.dtype)
+            v = tl.load(cache + stride_ckv + slot[:, None] + dims[None, :], mask=dim_ok[None, :],
+                        other=0.0).to(q.dtype)
         if IEEE:
             s = tl.dot(q, k, input_precision="ieee")
         else:
             s = tl.dot(q, k)
         s = s * tl.cast(qk_scale_log2, tl.float32)                 # [BLOCK_M, BLOCK_N]; Inductor passes floats as fp64
-        visible = (keys[None, :] <= q_pos[:, None]) & key_ok[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # rows that see no key yet
+        if MASKED:
+            visible = (keys[None, :] <= q_pos[:, None]) & key_ok[None, :]
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # rows that see no key yet
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = m_new
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
@@ -109,6 +122,27 @@ def _attend(q, cache, table, kb_lo, kb_hi, kv_len, q_pos, dims, dim_ok, qk_scale
         else:
             acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attend(q, cache, table, kb_lo, kb_hi, kv_len, first_pos, q_pos, dims, dim_ok, qk_scale_log2,
+            stride_ckv, stride_cblk, stride_crow,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr,
+            IEEE: tl.constexpr):
+    """Online softmax of q over key blocks [kb_lo, kb_hi): (acc, l_i, m_i) in fp32. The blocks that end at or
+    before `first_pos` (the tile's first query position, which every row's query is at or after) are full:
+    they run unmasked; the rest (the diagonal and the last, partial block) run masked."""
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
+    full_hi = tl.maximum(tl.minimum((first_pos + 1) // BLOCK_N, kb_hi), kb_lo)
+    acc, l_i, m_i = _attend_blocks(q, cache, table, kb_lo, full_hi, kv_len, q_pos, dims, dim_ok, qk_scale_log2,
+                                   acc, l_i, m_i, stride_ckv, stride_cblk, stride_crow, BLOCK_N, PAGE_SIZE, IEEE,
+                                   False)
+    acc, l_i, m_i = _attend_blocks(q, cache, table, full_hi, kb_hi, kv_len, q_pos, dims, dim_ok, qk_scale_log2,
+                                   acc, l_i, m_i, stride_ckv, stride_cblk, stride_crow, BLOCK_N, PAGE_SIZE, IEEE,
+                                   True)
     return acc, l_i, m_i
 
 
@@ -179,7 +213,7 @@ def paged_attention_kernel(
     if KV_SCALED:
         qk_scale = qk_scale * tl.load(kv_scale_ptr)
     acc, l_i, m_i = _attend(q, kv_ptr + layer_offset + kv_head * stride_ch, block_tables_ptr + b * stride_bt,
-                            kb_lo, kb_hi, kv_len, q_pos, dims, dim_ok, qk_scale,
+                            kb_lo, kb_hi, kv_len, context + (q_first - q_start), q_pos, dims, dim_ok, qk_scale,
                             stride_ckv, stride_cblk, stride_crow, BLOCK_M, BLOCK_N, HEAD_DIM_PAD, PAGE_SIZE, IEEE)
     if KV_SCALED:
         acc = acc * tl.load(kv_scale_ptr + 1)

@@ -46,6 +46,8 @@ CANDIDATE_CONFIGS = {
         AttentionConfig(128, 64, 8, 2),
         AttentionConfig(128, 32, 8, 3),
         AttentionConfig(64, 32, 4, 3),
+        AttentionConfig(128, 64, 8, 3),
+        AttentionConfig(128, 128, 8, 2),    # FlashAttention's Hopper tile; may not fit: tuning skips what does not
     ),
     "decode": (
         AttentionConfig(16, 64, 4, 2, 256, 16),
