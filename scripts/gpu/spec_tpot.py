@@ -5,7 +5,10 @@ Two prompts: 128 random token ids (as sbs.py), and a 32-token random phrase repe
 pay if the model continues the pattern). Random weights decide what the model continues with, so the
 acceptance this reports is what these weights give, not what a trained model would.
 
-  python scripts/gpu/spec_tpot.py --artifact ART --vocab N --out FILE.json [--k 3]
+  python scripts/gpu/spec_tpot.py --artifact ART --vocab N --out FILE.json [--k 3] [--modes baseline,ngram,draft_self]
+
+draft_self: the artifact drafts for itself (--method draft --draft-model ART), so every draft is accepted:
+the verify step's cost when acceptance is 100%, and the draft's when the draft is as big as the target.
 
 Each mode runs in its own process: an engine's KV cache stays reserved in the process after close(),
 and a second engine in the same process finds no memory for its own.
@@ -60,6 +63,17 @@ def measure(artifact: str, vocab: int, max_model_len: int, options: dict) -> dic
     return result
 
 
+MODES = ("baseline", "ngram", "draft_self")
+
+
+def mode_options(mode: str, artifact: str, k: int) -> dict:
+    if mode == "baseline":
+        return {}
+    if mode == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k}
+    return {"method": "draft", "draft_model": artifact, "num_speculative_tokens": k}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--artifact", required=True)
@@ -67,16 +81,18 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--k", type=int, default=3)
     p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--only", choices=["baseline", "ngram"], help="measure one mode here (used by the parent run)")
+    p.add_argument("--modes", default="baseline,ngram", help="comma-separated: " + ", ".join(MODES))
+    p.add_argument("--only", choices=MODES, help="measure one mode here (used by the parent run)")
     a = p.parse_args()
     if a.only:
-        options = {} if a.only == "baseline" else {"method": "ngram", "num_speculative_tokens": a.k}
-        json.dump(measure(a.artifact, a.vocab, a.max_model_len, options), open(a.out, "w"), indent=1)
+        json.dump(measure(a.artifact, a.vocab, a.max_model_len, mode_options(a.only, a.artifact, a.k)),
+                  open(a.out, "w"), indent=1)
         return
     import torch
     out = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
            "torch": torch.__version__, "artifact": a.artifact}
-    for mode, key in (("baseline", "baseline"), ("ngram", f"ngram_k{a.k}")):
+    for mode in a.modes.split(","):
+        key = mode if mode == "baseline" else f"{mode}_k{a.k}"
         part = f"{a.out}.{mode}"
         subprocess.run([sys.executable, __file__, "--artifact", a.artifact, "--vocab", str(a.vocab), "--out", part,
                         "--k", str(a.k), "--max-model-len", str(a.max_model_len), "--only", mode], check=True)
