@@ -30,6 +30,20 @@ def moe_config_dir(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def deepseek_config_dir(tmp_path_factory) -> Path:
+    """A tiny DeepSeek-V3 config (MLA, MoE, an MTP layer transformers leaves out) with a tokenizer."""
+    from deepseek_factories import TINY_DEEPSEEK
+    folder = tmp_path_factory.mktemp("dummy-at-load") / "deepseek-config"
+    folder.mkdir()
+    tokenizer = make_tokenizer(folder)
+    (folder / "config.json").write_text(json.dumps({
+        **TINY_DEEPSEEK, "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+        "vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id, "eos_token_id": 2,
+        "torch_dtype": "float32"}))
+    return folder
+
+
 def stored(path: Path, rank: int = 0) -> dict[str, torch.Tensor]:
     """The tensors an artifact's weights member holds."""
     return load(Artifact.open(path).member_bytes(weights_member(rank)))
@@ -46,7 +60,7 @@ def pair(build_artifact, model: Path, **options) -> tuple[Path, Path]:
     return tuple(build_artifact(model, compile="none", load_format=f, **options) for f in ("dummy", "dummy-at-load"))
 
 
-@pytest.mark.parametrize("model", ["tiny_qwen3_dir", "moe_config_dir"])
+@pytest.mark.parametrize("model", ["tiny_qwen3_dir", "moe_config_dir", "deepseek_config_dir"])
 def test_drawn_weights_are_the_dummy_artifact_s(model, request, build_artifact):
     dummy, at_load = pair(build_artifact, request.getfixturevalue(model))
     loaded = load_artifact(at_load)
