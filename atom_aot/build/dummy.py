@@ -80,7 +80,8 @@ def default_device() -> str:
 
 
 def random_tensors(folder: Path, dtype: torch.dtype, seed: int = DEFAULT_SEED, std: float = DEFAULT_STD,
-                   device: str | torch.device | None = None, to_host: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+                   device: str | torch.device | None = None,
+                   to_host: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) one at a time, in transformers' order: moved to host memory for the build, left on
     the device (`to_host=False`) when the runtime draws at load."""
     generator = torch.Generator(device=device or default_device()).manual_seed(seed)
