@@ -22,6 +22,13 @@ FORBIDDEN = {
     "distributed": {"models", "runtime", "build", "server", "entrypoints"},
 }
 
+# module -> layers it may import against its layer's rule, and why (one entry per deliberate exception)
+EXCEPTIONS = {
+    # --load-format dummy-at-load: the runtime draws the weights at load with the build's own draw ->
+    # convert -> shard functions, so the numbers are the build's; no other runtime module imports build/
+    "runtime/drawn_weights.py": {"build"},
+}
+
 
 def modules() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py"))
@@ -67,7 +74,8 @@ def parsed() -> list[tuple[Path, ast.Module]]:
 def test_layers_import_only_what_they_may():
     violations = []
     for path, tree in parsed():
-        bad = imported_layers(tree, path) & FORBIDDEN.get(layer_of(path), set())
+        allowed = EXCEPTIONS.get(path.relative_to(PACKAGE).as_posix(), set())
+        bad = imported_layers(tree, path) & FORBIDDEN.get(layer_of(path), set()) - allowed
         violations += [f"{path.relative_to(PACKAGE.parent)} imports {name}" for name in sorted(bad)]
     assert not violations, "\n".join(violations)
 

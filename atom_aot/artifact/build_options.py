@@ -14,7 +14,8 @@ QUANT_MODES = ("none", "fp8", "int8")
 KV_CACHE_DTYPES = ("auto", "bf16", "fp8")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 COMPILE_MODES = ("aoti", "none")
-LOAD_FORMATS = ("auto", "dummy")
+LOAD_FORMATS = ("auto", "dummy", "dummy-at-load")
+DRAWN_AT_LOAD = "dummy-at-load"       # random weights the artifact does not store: the runtime draws them
 
 
 # Build options a user does not pass as build options when a model is built for serving: the arch is
@@ -64,9 +65,12 @@ class BuildOptions:
     compile: str = flag("aoti", "--compile", choices=COMPILE_MODES,
                         help="aoti: AOTInductor packages; none: weights only, the runtime runs eagerly")
     load_format: str = flag("auto", "--load-format", choices=LOAD_FORMATS,
-                            help="dummy: random weights of the config's shapes, drawn at build (vLLM's "
+                            help="dummy: random weights of the config's shapes, drawn at build and stored (vLLM's "
                                  "--load-format dummy; for benchmarks; --model is a folder with config.json and "
-                                 "a tokenizer, no weights are read)")
+                                 "a tokenizer, no weights are read). dummy-at-load: the same weights, not stored: "
+                                 "drawn on the device at every load (load time includes the draw), for benchmarks "
+                                 "of models too big for the disk; the numbers equal dummy's for the same config, "
+                                 "seed and device type")
 
     def __post_init__(self):
         _check(self.arch in ARCHES, f"--arch must be one of {', '.join(ARCHES)} (or auto), got {self.arch!r}")
@@ -122,6 +126,16 @@ class BuildOptions:
         parts = ["atom-build"] + (["--model", model_source] if model_source else [])
         parts += ["--arch", arch or self.arch] + to_argv(self, skip=("arch",))
         return " ".join(parts)
+
+
+def random_weights(load_format: str) -> bool:
+    """Whether the weights are random (drawn at build, or at load) rather than read from a checkpoint."""
+    return load_format in ("dummy", DRAWN_AT_LOAD)
+
+
+def drawn_at_load(load_format: str) -> bool:
+    """Whether the runtime draws the weights at load (the artifact stores only what a draw cannot reproduce)."""
+    return load_format == DRAWN_AT_LOAD
 
 
 def _is_int(value) -> bool:

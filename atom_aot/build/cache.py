@@ -5,6 +5,7 @@ import os
 import re
 from pathlib import Path
 
+from atom_aot.artifact.build_options import random_weights
 from atom_aot.artifact.reader import Artifact
 from atom_aot.build.config import BuildConfig
 from atom_aot.errors import ArtifactError
@@ -19,7 +20,7 @@ def default_cache_dir() -> Path:
 def artifact_name(model_name: str, config: BuildConfig, key: str) -> str:
     model = re.sub(r"[^a-z0-9.]+", "-", model_name.lower()).strip("-")
     ranks = f"tp{config.tensor_parallel_size}" + ("-ep" if config.enable_expert_parallel else "")
-    weights = "-dummy" if config.load_format == "dummy" else ""        # random weights say so in the name too
+    weights = f"-{config.load_format}" if random_weights(config.load_format) else ""   # random weights say so too
     return f"{model}{weights}-{config.arch}-{ranks}-{config.quant}-{key[:KEY_DIGITS]}.atom"
 
 

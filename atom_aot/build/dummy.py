@@ -3,11 +3,17 @@ vLLM's `--load-format dummy`. For benchmarks of models whose real weights are no
 speed does not depend on weight values, and a 61 GB model then needs one copy on disk (the
 artifact), not two (a random checkpoint folder and the artifact).
 
+`--load-format dummy-at-load` stores none of them (for models too big for the disk): the build draws
+and uses them as `dummy` does (tuning, KV-scale calibration, export), but each rank's weights member
+keeps only what a draw cannot reproduce (`stored_at_load`); the runtime draws the rest on its device
+at every load through `draw_rank_state`, the same functions the build ran, so the numbers are the
+same as a `dummy` artifact's for the same config, seed and device type.
+
 The names and shapes are transformers' own for the architecture (its model class built on the meta
 device), so the build's usual checkpoint mapping reads them; tensors are drawn one at a time (on the
-GPU when there is one) and handed over in host memory. The same (config, seed, std) always gives the
-same tensors, also as `scripts/make_random_model.py` writes them to a folder. The manifest records
-`load_format` and `atom-run ART inspect` says the weights are random.
+target's device) and handed over in host memory at build. The same (config, seed, std, device type)
+always gives the same tensors, also as `scripts/make_random_model.py` writes them to a folder. The
+manifest records `load_format` and `atom-run ART inspect` says the weights are random.
 """
 from __future__ import annotations
 
@@ -18,7 +24,12 @@ from typing import Iterator
 import torch
 import xxhash
 
-LOAD_FORMATS = ("auto", "dummy")
+from atom_aot.artifact.build_options import LOAD_FORMATS  # noqa: F401  (the one list; random_weights() tests it)
+from atom_aot.build.shard import shard_tensors
+from atom_aot.build.weights import build_meta_model, converted_tensors
+from atom_aot.models import ModelConfig, model_class
+
+KV_SCALE = "self_attn.kv_scale"
 DEFAULT_STD = 0.02
 DEFAULT_SEED = 0
 
@@ -69,11 +80,37 @@ def default_device() -> str:
 
 
 def random_tensors(folder: Path, dtype: torch.dtype, seed: int = DEFAULT_SEED, std: float = DEFAULT_STD,
-                   device: str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, host tensor) one at a time, in transformers' order."""
+                   device: str | torch.device | None = None,
+                   to_host: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) one at a time, in transformers' order: moved to host memory for the build, left on
+    the device (`to_host=False`) when the runtime draws at load."""
     generator = torch.Generator(device=device or default_device()).manual_seed(seed)
     for name, shape in parameter_shapes(folder).items():
-        yield name, draw(name, shape, dtype, generator, std).cpu()
+        tensor = draw(name, shape, dtype, generator, std)
+        yield name, tensor.cpu() if to_host else tensor
+
+
+def stored_at_load(state: dict[str, torch.Tensor], kv_scales: str) -> dict[str, torch.Tensor]:
+    """What a dummy-at-load artifact stores of a rank's weights: only what a draw at load cannot reproduce,
+    the fp8 KV cache's per-layer scales when the build calibrated them on the drawn model (`kv_scales` is
+    the quantization plan's origin of the scales). Everything else follows from the config and seed."""
+    if kv_scales != "calibrated":
+        return {}
+    return {name: tensor for name, tensor in state.items() if name.endswith(KV_SCALE)}
+
+
+def draw_rank_state(config_dir: Path, dtype: torch.dtype, quant: str, max_positions: int, tp: int, ep: bool,
+                    rank: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """Rank `rank`'s parameters as a --load-format dummy build of config_dir/config.json stores them, drawn and
+    converted on `device` (random_tensors -> converted_tensors -> shard_tensors): one source tensor, or
+    one layer's expert stack, at a time beside the rank's own weights."""
+    hf_config = json.loads((config_dir / "config.json").read_text())
+    cfg = ModelConfig.from_hf_dict(hf_config)
+    model = build_meta_model(model_class(cfg.architecture), cfg, dtype, quant, max_positions)
+    tensors = random_tensors(config_dir, config_dtype(hf_config), device=device, to_host=False)
+    converted = converted_tensors(tensors, model, cfg, quant)
+    state = dict(converted) if tp == 1 else shard_tensors(converted, cfg, tp, rank, ep)
+    return {name: tensor.to(device) for name, tensor in state.items()}    # the small CPU-made ones too
 
 
 def config_dtype(config: dict) -> torch.dtype:

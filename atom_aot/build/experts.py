@@ -40,7 +40,7 @@ class ExpertStacker:
         target = f"{match['block']}.{param}"
         if target not in self.expected:
             return False
-        stack, arrived = self.filling.get(target) or self._start(target, param)
+        stack, arrived = self.filling.get(target) or self._start(target, param, tensor.device)
         expert = int(match["expert"])
         rows = stack.shape[1] // self.num_parts[param]
         if expert >= stack.shape[0] or tuple(tensor.shape) != (rows, stack.shape[2]) or arrived[expert, part]:
@@ -52,11 +52,18 @@ class ExpertStacker:
             self.complete[target] = self.filling.pop(target)[0]
         return True
 
-    def _start(self, target: str, param: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def _start(self, target: str, param: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stack goes where its parts come from (the device, when weights are drawn at load)."""
         meta = self.expected[target]
-        entry = (torch.empty(meta.shape, dtype=meta.dtype), torch.zeros(meta.shape[0], self.num_parts[param], dtype=torch.bool))
+        entry = (torch.empty(meta.shape, dtype=meta.dtype, device=device),
+                 torch.zeros(meta.shape[0], self.num_parts[param], dtype=torch.bool))
         self.filling[target] = entry
         return entry
+
+    def take_complete(self) -> list[tuple[str, torch.Tensor]]:
+        """The stacks finished so far, handed over once (the caller streams them on)."""
+        done, self.complete = list(self.complete.items()), {}
+        return done
 
     @property
     def incomplete(self) -> list[str]:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from atom_aot.artifact.build_options import drawn_at_load
 from atom_aot.artifact.graph_plan import GraphPlan
 from atom_aot.artifact.layout import package_member
 from atom_aot.artifact.phase import Phase
@@ -23,14 +24,18 @@ from atom_aot.errors import BuildError
 PROBE_MODULE = "atom_aot.runtime.graph_probe"
 
 
-def probe_capture_sizes(config: BuildConfig, staging: Path, max_model_len: int) -> GraphPlan:
+def probe_capture_sizes(config: BuildConfig, staging: Path, max_model_len: int, quant_scheme: str) -> GraphPlan:
+    """`quant_scheme`: the linears' resolved scheme, which the child needs to draw weights the staged tree
+    does not store (--load-format dummy-at-load)."""
     if config.arch == "cpu" or not (staging / package_member(Phase.DECODE)).exists():
         return GraphPlan.none(f"no CUDA graphs on the {config.arch} arch")
     if not config.graph_capture_sizes:
         return GraphPlan.none("built with --capture-sizes none: no CUDA graphs")
     args = {"staging": str(staging), "sizes": list(config.graph_capture_sizes), "block_size": config.block_size,
             "kv_dtype": str(config.kv_torch_dtype).removeprefix("torch."), "max_model_len": max_model_len,
-            "tensor_parallel_size": config.tensor_parallel_size, "expert_parallel": config.enable_expert_parallel}
+            "tensor_parallel_size": config.tensor_parallel_size, "expert_parallel": config.enable_expert_parallel,
+            "draw": ({"dtype": str(config.torch_dtype).removeprefix("torch."), "quant": quant_scheme}
+                     if drawn_at_load(config.load_format) else None)}
     out = subprocess.run([sys.executable, "-m", PROBE_MODULE, json.dumps(args)], capture_output=True, text=True)
     if out.returncode != 0:
         raise BuildError(f"the capture-size probe ({PROBE_MODULE}) failed with exit code {out.returncode}; "

@@ -20,11 +20,12 @@ from atom_aot.build.source import ModelSource
 from atom_aot.version import ARTIFACT_FORMAT_VERSION, __version__
 
 # Engine code whose behaviour shapes the artifact (model definitions, ops, conversion, export, the
-# graph-pool probe the build runs, and the artifact format itself).
+# graph-pool probe the build runs, and the artifact format itself), and the random-weight draw, which a
+# --load-format dummy-at-load artifact's runtime repeats at every load.
 ENGINE_CODE = ("models", "ops", "artifact", "distributed/collectives.py", "build/weights.py", "build/shard.py",
                "build/export.py", "build/tune.py", "build/graphs.py", "build/cxx.py", "build/quant_config.py",
                "build/prequantized.py", "build/int4_checkpoint.py", "build/tune_fp8.py", "build/kv_scales.py", "runtime/graph_probe.py",
-               "runtime/cuda_graphs.py")
+               "runtime/cuda_graphs.py", "build/dummy.py", "build/experts.py", "runtime/drawn_weights.py")
 
 
 def engine_code_hash() -> str:

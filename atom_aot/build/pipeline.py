@@ -12,12 +12,14 @@ import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 from safetensors.torch import save_file
 
 from atom_aot.arch import device_for_arch, detect_arch, toolchain
-from atom_aot.artifact.build_options import BuildOptions
+from atom_aot.artifact.build_options import BuildOptions, drawn_at_load
 from atom_aot.artifact.graph_plan import GRAPHS
 from atom_aot.artifact.layout import CONFIG, GENERATION_CONFIG, TOKENIZER, package_member
 from atom_aot.artifact.manifest import (CompiledPackages, Layout, Manifest, ModelIdentity, Numerics, Quantization,
@@ -29,6 +31,7 @@ from atom_aot.artifact.tuning import TUNING, Tuning
 from atom_aot.artifact.writer import write_artifact
 from atom_aot.build.cache import artifact_name, default_cache_dir, find_cached
 from atom_aot.build.config import BuildConfig
+from atom_aot.build.dummy import stored_at_load
 from atom_aot.build.export import compile_package, export_model
 from atom_aot.build.export_mtp import export_mtp
 from atom_aot.build.graphs import probe_capture_sizes
@@ -70,7 +73,7 @@ def check_arch_present(arch: str) -> None:
 
 def plan(model: str | None, config: BuildConfig) -> tuple[ModelSource, ModelConfig, str, dict]:
     """Resolve the model and compute the build key, without building."""
-    source = resolve_model(model, config.load_format)
+    source = resolve_model(model, config.load_format, device_for_arch(config.arch).type)
     model_config = ModelConfig.from_hf_dict(source.config)
     model_class(model_config.architecture)          # fails early on an unsupported architecture
     linear_quant = resolve_quant_plan(source.config, config.quant)   # and on a quantization it cannot load
@@ -149,12 +152,13 @@ def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, co
         if quant.kv_scales == "calibrated":
             state.update(_calibrate_kv_scales(model_cls, model_config, config, quant.scheme, state, staging, max_len))
         (staging / layout.weights_member(0)).parent.mkdir()
+        stored = partial(stored_at_load, kv_scales=quant.kv_scales) if drawn_at_load(config.load_format) else None
         if tp > 1:
             model = build_meta_model(model_cls, model_config, config.torch_dtype, quant.scheme, max_len, tp,
                                      config.enable_expert_parallel)
-            state = write_rank_weights(staging, layout, state, model, model_config)
+            state = write_rank_weights(staging, layout, state, model, model_config, stored)
         else:
-            save_file(state, str(staging / layout.weights_member(0)))
+            save_file(stored(state) if stored else state, str(staging / layout.weights_member(0)))
     with progress.stage("tune"):
         tuning = tune_kernels(config, rank_shapes(model_config, tp, config.enable_expert_parallel), max_len, quant.scheme)
         (staging / TUNING).write_text(tuning.to_json())
@@ -172,19 +176,21 @@ def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, co
     (staging / CONFIG).write_text(json.dumps(source.config, indent=1, sort_keys=True))
     (staging / GENERATION_CONFIG).write_text(json.dumps(source.generation_config, indent=1))
     with progress.stage("capture-size probe"):
-        (staging / GRAPHS).write_text(probe_capture_sizes(config, staging, max_len).to_json())
+        (staging / GRAPHS).write_text(probe_capture_sizes(config, staging, max_len, quant.scheme).to_json())
     return phases
 
 
-def write_rank_weights(staging: Path, layout: Layout, state: dict, rank_model, model_config: ModelConfig) -> dict:
-    """weights/rank{r}.safetensors for every rank, from the whole model's `state`; returns rank 0's,
-    which the build exports with (the ranks' graphs are the same: models/parallel.py)."""
+def write_rank_weights(staging: Path, layout: Layout, state: dict, rank_model, model_config: ModelConfig,
+                       stored: Callable[[dict], dict] | None = None) -> dict:
+    """weights/rank{r}.safetensors for every rank, from the whole model's `state` (only `stored(rank's)` when
+    given: weights drawn at load); returns rank 0's, which the build exports with (the ranks' graphs are
+    the same: models/parallel.py)."""
     expected = rank_model.state_dict()
     for rank in reversed(range(layout.tensor_parallel_size)):     # rank 0 last: its tensors are kept
         rank_state = shard_state_dict(state, model_config, layout.tensor_parallel_size, rank,
                                       layout.expert_parallel_size > 1)
         check_like(rank_state, expected, rank)
-        save_file(rank_state, str(staging / layout.weights_member(rank)))
+        save_file(stored(rank_state) if stored else rank_state, str(staging / layout.weights_member(rank)))
     return rank_state
 
 

@@ -7,6 +7,8 @@ r loads with a plain assign. Which rows and columns a rank holds is models/paral
 """
 from __future__ import annotations
 
+from typing import Iterable
+
 import torch
 
 from atom_aot.models.config import ModelConfig
@@ -20,13 +22,20 @@ EXPERT_START = "expert_start"                   # under --ep, each MoE layer's f
 
 def shard_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, tp: int, rank: int,
                      ep: bool = False) -> dict[str, torch.Tensor]:
-    """Rank `rank`'s tensors of `state` (the tp = 1 model's), contiguous and owning their memory.
+    """Rank `rank`'s tensors of `state` (the tp = 1 model's), contiguous and owning their memory."""
+    return shard_tensors(state.items(), cfg, tp, rank, ep)
+
+
+def shard_tensors(tensors: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig, tp: int, rank: int,
+                  ep: bool = False) -> dict[str, torch.Tensor]:
+    """shard_state_dict of a stream: each whole tensor can be dropped once its part is taken, so a caller
+    that draws the model (weights drawn at load) holds the rank's part, not the whole model.
 
     Column-parallel qkv and gate_up split their output rows (weights, biases, per-row scales);
     stacked experts split each expert's width, or with `ep` hand out whole experts;
     anything else a rank holds whole (norms, the rotary table, scalar scales, the router)."""
     out = {}
-    for name, tensor in state.items():
+    for name, tensor in tensors:
         module, param = name.split(".")[-2:]
         if module == "experts" and param in ("w13", "w2"):
             out.update(_expert_part(name, tensor, tp, rank, ep))
@@ -82,7 +91,7 @@ def _qkv_rows(tensor: torch.Tensor, cfg: ModelConfig, tp: int, rank: int) -> tor
 
 def _vocab_rows(weight: torch.Tensor, tp: int, rank: int) -> torch.Tensor:
     rows = vocab_shard_size(weight.shape[0], tp)
-    padded = torch.zeros(rows * tp, *weight.shape[1:], dtype=weight.dtype)
+    padded = torch.zeros(rows * tp, *weight.shape[1:], dtype=weight.dtype, device=weight.device)
     padded[:weight.shape[0]] = weight
     return padded[rank * rows:(rank + 1) * rows]
 

@@ -12,6 +12,8 @@ from typing import Callable, Iterator
 import torch
 import xxhash
 
+from atom_aot.artifact.build_options import random_weights
+
 log = logging.getLogger("atom_aot")
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
@@ -51,7 +53,7 @@ class ModelSource:
 
 @dataclass
 class DummySource(ModelSource):
-    """--load-format dummy: the folder's config and tokenizer, random weights (build/dummy.py)."""
+    """--load-format dummy or dummy-at-load: the folder's config and tokenizer, random weights (build/dummy.py)."""
     device: str = "cpu"
 
     def weights_hash(self) -> str:
@@ -59,9 +61,10 @@ class DummySource(ModelSource):
         return dummy_weights_hash(self.config, self.device)
 
 
-def resolve_model(model: str | None, load_format: str = "auto") -> ModelSource:
-    if load_format == "dummy":
-        return _dummy_source(model)
+def resolve_model(model: str | None, load_format: str = "auto", draw_device: str | None = None) -> ModelSource:
+    """`draw_device`: where random weights are drawn (the target's device type; default: a GPU if there is one)."""
+    if random_weights(load_format):
+        return _dummy_source(model, load_format, draw_device)
     if model is None:
         from atom_aot.build.default_model import default_model_path
         model = default_model_path()
@@ -78,14 +81,14 @@ def resolve_model(model: str | None, load_format: str = "auto") -> ModelSource:
         f"for the embedded default (SmolLM2-135M-Instruct).")
 
 
-def _dummy_source(model: str | None) -> ModelSource:
+def _dummy_source(model: str | None, load_format: str, draw_device: str | None) -> ModelSource:
     from atom_aot.build.dummy import config_dtype, default_device, random_tensors
     path = Path(model).expanduser() if model else None
     if path is None or not (path / "config.json").is_file():
-        raise FileNotFoundError(f"--load-format dummy needs --model to be a folder with config.json and a tokenizer "
-                                f"(its weights, if any, are not read); got {model!r}")
+        raise FileNotFoundError(f"--load-format {load_format} needs --model to be a folder with config.json and a "
+                                f"tokenizer (its weights, if any, are not read); got {model!r}")
     config, generation = _configs(path)
-    device = default_device()
+    device = draw_device or default_device()
     tokenizer_files, save_tokenizer = _tokenizer(path)
     return DummySource(path.name, path, config, generation, [],
                        lambda: random_tensors(path, config_dtype(config), device=device), save_tokenizer,

@@ -55,14 +55,35 @@ def convert_state_dict(tensors: Iterable[tuple[str, torch.Tensor]], model: Decod
 
     `quant` "fp8" or "int8" quantizes an unquantized checkpoint here; a pre-quantized one (`checkpoint_quant`)
     is loaded in its own scheme, as stored."""
+    if checkpoint_quant is None:
+        return dict(converted_tensors(tensors, model, cfg, quant, on_tensor))
     expected = model.state_dict()
-    if checkpoint_quant is not None:
-        tensors = normalize_checkpoint(dict(tensors), checkpoint_quant).items()
+    tensors = normalize_checkpoint(dict(tensors), checkpoint_quant).items()
+    out = finish_fused(dict(assembled_tensors(tensors, model, cfg, on_tensor)), expected, checkpoint_quant)
+    return dict(_checked(out.items(), expected))
+
+
+def converted_tensors(tensors: Iterable[tuple[str, torch.Tensor]], model: DecoderForCausalLM, cfg: ModelConfig,
+                      quant: str, on_tensor=lambda name: None) -> Iterator[tuple[str, torch.Tensor]]:
+    """convert_state_dict of an unquantized checkpoint, one finished parameter at a time: each is
+    quantized and cast as soon as its parts are in, so a caller that shards or moves it on holds one
+    model, not two."""
+    expected = model.state_dict()
+    assembled = assembled_tensors(tensors, model, cfg, on_tensor)
+    if quant in WEIGHT_QUANTIZERS:
+        assembled = _quantized(assembled, expected, quant)
+    return _checked(assembled, expected)
+
+
+def assembled_tensors(tensors: Iterable[tuple[str, torch.Tensor]], model: DecoderForCausalLM, cfg: ModelConfig,
+                      on_tensor=lambda name: None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Runtime-named parameters as they complete: fused q/k/v and gate/up, stacked experts, the layers'
+    kv scales and the rotary table last. Raises if a fused parameter or an expert stack stays incomplete."""
+    expected = model.state_dict()
     packed, renames = type(model).PACKED_MODULES, type(model).MODULE_RENAMES
     experts = ExpertStacker(type(model).EXPERT_MODULES, expected)
     num_parts = {fused: 1 + max(i for f, i in packed.values() if f == fused) for fused, _ in packed.values()}
     pending: dict[str, dict[int, torch.Tensor]] = {}
-    out: dict[str, torch.Tensor] = {}
     kv_scales: dict[str, torch.Tensor] = {}
     for name, tensor in type(model).adapt_checkpoint(cfg, tensors):
         on_tensor(name)
@@ -72,37 +93,44 @@ def convert_state_dict(tensors: Iterable[tuple[str, torch.Tensor]], model: Decod
             continue
         name = renamed(name, renames)
         if experts.add(name, tensor):
+            yield from experts.take_complete()
             continue
         target, index = runtime_name(name, packed)
         if index is None:
-            out[target] = tensor
+            yield target, tensor
             continue
         parts = pending.setdefault(target, {})
         parts[index] = tensor
         if len(parts) == num_parts[target.split(".")[-2]]:
-            out[target] = torch.cat([parts[i] for i in sorted(parts)], dim=0)
+            yield target, torch.cat([parts[i] for i in sorted(parts)], dim=0)
             del pending[target]
-    out.update(experts.complete)
-    out.update({n: kv_scales.get(n, torch.ones(2)) for n in expected if n.endswith("self_attn.kv_scale")})
+    if pending or experts.incomplete:
+        raise ValueError(f"the checkpoint does not match the model: incomplete fused {sorted(pending)[:5]}, "
+                         f"incomplete experts {experts.incomplete[:5]}")
+    yield from ((n, kv_scales.get(n, torch.ones(2))) for n in expected if n.endswith("self_attn.kv_scale"))
     max_positions, rotary_dim = expected["model.rotary.cos_sin_cache"].shape
-    out["model.rotary.cos_sin_cache"] = rope_cos_sin_cache(rotary_dim, cfg.rope_theta, cfg.rope_scaling_dict,
+    yield "model.rotary.cos_sin_cache", rope_cos_sin_cache(rotary_dim, cfg.rope_theta, cfg.rope_scaling_dict,
                                                            max_positions)
-    if checkpoint_quant is not None:
-        out = finish_fused(out, expected, checkpoint_quant)
-    elif quant in WEIGHT_QUANTIZERS:
-        out = dict(quantize_weights(out, expected, quant))
-    unexpected = sorted(set(out) - set(expected))
-    missing = sorted(set(expected) - set(out))
-    if unexpected or missing or pending or experts.incomplete:
+
+
+def _checked(tensors: Iterable[tuple[str, torch.Tensor]], expected: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each parameter in the model's dtype, contiguous, after checking its name and shape; at the end,
+    that every parameter of the model came."""
+    seen, unexpected = set(), []
+    for name, tensor in tensors:
+        if name not in expected:
+            unexpected.append(name)
+            continue
+        meta = expected[name]
+        if tuple(tensor.shape) != tuple(meta.shape):
+            raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(meta.shape)}")
+        seen.add(name)
+        yield name, tensor.to(meta.dtype).contiguous()
+    missing = sorted(set(expected) - seen)
+    if unexpected or missing:
         raise ValueError("the checkpoint does not match the model: "
                          f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
-                         f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}, "
-                         f"incomplete fused {sorted(pending)[:5]}, incomplete experts {experts.incomplete[:5]}")
-    for name, meta in expected.items():
-        if tuple(out[name].shape) != tuple(meta.shape):
-            raise ValueError(f"{name}: checkpoint shape {tuple(out[name].shape)} != model shape {tuple(meta.shape)}")
-        out[name] = out[name].to(meta.dtype).contiguous()
-    return out
+                         f"unexpected {sorted(unexpected)[:5]}{'...' if len(unexpected) > 5 else ''}")
 
 
 def _take_kv_scale(name: str, tensor: torch.Tensor, kv_scales: dict[str, torch.Tensor]) -> bool:
@@ -118,8 +146,13 @@ def _take_kv_scale(name: str, tensor: torch.Tensor, kv_scales: dict[str, torch.T
 def quantize_weights(state: dict[str, torch.Tensor], expected: dict,
                      quant: str = "fp8") -> Iterator[tuple[str, torch.Tensor]]:
     """Per-output-channel quantization (e4m3 or int8) of every weight the model declares with a scale."""
+    return _quantized(state.items(), expected, quant)
+
+
+def _quantized(tensors: Iterable[tuple[str, torch.Tensor]], expected: dict,
+               quant: str) -> Iterator[tuple[str, torch.Tensor]]:
     quantize = WEIGHT_QUANTIZERS[quant]
-    for name, tensor in state.items():
+    for name, tensor in tensors:
         scale_name = name.removesuffix("weight") + "weight_scale"
         if name.endswith(".weight") and scale_name in expected:
             weight, scale = quantize(tensor)                        # [out, in] e4m3 | int8, [out]

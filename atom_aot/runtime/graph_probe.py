@@ -16,7 +16,9 @@ from atom_aot.artifact.phase import Phase
 
 
 def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_model_len: int,
-          tensor_parallel_size: int = 1, expert_parallel: bool = False) -> GraphPlan:
+          tensor_parallel_size: int = 1, expert_parallel: bool = False, draw: dict | None = None) -> GraphPlan:
+    """`draw` ({dtype, quant}): the staged weights member holds only what a draw cannot reproduce
+    (--load-format dummy-at-load), so rank 0's weights are drawn here as the loader draws them."""
     import torch
     from safetensors.torch import load_file
 
@@ -31,6 +33,10 @@ def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_m
     if tensor_parallel_size > 1:
         register_stand_in()
     weights = load_file(str(staging / weights_member(0)), device="cuda")
+    if draw is not None:
+        from atom_aot.runtime.drawn_weights import draw_weights
+        weights = draw_weights(staging / Path(CONFIG).parent, getattr(torch, draw["dtype"]), draw["quant"],
+                               max_model_len, tensor_parallel_size, expert_parallel, 0, device, weights)
     decode = CompiledModel(staging / package_member(Phase.DECODE), device).bind(weights)
     kv_cache = allocate_kv_cache(cfg, sizes[-1] + 1, block_size, getattr(torch, kv_dtype), device)
     torch.cuda.synchronize()
@@ -44,5 +50,5 @@ def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_m
 if __name__ == "__main__":
     a = json.loads(sys.argv[1])
     plan = probe(Path(a["staging"]), a["sizes"], a["block_size"], a["kv_dtype"], a["max_model_len"],
-                 a["tensor_parallel_size"], a["expert_parallel"])
+                 a["tensor_parallel_size"], a["expert_parallel"], a["draw"])
     print(plan.to_json(indent=None))

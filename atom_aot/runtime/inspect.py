@@ -1,12 +1,14 @@
 """`atom-run ART inspect`: the manifest in human-readable form."""
 from __future__ import annotations
 
+from atom_aot.artifact.build_options import drawn_at_load, random_weights
 from atom_aot.artifact.layout import CONFIG
 from atom_aot.artifact.manifest import Quantization
 from atom_aot.artifact.reader import Artifact
 
 WEIGHT_ORIGINS = {"none": "not quantized", "build": "quantized by atom-build --quant",
                   "checkpoint": "from the checkpoint"}
+DRAWN_MEMBER_NOTE = "  (no model weights: only what a draw at load cannot reproduce, e.g. calibrated kv scales)"
 KV_SCALE_ORIGINS = {"none": "no scales (1.0)", "checkpoint": "per-layer k/v scales from the checkpoint",
                     "calibrated": "per-layer k/v scales calibrated at build"}
 
@@ -22,6 +24,13 @@ def quantization_rows(q: Quantization, kv_cache_dtype: str) -> list[tuple[str, s
             ("kv cache", kv)]
 
 
+def weights_note(load_format: str) -> str:
+    """What the model row says of random weights, and whether the artifact holds them."""
+    if drawn_at_load(load_format):
+        return f" - RANDOM weights, not stored: drawn on the device at every load (--load-format {load_format})"
+    return f" - RANDOM weights (--load-format {load_format})" if random_weights(load_format) else ""
+
+
 def describe(art: Artifact) -> str:
     m = art.manifest
     model, target, numerics, layout = m.model, m.target, m.numerics, m.layout
@@ -32,8 +41,7 @@ def describe(art: Artifact) -> str:
         ("artifact", f"{art.path} (format {m.format_version}, engine {m.engine_version}, "
                      f"forward signature {m.signature_version})"),
         ("build key", m.build_key),
-        ("model", f"{model.name} ({model.architecture}), from {model.source}"
-                  + (" - RANDOM weights (--load-format dummy)" if m.options.load_format == "dummy" else "")),
+        ("model", f"{model.name} ({model.architecture}), from {model.source}" + weights_note(m.options.load_format)),
         ("shape", f"{config.get('num_hidden_layers')} layers, hidden {config.get('hidden_size')}, "
                   f"heads {config.get('num_attention_heads')}/{config.get('num_key_value_heads')} (q/kv), "
                   f"vocab {config.get('vocab_size')}"),
@@ -61,9 +69,11 @@ def describe(art: Artifact) -> str:
                         for op, c in row.ops.items())
         lines.append(f"  {phase.value + ' phase':<22} {ops}")
     lines.append("members")
+    drawn = drawn_at_load(m.options.load_format)     # its weights members' sizes are not the model's
     for name, member in sorted(m.members.items()):
         stored = f", stored zstd {member.stored_size / 2**20:.2f} MiB" if member.stored == "zstd" else ""
-        lines.append(f"  {name:<40} {member.size / 2**20:9.2f} MiB{stored}  sha256 {member.sha256[:16]}")
+        note = DRAWN_MEMBER_NOTE if drawn and name.startswith("weights/") else ""
+        lines.append(f"  {name:<40} {member.size / 2**20:9.2f} MiB{stored}  sha256 {member.sha256[:16]}{note}")
     return "\n".join(lines)
 
 

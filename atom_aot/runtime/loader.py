@@ -9,12 +9,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
 import torch
 
 from atom_aot.arch import detect_arch, device_for_arch, toolchain
+from atom_aot.artifact.build_options import drawn_at_load, random_weights
 from atom_aot.artifact.graph_plan import GraphPlan
 from atom_aot.artifact.layout import CONFIG, GENERATION_CONFIG, TOKENIZER
 from atom_aot.artifact.manifest import Manifest, Target
@@ -100,14 +102,15 @@ def load_artifact(path: str | Path, enforce_eager: bool = False, rank: int = 0) 
     model_config = _model_config(artifact, hf_config)
     tuning = artifact.read_tuning()
     compiled = manifest.compiled.kind == "aotinductor" and not enforce_eager
-    buffer = artifact.member_buffer(manifest.layout.weights_member(rank))
+    read_weights = _weights_reader(artifact, rank, device, timings)
     if compiled:
-        weights, forwards = _load_compiled(artifact, buffer, device, timings)
+        weights, forwards = _load_compiled(artifact, read_weights, device, timings)
     else:
-        weights, forwards = _load_eager(manifest, model_config, tuning, buffer, device, timings)
+        weights, forwards = _load_eager(manifest, model_config, tuning, read_weights, timings)
     execution = "aotinductor" if compiled else "eager"
-    if manifest.options.load_format == "dummy":
-        log.warning("this artifact's weights are random (built with --load-format dummy): for benchmarks only")
+    if random_weights(manifest.options.load_format):
+        log.warning("this artifact's weights are random (built with --load-format %s): for benchmarks only",
+                    manifest.options.load_format)
     log.info("model path: %s (%s)", execution,
              "compiled package from the artifact" if compiled else
              "--enforce-eager" if enforce_eager else "the artifact has no compiled code (built with --compile none)")
@@ -135,6 +138,23 @@ def _model_config(artifact: Artifact, hf_config: dict) -> ModelConfig:
                             f"Rebuild the artifact with atom-build.") from None
 
 
+def _weights_reader(artifact: Artifact, rank: int, device: torch.device,
+                    timings: dict) -> Callable[[], dict[str, torch.Tensor]]:
+    """What gives the rank's weights on the device: its weights member, or, for an artifact built with
+    --load-format dummy-at-load, a draw (that member holds only what a draw cannot reproduce)."""
+    buffer = artifact.member_buffer(artifact.manifest.layout.weights_member(rank))
+    if not drawn_at_load(artifact.manifest.options.load_format):
+        return partial(_weights, buffer, device)
+
+    def draw() -> dict[str, torch.Tensor]:
+        from atom_aot.runtime.drawn_weights import draw_artifact_weights
+        start = time.perf_counter()
+        weights = draw_artifact_weights(artifact, rank, device, tensors_from_buffer(buffer))
+        timings["draw weights"] = time.perf_counter() - start
+        return weights
+    return draw
+
+
 def _weights(buffer: memoryview, device: torch.device) -> dict[str, torch.Tensor]:
     """The weights on the device: views of the mapped file on the CPU, one upload on a GPU."""
     if device.type == "cpu":
@@ -144,17 +164,18 @@ def _weights(buffer: memoryview, device: torch.device) -> dict[str, torch.Tensor
     return weights
 
 
-def _load_compiled(artifact: Artifact, buffer: memoryview, device: torch.device,
+def _load_compiled(artifact: Artifact, read_weights: Callable[[], dict[str, torch.Tensor]], device: torch.device,
                    timings: dict) -> tuple[dict[str, torch.Tensor], dict[Phase, Callable]]:
-    """Weights and compiled packages, loaded side by side: the weight upload runs in a thread (the
-    copy releases the GIL) while this one opens the packages; the weights are bound to them after."""
+    """Weights and compiled packages, loaded side by side: the weight upload (or draw) runs in a thread (the
+    copy releases the GIL; a draw's kernels run while Python is elsewhere) while this one opens the
+    packages; the weights are bound to them after."""
     from concurrent.futures import ThreadPoolExecutor
 
     from atom_aot.runtime.compiled import CompiledModel, CompiledMTP
 
     def upload():
         start = time.perf_counter()
-        weights = _weights(buffer, device)
+        weights = read_weights()
         return weights, time.perf_counter() - start
 
     start = time.perf_counter()
@@ -174,12 +195,13 @@ def _load_compiled(artifact: Artifact, buffer: memoryview, device: torch.device,
     return weights, forwards
 
 
-def _load_eager(manifest: Manifest, model_config: ModelConfig, tuning: Tuning, buffer: memoryview,
-                device: torch.device, timings: dict) -> tuple[dict[str, torch.Tensor], dict[Phase, Callable]]:
-    """The model module itself, built on meta and given the mapped weights, with the arch's kernels
-    (the `mixed` row serves every batch)."""
+def _load_eager(manifest: Manifest, model_config: ModelConfig, tuning: Tuning,
+                read_weights: Callable[[], dict[str, torch.Tensor]],
+                timings: dict) -> tuple[dict[str, torch.Tensor], dict[Phase, Callable]]:
+    """The model module itself, built on meta and given the mapped (or drawn) weights, with the arch's
+    kernels (the `mixed` row serves every batch)."""
     start = time.perf_counter()
-    weights = _weights(buffer, device)
+    weights = read_weights()
     timings["weights"] = time.perf_counter() - start
     start = time.perf_counter()
     numerics = manifest.numerics
