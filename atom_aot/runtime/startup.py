@@ -23,7 +23,7 @@ from atom_aot.runtime.structured_output import Grammars
 from atom_aot.runtime.tp_lead import LeadRank, start_other_ranks
 from atom_aot.runtime.threads import set_torch_threads
 from atom_aot.runtime.verify_graphs import MAX_GRAPH_TOKENS, verify_capture_sizes
-from atom_aot.spec.setup import no_verify_graphs_reason, start_speculation
+from atom_aot.spec.setup import draft_kv_blocks, load_draft, no_verify_graphs_reason, start_speculation
 
 log = logging.getLogger("atom_aot")
 
@@ -37,19 +37,38 @@ def eos_token_ids(loaded: LoadedArtifact) -> frozenset[int]:
     return frozenset(eos if isinstance(eos, list) else [eos])
 
 
-def kv_block_count(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
+def kv_block_count(loaded: LoadedArtifact, config: RuntimeConfig, draft: LoadedArtifact | None = None) -> int:
+    """The target's KV blocks. On a GPU the memory share left after the weights (a --method draft model's
+    included: it is loaded by then) and the reserves holds the target's pool and, with `draft`, the draft's
+    pool of as many tokens (split_kv_budget). On the CPU kv_cache_memory_bytes is the target's pool."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     per_block = bytes_per_block(loaded.rank_config, loaded.block_size, loaded.kv_dtype)
     if loaded.device.type == "cpu":
         budget = config.kv_cache_memory_bytes or DEFAULT_CPU_KV_BYTES
-    else:
-        free, total = torch.cuda.mem_get_info(loaded.device)
-        used = total - free
-        graph_pool = loaded.graph_plan.pool_bytes if uses_graphs(loaded, config) else 0
-        budget = (int(total * config.gpu_memory_utilization) - used - activation_reserve(loaded, config) - graph_pool
-                  - verify_graph_reserve(loaded, config))
-    return max(0, budget // per_block)
+        return max(0, budget // per_block)
+    free, total = torch.cuda.mem_get_info(loaded.device)
+    used = total - free
+    graph_pool = loaded.graph_plan.pool_bytes if uses_graphs(loaded, config) else 0
+    budget = (int(total * config.gpu_memory_utilization) - used - activation_reserve(loaded, config) - graph_pool
+              - verify_graph_reserve(loaded, config))
+    if draft is None:
+        return max(0, budget // per_block)
+    draft_per_block = bytes_per_block(draft.rank_config, draft.block_size, draft.kv_dtype)
+    return split_kv_budget(budget, per_block, loaded.block_size, draft_per_block, draft.block_size,
+                           config.max_num_seqs)
+
+
+def split_kv_budget(budget: int, per_block: int, block_size: int, draft_per_block: int, draft_block_size: int,
+                    max_num_seqs: int) -> int:
+    """The most target blocks n such that n blocks plus the draft pool for n * block_size tokens
+    (spec/setup.py draft_kv_blocks) fit in `budget` bytes."""
+    def total(n: int) -> int:
+        return n * per_block + draft_kv_blocks(draft_block_size, n * block_size, max_num_seqs) * draft_per_block
+    n = max(0, (budget - max_num_seqs * draft_per_block) // (per_block + block_size * draft_per_block // draft_block_size))
+    while n > 0 and total(n) > budget:
+        n -= 1
+    return n
 
 
 def verify_graph_reserve(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
@@ -114,14 +133,15 @@ def prepare_model(loaded: LoadedArtifact, config: RuntimeConfig, num_blocks: int
 def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig, ranks: LeadRank | None = None) -> EngineCore:
     """`ranks`: rank 0's link to the other tensor-parallel ranks (None: the model has one rank)."""
     max_model_len = config.served_max_model_len(loaded.max_model_len)
-    num_blocks = kv_block_count(loaded, config)
+    draft = load_draft(loaded, config, max_model_len)
+    num_blocks = kv_block_count(loaded, config, draft)
     if ranks is not None:
         num_blocks = ranks.agree_num_blocks(num_blocks)
     kv_cache, forwards = prepare_model(loaded, config, num_blocks)
     if ranks is not None:
         forwards = ranks.lead(forwards)
     runner = ModelRunner(forwards, kv_cache, loaded.block_size, loaded.device, Sampler(loaded.device, config.seed))
-    speculation = start_speculation(loaded, config, runner, max_model_len, num_blocks, config.max_num_seqs)
+    speculation = start_speculation(loaded, config, runner, max_model_len, num_blocks, config.max_num_seqs, draft)
     scheduler = Scheduler(
         SchedulerConfig.from_runtime(config, max_model_len),
         BlockManager(num_blocks, loaded.block_size, config.enable_prefix_caching),

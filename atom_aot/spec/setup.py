@@ -33,7 +33,8 @@ class Speculation:
 
 
 def start_speculation(loaded: LoadedArtifact, config: RuntimeConfig, runner: ModelRunner, max_model_len: int,
-                      num_kv_blocks: int, max_num_seqs: int) -> Speculation | None:
+                      num_kv_blocks: int, max_num_seqs: int, draft: LoadedArtifact | None = None) -> Speculation | None:
+    """`draft`: the --method draft model, loaded (load_draft) before the target's KV pool was sized."""
     if config.method is None:
         return None
     k = config.num_speculative_tokens
@@ -42,7 +43,8 @@ def start_speculation(loaded: LoadedArtifact, config: RuntimeConfig, runner: Mod
     elif config.method == "ngram":
         proposer = NgramProposer(k, config.ngram_min_n, config.ngram_max_n)
     else:
-        proposer = start_draft(loaded, config, max_model_len, num_kv_blocks * loaded.block_size, max_num_seqs)
+        draft = draft or load_draft(loaded, config, max_model_len)
+        proposer = start_draft(draft, config, num_kv_blocks * loaded.block_size, max_num_seqs)
     log.info("speculative decoding: %s proposer, %d draft tokens per step; verify steps run synchronously "
              "(async scheduling is off)", config.method, k)
     observer = proposer if isinstance(proposer, MTPProposer) else None
@@ -126,13 +128,26 @@ def check_mtp(loaded: LoadedArtifact) -> None:
                            f"it with --enforce-eager, or use --method ngram.")
 
 
-def start_draft(target: LoadedArtifact, config: RuntimeConfig, max_model_len: int, target_tokens: int,
-                max_num_seqs: int) -> DraftModelProposer:
-    """The draft artifact loaded beside the target, with a KV pool that holds every token the
-    target's does (plus one block per sequence for a different block size's rounding)."""
+def load_draft(target: LoadedArtifact, config: RuntimeConfig, max_model_len: int) -> LoadedArtifact | None:
+    """The --method draft model on the target's device (None without it), checked against the target. Loaded
+    before the target's KV pool is sized, so that its weights are counted and its pool gets its share."""
+    if config.method != "draft":
+        return None
     draft = load_artifact(config.draft_model, enforce_eager=config.enforce_eager)
     check_draft(target, draft, max_model_len)
-    num_blocks = -(-target_tokens // draft.block_size) + max_num_seqs
+    return draft
+
+
+def draft_kv_blocks(draft_block_size: int, target_tokens: int, max_num_seqs: int) -> int:
+    """Blocks of a draft pool that holds every token the target's does (plus one block per sequence
+    for a different block size's rounding)."""
+    return -(-target_tokens // draft_block_size) + max_num_seqs
+
+
+def start_draft(draft: LoadedArtifact, config: RuntimeConfig, target_tokens: int,
+                max_num_seqs: int) -> DraftModelProposer:
+    """The loaded draft model with a KV pool of its own (draft_kv_blocks)."""
+    num_blocks = draft_kv_blocks(draft.block_size, target_tokens, max_num_seqs)
     kv_cache = allocate_kv_cache(draft.model_config, num_blocks, draft.block_size, draft.kv_dtype, draft.device)
     forwards = Forwards(draft.forwards[Phase.MIXED], draft.forwards.get(Phase.DECODE))
     runner = ModelRunner(forwards, kv_cache, draft.block_size, draft.device, Sampler(draft.device, config.seed))
