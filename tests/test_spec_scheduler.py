@@ -41,6 +41,7 @@ class FixedProposer:
     """Proposes `drafts` (capped by each sequence's limit) and records the limits it was given."""
     drafts: list[int]
     num_speculative_tokens: int = 4
+    decodes_without_drafts: bool = False
 
     def __post_init__(self):
         self.limits: list[list[int]] = []
@@ -61,6 +62,14 @@ def decoding(prompt_len: int = 5, proposer=None, **params):
 
 
 class TestVerifyBatch:
+    @pytest.mark.parametrize("plain", [True, False])
+    def test_a_step_without_drafts_is_a_plain_decode_step_where_the_proposer_allows(self, plain):
+        scheduler, seq = decoding(prompt_len=6, proposer=FixedProposer([], decodes_without_drafts=plain))
+        batch = scheduler.schedule()
+        assert batch.num_new_tokens == (1,) and not batch.is_prefill
+        assert batch.is_verify != plain and (plain or batch.draft_token_ids == ((),))
+        assert NgramProposer(3).decodes_without_drafts
+
     def test_drafts_get_slots_but_only_the_newest_token_counts_as_computed(self):
         scheduler, seq = decoding(prompt_len=6)                        # 7 tokens, 2 blocks of 4
         batch = scheduler.schedule()

@@ -238,6 +238,8 @@ class Scheduler:
         if self.proposer is None:
             return self._commit(scheduled, [1] * len(scheduled), is_prefill=False, now=now)
         drafts = tuple(tuple(d) for d in self.proposer.propose(scheduled, limits))
+        if self.proposer.decodes_without_drafts and not any(drafts):
+            return self._commit(scheduled, [1] * len(scheduled), is_prefill=False, now=now)
         return self._commit(scheduled, [1 + len(d) for d in drafts], is_prefill=False, now=now, draft_token_ids=drafts)
 
     def _draft_limits(self, seqs: list[Sequence]) -> list[int]:

@@ -20,6 +20,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=None)
 
 
 class DraftModelProposer:
+    decodes_without_drafts = True       # its shadows catch up from token ids (spec/proposer.py)
+
     def __init__(self, runner: ModelRunner, block_manager: BlockManager, num_speculative_tokens: int):
         self.runner = runner
         self.block_manager = block_manager

@@ -56,6 +56,8 @@ class Guess:
 
 
 class MTPProposer:
+    decodes_without_drafts = False      # it reads every target step's hidden states (spec/proposer.py)
+
     def __init__(self, mtp: MTPForward, tap: HiddenTap, kv_cache: torch.Tensor, block_size: int,
                  device: torch.device, num_speculative_tokens: int):
         self.mtp, self.tap = mtp, tap

@@ -3,6 +3,7 @@ appeared (rewrites, summaries quoting their source, code edits). No weights, no 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from atom_aot.runtime.sequence import Sequence
 
@@ -12,6 +13,7 @@ class NgramProposer:
     num_speculative_tokens: int     # K
     min_n: int = 2                  # shortest suffix worth matching
     max_n: int = 4                  # longest suffix tried (first)
+    decodes_without_drafts: ClassVar[bool] = True     # reads token ids only (spec/proposer.py)
 
     def __post_init__(self):
         if not 1 <= self.min_n <= self.max_n:

@@ -15,6 +15,10 @@ METHODS = ("mtp", "ngram", "draft")
 
 class Proposer(Protocol):
     num_speculative_tokens: int     # K: the most draft tokens proposed for one sequence in one step
+    # a step where no sequence got a draft may run as a plain decode step (the decode package, in CUDA
+    # graphs) instead of a verify step of one row per sequence; False for a proposer that reads every
+    # step's hidden states from the mixed package (MTP)
+    decodes_without_drafts: bool
 
     def propose(self, seqs: list[Sequence], limits: list[int]) -> list[list[int]]:
         """Draft tokens to follow each sequence's known tokens: at most min(K, limits[i]) for
