@@ -37,6 +37,15 @@ def make_tokenizer(out: Path, vocab_size: int = 384):
     return fast
 
 
+def make_config_folder(out: Path, config: dict) -> Path:
+    """A model folder with config.json and a tokenizer, no weights (for --load-format dummy builds)."""
+    import json
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(config))
+    make_tokenizer(out)
+    return out
+
+
 def make_tiny_model(out: Path, architecture: str = "LlamaForCausalLM", seed: int = 0, **overrides) -> Path:
     """Write a random-weight HF model folder; returns it. MoE families store one tensor per expert, as on the Hub."""
     from transformers import AutoModelForCausalLM, LlamaConfig, MixtralConfig, Qwen3Config, Qwen3MoeConfig

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from factories import make_tokenizer
+from factories import make_config_folder, make_tokenizer
 from safetensors.torch import load
 from test_dummy_weights import CONFIG as TINY_MOE
 
@@ -23,11 +23,7 @@ PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16, 17]]
 @pytest.fixture(scope="module")
 def moe_config_dir(tmp_path_factory) -> Path:
     """The tiny Qwen3-MoE config of test_dummy_weights.py with a tokenizer, no weights."""
-    folder = tmp_path_factory.mktemp("dummy-at-load") / "qwen3-moe-config"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(TINY_MOE))
-    make_tokenizer(folder)
-    return folder
+    return make_config_folder(tmp_path_factory.mktemp("dummy-at-load") / "qwen3-moe-config", TINY_MOE)
 
 
 @pytest.fixture(scope="module")

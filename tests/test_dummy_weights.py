@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from factories import make_tokenizer
+from factories import make_config_folder, make_tokenizer
 from safetensors.torch import load
 
 from atom_aot.artifact.reader import Artifact
@@ -31,11 +31,7 @@ CONFIG = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", voc
 @pytest.fixture(scope="module")
 def config_only(tmp_path_factory) -> Path:
     """A folder with config.json and a tokenizer, no weights."""
-    folder = tmp_path_factory.mktemp("dummy") / "qwen3-moe-config"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(CONFIG))
-    make_tokenizer(folder)
-    return folder
+    return make_config_folder(tmp_path_factory.mktemp("dummy") / "qwen3-moe-config", CONFIG)
 
 
 def test_dummy_tensors_are_make_random_model_s(config_only, tmp_path):

@@ -43,7 +43,6 @@ def start_speculation(loaded: LoadedArtifact, config: RuntimeConfig, runner: Mod
     elif config.method == "ngram":
         proposer = NgramProposer(k, config.ngram_min_n, config.ngram_max_n)
     else:
-        draft = draft or load_draft(loaded, config, max_model_len)
         proposer = start_draft(draft, config, num_kv_blocks * loaded.block_size, max_num_seqs)
     log.info("speculative decoding: %s proposer, %d draft tokens per step; verify steps run synchronously "
              "(async scheduling is off)", config.method, k)

@@ -87,19 +87,16 @@ def _attend_blocks(q, cache, table, kb_lo, kb_hi, kv_len, q_pos, dims, dim_ok, q
         if MASKED:
             key_ok = keys < kv_len
             page = tl.load(table + keys // PAGE_SIZE, mask=key_ok, other=0).to(tl.int64)
+            k_mask = key_ok[None, :] & dim_ok[:, None]
+            v_mask = key_ok[:, None] & dim_ok[None, :]
         else:
             page = tl.load(table + keys // PAGE_SIZE).to(tl.int64)
+            k_mask = dim_ok[:, None]
+            v_mask = dim_ok[None, :]
         slot = page * stride_cblk + (keys % PAGE_SIZE) * stride_crow
         # k: [D, BLOCK_N] (transposed by addressing); v: [BLOCK_N, D]; fp8 caches widen here
-        if MASKED:
-            k = tl.load(cache + slot[None, :] + dims[:, None], mask=key_ok[None, :] & dim_ok[:, None],
-                        other=0.0).to(q.dtype)
-            v = tl.load(cache + stride_ckv + slot[:, None] + dims[None, :], mask=key_ok[:, None] & dim_ok[None, :],
-                        other=0.0).to(q.dtype)
-        else:
-            k = tl.load(cache + slot[None, :] + dims[:, None], mask=dim_ok[:, None], other=0.0).to(q.dtype)
-            v = tl.load(cache + stride_ckv + slot[:, None] + dims[None, :], mask=dim_ok[None, :],
-                        other=0.0).to(q.dtype)
+        k = tl.load(cache + slot[None, :] + dims[:, None], mask=k_mask, other=0.0).to(q.dtype)
+        v = tl.load(cache + stride_ckv + slot[:, None] + dims[None, :], mask=v_mask, other=0.0).to(q.dtype)
         if IEEE:
             s = tl.dot(q, k, input_precision="ieee")
         else:
@@ -108,10 +105,10 @@ def _attend_blocks(q, cache, table, kb_lo, kb_hi, kv_len, q_pos, dims, dim_ok, q
         if MASKED:
             visible = (keys[None, :] <= q_pos[:, None]) & key_ok[None, :]
             s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if MASKED:
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # rows that see no key yet
         else:
-            m_new = tl.maximum(m_i, tl.max(s, 1))
             m_safe = m_new
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
