@@ -70,12 +70,15 @@ def scaled_mm_only(x, w, s):
     return torch._scaled_mm(xq, w.t(), scale_a=xs.contiguous(), scale_b=s[None, :], out_dtype=x.dtype)
 
 
+EXTRA_CONFIGS: list = []     # --extra-configs: launch configs measured beside the build's candidates
+
+
 def candidates(block: bool):
     from atom_aot.ops.triton.fp8_gemm import CANDIDATE_CONFIGS
     rows = [] if block else [("aten", lambda x, w, s: torch.ops.atom.fp8_linear(x, w, s, None, None)),
                              ("aten compiled", lambda x, w, s: compiled_aten()(x, w, s, None, None)),
                              ("scaled_mm only", scaled_mm_only)]
-    for c in CANDIDATE_CONFIGS:
+    for c in (*CANDIDATE_CONFIGS, *EXTRA_CONFIGS):
         rows.append((f"triton {','.join(map(str, c.as_args()))}",
                      lambda x, w, s, c=c: torch.ops.atom_triton.fp8_linear(x, w, s, None, None, *c.as_args())))
     return rows
@@ -113,10 +116,20 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes in the Triton interpreter (no GPU)")
     parser.add_argument("--budget-s", type=float, default=240, help="shapes past this many seconds are skipped")
+    parser.add_argument("--tokens", help="comma-separated token counts M (default: decode 1..256, prefill 512..8192)")
+    parser.add_argument("--groups", help="comma-separated layer groups (default: all four)")
+    parser.add_argument("--extra-configs", default="",
+                        help="';'-separated Triton configs block_m,block_n,block_k,warps,stages to time too")
     args = parser.parse_args()
+    from atom_aot.ops.triton._common import GemmConfig
+    EXTRA_CONFIGS.extend(GemmConfig(*map(int, c.split(","))) for c in args.extra_configs.split(";") if c)
     import atom_aot.ops.triton  # noqa: F401  (registers atom_triton::fp8_linear)
     device = "cpu" if args.smoke else "cuda"
     shapes, tokens = (SMOKE_SHAPES, (3, 17)) if args.smoke else (LLAMA_8B, TOKENS)
+    if args.tokens:
+        tokens = tuple(int(m) for m in args.tokens.split(","))
+    if args.groups:
+        shapes = {g: shapes[g] for g in args.groups.split(",")}
     env = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
     deadline, rows, skipped = time.time() + args.budget_s, [], []
     for group, (n, k) in shapes.items():
