@@ -79,11 +79,14 @@ def test_gpu_tuning_rows_name_the_measured_backend(monkeypatch, scheme, op, kern
         return {f"{g} 1x8x8": {c: (1.0 if c == fast else 2.0) for c in tune_fp8.candidates(scheme_)}
                 for g in ("qkv_proj", "down_proj")}
     monkeypatch.setattr(tune_fp8, "measure_linear", stub)
+    monkeypatch.setattr(tune_fp8, "measure_small_m", lambda *a: {      # slower: the decode row stays plain
+        f"{g} 1x8x8": {("small_m", 64, 256, 1, 4, 4): 3.0} for g in ("qkv_proj", "down_proj")})
     row = PhaseTuning({"attention": BackendChoice("triton")})
     base = Tuning(arch="sm90", measured=True, phases={Phase.DECODE: row, Phase.MIXED: row}, kernels={})
     tuned = _with_measured_linear(base, BuildConfig(arch="sm90"), ModelConfig.from_hf_dict(TINY_QWEN3), scheme)
     choice = tuned.for_phase(Phase.MIXED).op(op)
     assert choice.backend == "triton" and tuple(choice.params[kernel]) == fast[1:]
+    assert tuned.for_phase(Phase.DECODE).op(op) == choice
     assert make_backend(op, choice).args == fast[1:]
     assert any(label.endswith("gemm") and "per phase as measured" in text for label, text in tuned.kernels.items())
 

@@ -33,7 +33,8 @@ CPU_LINEAR_KERNELS = {"fp8_linear": ("fp8 gemm", "float32 reference on fp8 value
                       "int8_linear": ("int8 gemm", "exact integer accumulation reference (atom::int8_linear)"),
                       "int4_linear": ("int4 gemm", "exact dequantization (q - z) * s to float32, then a float32 "
                                                    "matmul (atom::int4_linear)")}
-GPU_LINEAR_KERNELS = {"fp8_linear": ("fp8 gemm", "aten (cuBLASLt _scaled_mm) or triton atom_triton::fp8_linear"),
+GPU_LINEAR_KERNELS = {"fp8_linear": ("fp8 gemm", "aten (cuBLASLt _scaled_mm) or triton atom_triton::fp8_linear, "
+                                                  "decode's small M on atom_triton::fp8_scaled_mm_small_m where faster"),
                       "int4_linear": ("int4 gemm", "triton atom_triton::int4_linear (nibbles unpacked in "
                                                    "registers) or aten (dequantize, then cuBLAS)")}
 INT8_GPU_KERNEL = ("aten torch._int_mm (cuBLAS int8 GEMM, int32 accumulation; rows padded by 16), "
@@ -78,13 +79,19 @@ def _with_int8_linear(tuning: Tuning, scheme: str) -> Tuning:
 
 def _with_measured_linear(tuning: Tuning, config: BuildConfig, cfg: ModelConfig, scheme: str) -> Tuning:
     """`tuning` plus each phase's measured fp8_linear or int4_linear backend."""
-    from atom_aot.build.tune_fp8 import as_choice, measure_linear
+    from atom_aot.build.tune_fp8 import SMALL_M_SCHEMES, as_choice, decode_choice, measure_linear, measure_small_m
     op, phases, timings = linear_op(scheme), {}, {}
     for phase, row in tuning.phases.items():
         rows = measure_linear(cfg, scheme, config.torch_dtype, "decode" if phase == Phase.DECODE else "mixed")
-        best = _best(rows)
-        phases[phase] = PhaseTuning({**row.ops, op: as_choice(best, op)})
-        timings[phase.value] = {"chosen": ",".join(map(str, best)), **{
+        if phase == Phase.DECODE and scheme in SMALL_M_SCHEMES:
+            small_rows = measure_small_m(cfg, scheme, config.torch_dtype, _ms_unless_too_big)
+            choice, chosen = decode_choice(rows, small_rows, _best)
+            rows = {shape: {**r, **small_rows.get(shape, {})} for shape, r in rows.items()}
+        else:
+            best = _best(rows)
+            choice, chosen = as_choice(best, op), ",".join(map(str, best))
+        phases[phase] = PhaseTuning({**row.ops, op: choice})
+        timings[phase.value] = {"chosen": chosen, **{
             shape: {",".join(map(str, c)): ms for c, ms in r.items()} for shape, r in rows.items()}}
     label, text = GPU_LINEAR_KERNELS[op]
     kernels = {**tuning.kernels, label: f"{scheme}: {text}, per phase as measured"}

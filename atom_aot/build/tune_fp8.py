@@ -5,6 +5,11 @@ config of atom_aot/ops/triton/fp8_gemm.py; int4 (W4A16) candidates are `aten` (d
 cuBLAS) and each config of atom_aot/ops/triton/int4_gemm.py. Every candidate is timed on every
 linear of the model (qkv, o, gate_up, down) at the phase's token counts, and tune.py keeps the one
 with the lowest geometric-mean slowdown against each shape's fastest.
+
+For decode with per-channel fp8 weights the small-M kernel's configs (ops/triton/fp8_small_m.py) are
+timed too, at M <= SMALL_M_MAX: where the best of them beats the best of the others there, the phase
+gets the `small_m+aten` / `small_m+triton` backend (that kernel up to SMALL_M_MAX tokens, the GEMM best
+above it), else the one GEMM as before. `decode_choice` makes that decision from the timings.
 """
 from __future__ import annotations
 
@@ -15,6 +20,8 @@ from atom_aot.models import ModelConfig
 from atom_aot.models.quant_layers import INT4_SCHEMES, int4_groups, linear_op
 
 TOKENS = {"decode": (1, 16, 64, 256), "mixed": (512, 2048, 8192)}
+SMALL_M_MAX = 16                 # the small-M kernel's BLOCK_M: one M tile, each weight byte read once
+SMALL_M_SCHEMES = ("fp8", "fp8-static", "fp8-ub")   # per-channel weight scales
 Candidate = tuple   # ("aten",) or ("triton", block_m, block_n, block_k, num_warps, num_stages)
 TRITON_KERNELS = {"fp8_linear": "fp8_gemm", "int4_linear": "int4_gemm"}    # op -> its Triton kernel's params key
 
@@ -57,6 +64,58 @@ def measure_linear(cfg: ModelConfig, scheme: str, dtype: torch.dtype, phase: str
                 gemm = make_backend(op, as_choice(candidate, op))
                 row[candidate] = measure_ms(lambda: gemm(x, *layer, None))[0]
     return rows
+
+
+def measure_small_m(cfg: ModelConfig, scheme: str, dtype: torch.dtype, timer) -> dict[str, dict]:
+    """'{group} {M}x{N}x{K}' -> {("small_m", *config): ms, or None where `timer` (fn, config) says the
+    config does not fit this GPU} at the decode token counts <= SMALL_M_MAX."""
+    import atom_aot.ops.triton  # noqa: F401
+    from atom_aot.ops.backends import make_backend
+    from atom_aot.ops.triton.fp8_small_m import CANDIDATE_CONFIGS
+    rows = {}
+    for group, (n, k) in linear_shapes(cfg).items():
+        layer = _random_fp8_layer(scheme, n, k)
+        for m in (m for m in TOKENS["decode"] if m <= SMALL_M_MAX):
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
+            row = rows.setdefault(f"{group} {m}x{n}x{k}", {})
+            for config in CANDIDATE_CONFIGS:
+                gemm = make_backend("fp8_linear", small_m_choice(config, ("aten",)))   # eager: M <= max: small
+                row[("small_m", *config)] = timer(lambda: gemm(x, *layer, None), ("small_m", *config))
+    return rows
+
+
+def small_m_choice(small: tuple[int, ...], large: Candidate) -> BackendChoice:
+    """The small-M kernel with `small` (block_n, block_k, split_k, warps, stages) up to SMALL_M_MAX
+    tokens, the `large` candidate above."""
+    params = {"fp8_small_m": (SMALL_M_MAX, *small)}
+    if large[0] == "triton":
+        params["fp8_gemm"] = large[1:]
+    return BackendChoice(f"small_m+{large[0]}", params)
+
+
+def decode_choice(rows: dict[str, dict], small_rows: dict[str, dict], best) -> tuple[BackendChoice, str]:
+    """The decode phase's backend from both timings (`best`: tune.py's geometric-mean pick), and a label.
+
+    The small-M kernel is used when its best config is faster than the best other candidate over the
+    shapes at M <= SMALL_M_MAX (geometric mean); the GEMM above it is then the best over the larger M.
+    """
+    import math
+    small = best(small_rows)
+
+    def m_of(shape: str) -> int:
+        return int(shape.rsplit(" ", 1)[1].split("x")[0])
+
+    upto = {shape: row for shape, row in rows.items() if m_of(shape) <= SMALL_M_MAX}
+    above = {shape: row for shape, row in rows.items() if m_of(shape) > SMALL_M_MAX}
+    gain = sum(math.log(min(v for v in upto[shape].values() if v is not None) / small_rows[shape][small])
+               for shape in upto)
+    if gain <= 0 or not above:
+        overall = best(rows)
+        return as_choice(overall), ",".join(map(str, overall))
+    large = best(above)
+    choice = small_m_choice(small[1:], large)
+    return choice, f"{choice.backend}: small_m {','.join(map(str, small[1:]))} up to M {SMALL_M_MAX}, " \
+                   f"{','.join(map(str, large))} above"
 
 
 def _random_fp8_layer(scheme: str, n: int, k: int):

@@ -37,6 +37,8 @@ REGISTRY: dict[str, dict[str, BackendEntry]] = {
     "fp8_linear": {
         "aten": BackendEntry("atom_aot.ops.backends.fp8_linear", "AtenFp8Linear"),
         "triton": BackendEntry("atom_aot.ops.backends.fp8_linear", "TritonFp8Linear"),
+        "small_m+aten": BackendEntry("atom_aot.ops.backends.fp8_linear", "small_m_over_aten"),
+        "small_m+triton": BackendEntry("atom_aot.ops.backends.fp8_linear", "small_m_over_triton"),
     },
     "int8_linear": {
         "aten": BackendEntry("atom_aot.ops.backends.int8_linear", "AtenInt8Linear"),

@@ -8,6 +8,11 @@ quantization's reduction and cast into the code around it (the preceding norm or
 running ~6 eager kernels per linear inside a custom op call, and AOTInductor calls `_scaled_mm` itself.
 `triton`: `atom_triton::fp8_linear` with the launch config the build measured; the only backend for
 128x128 block-scaled weights on a GPU.
+`small_m+aten`, `small_m+triton`: up to `max_m` tokens the small-M kernel (ops/triton/fp8_small_m.py:
+the weight streamed by many programs, near the memory bandwidth where cuBLASLt's tiles leave SMs idle),
+above it `_scaled_mm` or the Triton GEMM. The quantization comes first, in the graph (fused as for
+`aten`); then, on an exported graph whose token count is symbolic, `torch.cond` on M <= max_m holds
+both GEMMs and the package picks one per call (each captured CUDA graph has one M, so one branch).
 """
 from __future__ import annotations
 
@@ -41,3 +46,50 @@ class TritonFp8Linear:
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                  input_scale: Optional[torch.Tensor], bias: Optional[torch.Tensor]) -> torch.Tensor:
         return torch.ops.atom_triton.fp8_linear(x, weight, weight_scale, input_scale, bias, *self.args)
+
+
+class SmallMFp8Linear:
+    """Per-channel fp8 linears: the small-M kernel up to max_m tokens, the large-M GEMM above."""
+
+    def __init__(self, choice: BackendChoice, large: str):
+        import atom_aot.ops.triton  # noqa: F401  (registers atom_triton::*)
+        from atom_aot.ops.triton._common import GemmConfig, SmallMConfig
+        expected = {"fp8_small_m": SmallMConfig, **({"fp8_gemm": GemmConfig} if large == "triton" else {})}
+        configs = launch_configs(choice, expected)
+        self.small = configs["fp8_small_m"]
+        self.large_args = configs["fp8_gemm"].as_args() if large == "triton" else None
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                 input_scale: Optional[torch.Tensor], bias: Optional[torch.Tensor]) -> torch.Tensor:
+        from atom_aot.ops.fp8 import is_block_scaled, quantize_activations
+        if is_block_scaled(weight_scale):
+            raise ValueError("the small_m fp8 backends take per-channel weight scales; block-scaled weights run "
+                             "on the triton backend (rebuild the artifact with this atom-aot's atom-build)")
+        xq, x_scale = quantize_activations(x, input_scale, block_scaled=False)     # [M, K] e4m3, [M, 1]
+        out_dtype = x.dtype
+
+        def small(xq, x_scale, weight, weight_scale, *bias):      # bias: () or (the [N] tensor,)
+            return torch.ops.atom_triton.fp8_scaled_mm_small_m(xq, x_scale, weight, weight_scale, *bias or (None,),
+                                                               out_dtype, *self.small.as_args())
+
+        def large(xq, x_scale, weight, weight_scale, *bias):
+            if self.large_args is not None:
+                return torch.ops.atom_triton.fp8_scaled_mm(xq, x_scale, weight, weight_scale, *bias or (None,),
+                                                           out_dtype, *self.large_args)
+            y = torch._scaled_mm(xq, weight.t(), scale_a=x_scale.contiguous(), scale_b=weight_scale[None, :],
+                                 out_dtype=out_dtype)
+            return y + bias[0] if bias else y
+
+        m = x.shape[0]
+        operands = (xq, x_scale, weight, weight_scale) + (() if bias is None else (bias,))
+        if isinstance(m, int):            # eager (the build's timing, tests): a plain branch
+            return (small if m <= self.small.max_m else large)(*operands)
+        return torch.cond(m <= self.small.max_m, small, large, operands)
+
+
+def small_m_over_aten(choice: BackendChoice) -> SmallMFp8Linear:
+    return SmallMFp8Linear(choice, large="aten")
+
+
+def small_m_over_triton(choice: BackendChoice) -> SmallMFp8Linear:
+    return SmallMFp8Linear(choice, large="triton")

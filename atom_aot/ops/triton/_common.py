@@ -36,3 +36,17 @@ class GemmConfig:
 
     def as_args(self) -> tuple[int, int, int, int, int]:
         return (self.block_m, self.block_n, self.block_k, self.num_warps, self.num_stages)
+
+
+@dataclass(frozen=True)
+class SmallMConfig:
+    """The small-M FP8 GEMM's launch config (ops/triton/fp8_small_m.py) and the token count it serves up to."""
+    max_m: int
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int
+    num_stages: int
+
+    def as_args(self) -> tuple[int, int, int, int, int]:
+        return (self.block_n, self.block_k, self.split_k, self.num_warps, self.num_stages)

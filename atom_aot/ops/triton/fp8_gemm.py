@@ -71,23 +71,24 @@ def fp8_scaled_gemm_kernel(
              mask=m_ok[:, None] & n_ok[None, :])
 
 
-def launch_fp8_linear(
-    x: torch.Tensor,                        # [M, K]
+def launch_fp8_scaled_mm(
+    xq: torch.Tensor,                       # [M, K] e4m3
+    x_scale: torch.Tensor,                  # [M, G] float32 (G 1, or K/128 for block-scaled weights)
     weight: torch.Tensor,                   # [N, K] e4m3
     weight_scale: torch.Tensor,             # [N] or [ceil(N/128), K/128] float32
-    input_scale: Optional[torch.Tensor],    # [1] or None
     bias: Optional[torch.Tensor],           # [N] or None
+    out_dtype: torch.dtype,
     block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int,
 ) -> torch.Tensor:
+    """The GEMM on activations quantized beforehand: out [M, N] in out_dtype."""
     block_scaled = is_block_scaled(weight_scale)
     if block_scaled:
-        check_block_shapes(x, weight, weight_scale)
+        check_block_shapes(xq, weight, weight_scale)
         if BLOCK % block_k:
             raise ValueError(f"block-scaled fp8 needs block_k dividing {BLOCK}, got {block_k}")
     check_last_dim_contiguous("weight", weight)
-    xq, x_scale = quantize_activations(x, input_scale, block_scaled)      # [M, K] e4m3, [M, G] float32
     (m, k), n = xq.shape, weight.shape[0]
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     wrap_triton(fp8_scaled_gemm_kernel)[grid](
         xq, weight, out, x_scale, weight_scale, weight_scale if bias is None else bias,
@@ -98,6 +99,21 @@ def launch_fp8_linear(
     return out
 
 
+def launch_fp8_linear(
+    x: torch.Tensor,                        # [M, K]
+    weight: torch.Tensor,                   # [N, K] e4m3
+    weight_scale: torch.Tensor,             # [N] or [ceil(N/128), K/128] float32
+    input_scale: Optional[torch.Tensor],    # [1] or None
+    bias: Optional[torch.Tensor],           # [N] or None
+    block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int,
+) -> torch.Tensor:
+    if is_block_scaled(weight_scale):
+        check_block_shapes(x, weight, weight_scale)
+    xq, x_scale = quantize_activations(x, input_scale, is_block_scaled(weight_scale))   # [M, K] e4m3, [M, G]
+    return launch_fp8_scaled_mm(xq, x_scale, weight, weight_scale, bias, x.dtype,
+                                block_m, block_n, block_k, num_warps, num_stages)
+
+
 @triton_op("atom_triton::fp8_linear", mutates_args=())
 def fp8_linear(
     x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, input_scale: Optional[torch.Tensor],
@@ -105,3 +121,14 @@ def fp8_linear(
 ) -> torch.Tensor:
     return launch_fp8_linear(x, weight, weight_scale, input_scale, bias,
                              block_m, block_n, block_k, num_warps, num_stages)
+
+
+@triton_op("atom_triton::fp8_scaled_mm", mutates_args=())
+def fp8_scaled_mm(
+    xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+    bias: Optional[torch.Tensor], out_dtype: torch.dtype,
+    block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int,
+) -> torch.Tensor:
+    """The GEMM alone, on activations the graph quantized (the small-M backend's path above its bound)."""
+    return launch_fp8_scaled_mm(xq, x_scale, weight, weight_scale, bias, out_dtype,
+                                block_m, block_n, block_k, num_warps, num_stages)

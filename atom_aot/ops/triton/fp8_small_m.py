@@ -1,0 +1,151 @@
+"""The FP8 W8A8 GEMM for a handful of tokens (decode at small batch): swapped operands and split K.
+
+At M = 1..16 a linear is a weight stream: the time is the weight's bytes over the memory bandwidth,
+and the usual M x N output tiling leaves most SMs idle (cuBLASLt's 128 x 128 tile gives a
+4096-wide output 32 programs). This kernel tiles the *weight* instead, which is how vLLM's CUTLASS
+and TensorRT-LLM's small-M FP8 kernels are laid out:
+
+    acc^T [BLOCK_N, BLOCK_M] = w [BLOCK_N, BLOCK_K] @ x^T [BLOCK_K, BLOCK_M]     (the weight is the MMA's
+                                                                              wide operand; M pads to BLOCK_M)
+    grid = (N / BLOCK_N, SPLIT_K, M / BLOCK_M)                                 (SPLIT_K slices of K per tile)
+
+SPLIT_K = 1 scales and stores the tile in the same program. SPLIT_K > 1 writes float32 partial sums,
+and a second kernel adds the slices, applies the scales and bias and casts (a few microseconds
+on an [M, N] output). Only the per-channel layouts (weight_scale [N]; activation scale [M, 1], per
+token or static) come here: 128x128 block-scaled weights use fp8_gemm.py.
+"""
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from atom_aot.ops.fp8 import is_block_scaled
+from atom_aot.ops.triton._common import check_last_dim_contiguous
+
+# (block_n, block_k, split_k, num_warps, num_stages): what the build measures at decode sizes.
+# BLOCK_M is fixed at 16, the MMA's narrow side (the kernel serves M up to its caller's bound).
+BLOCK_M = 16
+CANDIDATE_CONFIGS = (        # the spread measured on an H100 (docs/benchmarks/h100-fp8-decode-gemm.json), best first
+    (64, 256, 1, 4, 6),
+    (64, 256, 1, 4, 4),
+    (64, 256, 2, 4, 4),
+    (32, 512, 1, 4, 4),
+    (64, 128, 4, 4, 6),
+    (128, 256, 1, 8, 3),
+)
+
+
+@triton.jit
+def fp8_small_m_kernel(
+    x_ptr, w_ptr, out_ptr, part_ptr, x_scale_ptr, w_scale_ptr, bias_ptr,
+    M, N, stride_xm, stride_wn, stride_om, stride_xsm,
+    K: tl.constexpr, K_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    PRECISE_ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """acc^T = w[n tile, k slice] @ x[m tile, k slice]^T; the output (SPLIT_K 1) or a float32 partial."""
+    pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                               # [BLOCK_N]
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)                               # [BLOCK_M]
+    rk = tl.arange(0, BLOCK_K)
+    n_ok, m_ok = rn < N, rm < M
+    rn64, rm64 = rn.to(tl.int64), rm.to(tl.int64)
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    k_begin = pid_k * K_PER_SPLIT
+    for k0 in range(0, K_PER_SPLIT, BLOCK_K):
+        k = k_begin + k0 + rk
+        k_ok = k < K
+        w = tl.load(w_ptr + rn64[:, None] * stride_wn + k[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                    other=0.0)                                                 # [BLOCK_N, BLOCK_K]
+        xt = tl.load(x_ptr + rm64[None, :] * stride_xm + k[:, None], mask=m_ok[None, :] & k_ok[:, None],
+                     other=0.0)                                                # [BLOCK_K, BLOCK_M] (x^T by addressing)
+        if PRECISE_ACC:   # Hopper's fp8 MMA sums in reduced precision: add into fp32 after each instruction
+            acc = tl.dot(w, xt, acc, max_num_imprecise_acc=0)
+        else:
+            acc = tl.dot(w, xt, acc)
+    if SPLIT_K == 1:
+        sw = tl.load(w_scale_ptr + rn64, mask=n_ok, other=0.0)                 # [BLOCK_N]
+        sx = tl.load(x_scale_ptr + rm64 * stride_xsm, mask=m_ok, other=0.0)    # [BLOCK_M]
+        acc = acc * sw[:, None] * sx[None, :]
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        tl.store(out_ptr + rm64[None, :] * stride_om + rn64[:, None], acc.to(out_ptr.dtype.element_ty),
+                 mask=n_ok[:, None] & m_ok[None, :])
+    else:
+        # partial [SPLIT_K, M, N] float32, contiguous
+        tl.store(part_ptr + (pid_k * M + rm64[None, :]) * N + rn64[:, None], acc, mask=n_ok[:, None] & m_ok[None, :])
+
+
+@triton.jit
+def fp8_split_k_reduce_kernel(
+    part_ptr, out_ptr, x_scale_ptr, w_scale_ptr, bias_ptr,
+    M, N, stride_om, stride_xsm,
+    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """out[m, n tile] = (sum over the K slices' partials) * x_scale[m] * w_scale[n] (+ bias), cast."""
+    m = tl.program_id(1).to(tl.int64)
+    rn = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    n_ok = rn < N
+    acc = tl.zeros([BLOCK], tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(part_ptr + (s * M + m) * N + rn, mask=n_ok, other=0.0)
+    acc = acc * tl.load(w_scale_ptr + rn, mask=n_ok, other=0.0) * tl.load(x_scale_ptr + m * stride_xsm)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + rn, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
+
+
+REDUCE_BLOCK = 1024
+
+
+def k_per_split(k: int, block_k: int, split_k: int) -> int:
+    """The K each slice covers: whole BLOCK_K steps, the last slice possibly shorter (masked)."""
+    return triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+
+
+def launch_fp8_small_m(
+    xq: torch.Tensor,                 # [M, K] e4m3
+    x_scale: torch.Tensor,            # [M, 1] float32 (a stride-0 expand for a static scale is fine)
+    weight: torch.Tensor,             # [N, K] e4m3
+    weight_scale: torch.Tensor,       # [N] float32
+    bias: Optional[torch.Tensor],     # [N] or None
+    out_dtype: torch.dtype,
+    block_n: int, block_k: int, split_k: int, num_warps: int, num_stages: int,
+    precise_acc: bool = True,         # False: the MMA's own fp8 accumulation (benchmarks time both)
+) -> torch.Tensor:
+    """out [M, N] = (xq * x_scale) @ (weight * weight_scale)^T (+ bias), float32 accumulation."""
+    if is_block_scaled(weight_scale):
+        raise ValueError("the small-M fp8 kernel takes per-channel weight scales; block-scaled weights use fp8_gemm")
+    check_last_dim_contiguous("weight", weight)
+    check_last_dim_contiguous("activations", xq)
+    (m, k), n = xq.shape, weight.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
+    per_split = k_per_split(k, block_k, split_k)
+    part = (torch.empty((split_k, m, n), dtype=torch.float32, device=xq.device) if split_k > 1 else out)
+    bias_arg = weight_scale if bias is None else bias
+    grid = (triton.cdiv(n, block_n), split_k, triton.cdiv(m, BLOCK_M))
+    wrap_triton(fp8_small_m_kernel)[grid](
+        xq, weight, out, part, x_scale, weight_scale, bias_arg,
+        m, n, xq.stride(0), weight.stride(0), out.stride(0), x_scale.stride(0),
+        K=k, K_PER_SPLIT=per_split, SPLIT_K=split_k, HAS_BIAS=bias is not None, PRECISE_ACC=precise_acc,
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
+    )
+    if split_k > 1:
+        wrap_triton(fp8_split_k_reduce_kernel)[(triton.cdiv(n, REDUCE_BLOCK), m)](
+            part, out, x_scale, weight_scale, bias_arg, m, n, out.stride(0), x_scale.stride(0),
+            SPLIT_K=split_k, HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK, num_warps=4,
+        )
+    return out
+
+
+@triton_op("atom_triton::fp8_scaled_mm_small_m", mutates_args=())
+def fp8_scaled_mm_small_m(
+    xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+    bias: Optional[torch.Tensor], out_dtype: torch.dtype,
+    block_n: int, block_k: int, split_k: int, num_warps: int, num_stages: int,
+) -> torch.Tensor:
+    """The per-channel fp8 GEMM for small M on activations the graph quantized (Inductor fuses that
+    quantization into the norm or SiLU-mul before it)."""
+    return launch_fp8_small_m(xq, x_scale, weight, weight_scale, bias, out_dtype,
+                              block_n, block_k, split_k, num_warps, num_stages)

@@ -1,0 +1,112 @@
+"""atom_triton::fp8_linear_small_m (the swapped, split-K FP8 GEMM for decode's small M) against float64
+math on the same FP8 operands, on fresh random inputs, under TRITON_INTERPRET=1 without a GPU
+(outputs and split-K partials NaN-poisoned, so a tile or slice left unwritten fails)."""
+import pytest
+import torch
+
+from test_fp8_linear import float64_on_quantized, make_case, rel_err
+from triton_support import DEVICE, ON_GPU, poisoned_outputs  # noqa: F401 (an autouse fixture)
+
+from atom_aot.ops.fp8 import quantize_activations
+from atom_aot.ops.triton.fp8_small_m import CANDIDATE_CONFIGS, k_per_split, launch_fp8_small_m
+
+TOL = 1e-5 if ON_GPU else 1e-6
+
+
+def case_on_device(*args, **kwargs):
+    return [t.to(DEVICE) if isinstance(t, torch.Tensor) else t for t in make_case(*args, **kwargs)]
+
+
+@pytest.mark.parametrize("layout", ["per-token", "static"])
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_matches_float64(layout, split_k):
+    """M past one 16-row tile, N and K with tails (K 200 is not a multiple of BLOCK_K * split_k)."""
+    x, _, weight, weight_scale, input_scale, b = case_on_device(layout, 19, 200, 72, seed=11 + split_k, bias=True)
+    xq, x_scale = quantize_activations(x, input_scale, block_scaled=False)
+    y = torch.ops.atom_triton.fp8_scaled_mm_small_m(xq, x_scale, weight, weight_scale, b, x.dtype, 32, 32, split_k, 4, 1)
+    assert y.shape == (19, 72) and not torch.isnan(y).any()
+    assert rel_err(y, float64_on_quantized(x, weight, weight_scale, input_scale, b)) < TOL
+
+
+@pytest.mark.parametrize("config", CANDIDATE_CONFIGS, ids=str)
+def test_candidate_configs_are_correct(config):
+    """The build times these; each must compute the same product (one token, N not a multiple of the tile)."""
+    x, _, weight, weight_scale, _, _ = case_on_device("per-token", 1, 512, 136, seed=21)
+    xq, x_scale = quantize_activations(x, None, block_scaled=False)
+    y = launch_fp8_small_m(xq, x_scale, weight, weight_scale, None, torch.float32, *config)
+    assert rel_err(y, float64_on_quantized(x, weight, weight_scale, None, None)) < TOL
+
+
+def test_bf16_output_and_split_bounds():
+    x, _, weight, weight_scale, _, _ = case_on_device("per-token", 2, 256, 64, seed=22)
+    xq, x_scale = quantize_activations(x.bfloat16(), None, block_scaled=False)
+    y = torch.ops.atom_triton.fp8_scaled_mm_small_m(xq, x_scale, weight, weight_scale, None, torch.bfloat16, 64, 64, 2, 4, 1)
+    assert y.dtype == torch.bfloat16
+    assert rel_err(y, float64_on_quantized(x.bfloat16(), weight, weight_scale, None, None)) < 1e-2
+    assert k_per_split(14336, 256, 4) == 3584 and k_per_split(200, 32, 3) == 96    # whole BLOCK_K steps
+
+
+def test_block_scaled_weights_are_refused():
+    x, _, weight, weight_scale, _, _ = case_on_device("block", 1, 256, 128, seed=23)
+    xq, x_scale = quantize_activations(x, None, block_scaled=False)
+    with pytest.raises(ValueError, match="per-channel"):
+        launch_fp8_small_m(xq, x_scale, weight, weight_scale, None, torch.float32, 64, 128, 1, 4, 1)
+
+
+def small_m_backend(max_m: int, large: str = "triton"):
+    from atom_aot.artifact.tuning import BackendChoice
+    from atom_aot.ops.backends import make_backend
+    params = {"fp8_small_m": (max_m, 32, 64, 2, 4, 1)}
+    if large == "triton":
+        params["fp8_gemm"] = (16, 32, 64, 4, 1)
+    return make_backend("fp8_linear", BackendChoice(f"small_m+{large}", params))
+
+
+@pytest.mark.parametrize("m", [1, 4, 5, 23])
+def test_backend_picks_the_kernel_by_token_count(m, monkeypatch):
+    """At and below max_m the small-M kernel runs, above it the large-M GEMM; both equal float64 math."""
+    gemm = small_m_backend(max_m=4)
+    x, _, weight, weight_scale, _, b = case_on_device("per-token", m, 192, 40, seed=30 + m, bias=True)
+    calls = []
+    for name in ("fp8_scaled_mm_small_m", "fp8_scaled_mm"):
+        op = getattr(torch.ops.atom_triton, name)
+        monkeypatch.setattr(torch.ops.atom_triton, name, lambda *a, op=op, name=name: calls.append(name) or op(*a))
+    y = gemm(x, weight, weight_scale, None, b)
+    assert calls == ["fp8_scaled_mm_small_m" if m <= 4 else "fp8_scaled_mm"]
+    assert rel_err(y, float64_on_quantized(x, weight, weight_scale, None, b)) < TOL
+
+
+@pytest.mark.skipif(not ON_GPU, reason="AOTInductor compiles the Triton kernels for a GPU (the interpreter cannot be traced)")
+@pytest.mark.parametrize("large", ["aten", "triton"])
+def test_compiled_package_branches_on_the_symbolic_token_count(large, tmp_path):
+    """torch.export with a dynamic M keeps both GEMMs under torch.cond and AOTInductor compiles both;
+    the package then gives the reference's product on both sides of max_m (the norm-like scaling before
+    the linear is fused with the quantization)."""
+    from torch.export import Dim
+
+    x, _, weight, weight_scale, _, b = case_on_device("per-token", 40, 128, 48, seed=40, bias=True)
+    gemm = small_m_backend(max_m=16, large=large)
+
+    class Linear(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            for name, t in (("weight", weight), ("weight_scale", weight_scale), ("bias", b.bfloat16())):
+                self.register_buffer(name, t)
+
+        def forward(self, x):
+            return gemm(x * 2, self.weight, self.weight_scale, None, self.bias)
+
+    x = x.bfloat16()
+    ep = torch.export.export(Linear(), (x[:5],), dynamic_shapes={"x": {0: Dim("m", min=1, max=64)}})
+    assert "cond" in str(ep.graph)
+    package = torch._inductor.aoti_load_package(
+        torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "linear.pt2")))
+    for m in (1, 16, 17, 40):
+        y = package(x[:m])
+        assert rel_err(y, float64_on_quantized(x[:m] * 2, weight, weight_scale, None, b.bfloat16())) < 1e-2
+
+
+def test_block_scaled_weights_are_refused_by_the_backend():
+    x, _, weight, weight_scale, _, _ = case_on_device("block", 1, 256, 128, seed=41)
+    with pytest.raises(ValueError, match="per-channel"):
+        small_m_backend(max_m=4)(x, weight, weight_scale, None, None)
