@@ -79,31 +79,31 @@ def test_backend_picks_the_kernel_by_token_count(m, monkeypatch):
 @pytest.mark.skipif(not ON_GPU, reason="AOTInductor compiles the Triton kernels for a GPU (the interpreter cannot be traced)")
 @pytest.mark.parametrize("large", ["aten", "triton"])
 def test_compiled_package_branches_on_the_symbolic_token_count(large, tmp_path):
-    """torch.export with a dynamic M keeps both GEMMs under torch.cond and AOTInductor compiles both;
-    the package then gives the reference's product on both sides of max_m (the norm-like scaling before
-    the linear is fused with the quantization)."""
+    """torch.export with a dynamic M keeps both GEMMs under torch.cond and AOTInductor compiles both (as
+    the build does: build/export.py compile_package); the package, loaded as the runtime loads it, gives
+    the reference's product on both sides of max_m (the scaling before the linear fused with the
+    quantization)."""
     from torch.export import Dim
 
+    from atom_aot.build.export import compile_package
+
     x, _, weight, weight_scale, _, b = case_on_device("per-token", 40, 128, 48, seed=40, bias=True)
+    x, b = x.bfloat16(), b.bfloat16()
     gemm = small_m_backend(max_m=16, large=large)
 
     class Linear(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            for name, t in (("weight", weight), ("weight_scale", weight_scale), ("bias", b.bfloat16())):
-                self.register_buffer(name, t)
+        def forward(self, x, weight, weight_scale, bias):
+            return gemm(x * 2, weight, weight_scale, None, bias)
 
-        def forward(self, x):
-            return gemm(x * 2, self.weight, self.weight_scale, None, self.bias)
-
-    x = x.bfloat16()
-    ep = torch.export.export(Linear(), (x[:5],), dynamic_shapes={"x": {0: Dim("m", min=1, max=64)}})
+    ep = torch.export.export(Linear(), (x[:5], weight, weight_scale, b),
+                             dynamic_shapes={"x": {0: Dim("m", min=1, max=64)}, "weight": None, "weight_scale": None,
+                                             "bias": None})
     assert "cond" in str(ep.graph)
-    package = torch._inductor.aoti_load_package(
-        torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "linear.pt2")))
+    package = compile_package(ep, tmp_path / "linear.pt2")
+    loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", True, 1, 0)
     for m in (1, 16, 17, 40):
-        y = package(x[:m])
-        assert rel_err(y, float64_on_quantized(x[:m] * 2, weight, weight_scale, None, b.bfloat16())) < 1e-2
+        y = loader.run([x[:m], weight, weight_scale, b])[0]
+        assert rel_err(y, float64_on_quantized(x[:m] * 2, weight, weight_scale, None, b)) < 1e-2
 
 
 def test_block_scaled_weights_are_refused_by_the_backend():

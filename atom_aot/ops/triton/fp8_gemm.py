@@ -60,7 +60,9 @@ def fp8_scaled_gemm_kernel(
             sb = tl.load(b_scale_ptr + (rn64 // GROUP) * stride_bsn + group, mask=n_ok, other=0.0)  # [BLOCK_N]
             acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
         else:
-            acc = tl.dot(a, b, acc)
+            # a fresh product per K step, added in fp32: Hopper's fp8 MMA accumulates in reduced precision,
+            # so accumulating the whole K inside it (tl.dot(a, b, acc)) lost accuracy as K grew
+            acc += tl.dot(a, b)
     if not BLOCK_SCALED:
         sa = tl.load(a_scale_ptr + rm64 * stride_asm, mask=m_ok, other=0.0)
         sb = tl.load(b_scale_ptr + rn64 * stride_bsn, mask=n_ok, other=0.0)
