@@ -6,8 +6,9 @@ Per layer group of Llama-3.1-8B (qkv, o, gate_up, down) and token count M: bf16 
 torch._scaled_mm row-wise (cuBLASLt, what the `aten` backend runs), and the small-M kernel
 (atom_aot/ops/triton/fp8_small_m.py) with each config, on activations quantized beforehand (the
 quantization is fused into the preceding norm in a compiled model). Each fp8 path is checked against
-the float32 reference on the same operands; --both-accumulations times the small-M kernel also with
-Hopper's fast fp8 accumulation (what Triton does by default on sm90).
+the float32 reference on the same operands; --all-accumulations times the small-M kernel with each
+place Hopper's reduced-precision fp8 sums reach fp32 (per instruction, per K step, only at the end:
+Triton's default on sm90).
 
     PYTHONPATH=. python scripts/bench_fp8_decode_gemm.py --out $OUT/fp8-decode-gemm.json
 """
@@ -23,6 +24,7 @@ import torch
 
 from atom_aot.ops.fp8 import fp8_linear_reference, quantize_activations, quantize_weight_per_channel
 
+ACCUMULATIONS = {0: "", 1: "per-step-acc ", 2: "fast-acc "}    # key prefixes by the kernel's ACCUMULATION
 LLAMA_8B = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (28672, 4096),
             "down_proj": (4096, 14336)}
 
@@ -58,8 +60,8 @@ def main() -> None:
     p.add_argument("--configs", default="", help="';'-separated block_n,block_k,split_k,warps,stages "
                                                   "(default: the kernel's CANDIDATE_CONFIGS)")
     p.add_argument("--budget-s", type=float, default=400)
-    p.add_argument("--both-accumulations", action="store_true",
-                   help="time the small-M kernel also with the MMA's fast fp8 accumulation (precise_acc=False)")
+    p.add_argument("--all-accumulations", action="store_true",
+                   help="time the small-M kernel with each ACCUMULATION (fp32 per instruction, per K step, fast)")
     args = p.parse_args()
     import atom_aot.ops.triton  # noqa: F401
     from atom_aot.ops.triton.fp8_small_m import CANDIDATE_CONFIGS, launch_fp8_small_m
@@ -92,13 +94,13 @@ def main() -> None:
                 for w, s in q])
             out = torch._scaled_mm(xq, q[0][0].t(), scale_a=xs, scale_b=q[0][1][None, :], out_dtype=torch.float32)
             row["scaled_mm_rel_error"] = ((out - ref).norm() / ref.norm()).item()
-            for cfg, precise in itertools.product(configs, (True, False) if args.both_accumulations else (True,)):
-                key = ("small_m " if precise else "small_m fast-acc ") + ",".join(map(str, cfg))
+            for cfg, acc in itertools.product(configs, (0, 1, 2) if args.all_accumulations else (0,)):
+                key = f"small_m {ACCUMULATIONS[acc]}" + ",".join(map(str, cfg))
                 try:
-                    out = launch_fp8_small_m(xq, xs, q[0][0], q[0][1], None, torch.float32, *cfg, precise_acc=precise)
+                    out = launch_fp8_small_m(xq, xs, q[0][0], q[0][1], None, torch.float32, *cfg, accumulation=acc)
                     row[key + " rel_error"] = ((out - ref).norm() / ref.norm()).item()
                     row[key + " us"] = graph_us_per_call([
-                        lambda w=w, s=s: launch_fp8_small_m(xq, xs, w, s, None, torch.bfloat16, *cfg, precise_acc=precise)
+                        lambda w=w, s=s: launch_fp8_small_m(xq, xs, w, s, None, torch.bfloat16, *cfg, accumulation=acc)
                         for w, s in q])
                 except Exception as e:  # noqa: BLE001  (a config that does not fit is recorded)
                     row[key + " error"] = repr(e)[:300]

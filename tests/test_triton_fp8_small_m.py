@@ -10,7 +10,8 @@ from triton_support import DEVICE, ON_GPU, poisoned_outputs  # noqa: F401 (an au
 from atom_aot.ops.fp8 import quantize_activations
 from atom_aot.ops.triton.fp8_small_m import CANDIDATE_CONFIGS, k_per_split, launch_fp8_small_m
 
-TOL = 1e-5 if ON_GPU else 1e-6
+# the GPU's fp8 MMA sums each K step in reduced precision before adding it in fp32 (the kernel's docstring)
+TOL = 5e-4 if ON_GPU else 1e-6
 
 
 def case_on_device(*args, **kwargs):

@@ -42,7 +42,7 @@ def fp8_small_m_kernel(
     x_ptr, w_ptr, out_ptr, part_ptr, x_scale_ptr, w_scale_ptr, bias_ptr,
     M, N, stride_xm, stride_wn, stride_om, stride_xsm,
     K: tl.constexpr, K_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    PRECISE_ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ACCUMULATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """acc^T = w[n tile, k slice] @ x[m tile, k slice]^T; the output (SPLIT_K 1) or a float32 partial."""
     pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -60,9 +60,12 @@ def fp8_small_m_kernel(
                     other=0.0)                                                 # [BLOCK_N, BLOCK_K]
         xt = tl.load(x_ptr + rm64[None, :] * stride_xm + k[:, None], mask=m_ok[None, :] & k_ok[:, None],
                      other=0.0)                                                # [BLOCK_K, BLOCK_M] (x^T by addressing)
-        if PRECISE_ACC:   # Hopper's fp8 MMA sums in reduced precision: add into fp32 after each instruction
+        # Hopper's fp8 MMA sums its products in reduced precision; where they reach the fp32 accumulator:
+        if ACCUMULATION == 0:      # after every MMA instruction (32 values): what cuBLASLt's default gives
             acc = tl.dot(w, xt, acc, max_num_imprecise_acc=0)
-        else:
+        elif ACCUMULATION == 1:    # after every K step (BLOCK_K values): DeepSeek-V3's promotion interval
+            acc += tl.dot(w, xt)
+        else:                      # only at the end (the MMA's own fast accumulation over all of K)
             acc = tl.dot(w, xt, acc)
     if SPLIT_K == 1:
         sw = tl.load(w_scale_ptr + rn64, mask=n_ok, other=0.0)                 # [BLOCK_N]
@@ -112,7 +115,8 @@ def launch_fp8_small_m(
     bias: Optional[torch.Tensor],     # [N] or None
     out_dtype: torch.dtype,
     block_n: int, block_k: int, split_k: int, num_warps: int, num_stages: int,
-    precise_acc: bool = True,         # False: the MMA's own fp8 accumulation (benchmarks time both)
+    accumulation: int = 1,            # ACCUMULATION in the kernel: 1 (per K step) measured within 1.5% of the
+                                      # fast sums' time at 1/14 of their error (benchmarking.md); 0, 2 for benchmarks
 ) -> torch.Tensor:
     """out [M, N] = (xq * x_scale) @ (weight * weight_scale)^T (+ bias), float32 accumulation."""
     if is_block_scaled(weight_scale):
@@ -128,7 +132,7 @@ def launch_fp8_small_m(
     wrap_triton(fp8_small_m_kernel)[grid](
         xq, weight, out, part, x_scale, weight_scale, bias_arg,
         m, n, xq.stride(0), weight.stride(0), out.stride(0), x_scale.stride(0),
-        K=k, K_PER_SPLIT=per_split, SPLIT_K=split_k, HAS_BIAS=bias is not None, PRECISE_ACC=precise_acc,
+        K=k, K_PER_SPLIT=per_split, SPLIT_K=split_k, HAS_BIAS=bias is not None, ACCUMULATION=accumulation,
         BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
     )
     if split_k > 1:
