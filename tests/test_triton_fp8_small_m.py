@@ -1,4 +1,4 @@
-"""atom_triton::fp8_linear_small_m (the swapped, split-K FP8 GEMM for decode's small M) against float64
+"""atom_triton::fp8_scaled_mm_small_m (the swapped, split-K FP8 GEMM for decode's small M) against float64
 math on the same FP8 operands, on fresh random inputs, under TRITON_INTERPRET=1 without a GPU
 (outputs and split-K partials NaN-poisoned, so a tile or slice left unwritten fails)."""
 import pytest

@@ -15,7 +15,7 @@ for i in $(seq 1 300); do grep -q "export (" $OUT/build-fp8.log 2>/dev/null && b
 echo "fp8 tuning over at $(( $(date +%s) - S )) s"
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_triton_fp8_small_m.py tests/test_triton_fp8_gemm.py > $OUT/test-fp8-gpu.log 2>&1
 echo "tests rc=$? at $(( $(date +%s) - S )) s"; grep -E "FAILED|passed|failed" $OUT/test-fp8-gpu.log | tail -12
-timeout 150 python3 scripts/bench_fp8_decode_gemm.py --out $OUT/fp8-decode-gemm-acc.json --tokens 1,16 --both-accumulations --budget-s 120 > $OUT/bench.log 2>&1
+timeout 150 python3 scripts/bench_fp8_decode_gemm.py --out $OUT/fp8-decode-gemm-acc.json --tokens 1,16 --all-accumulations --budget-s 120 > $OUT/bench.log 2>&1
 echo "bench rc=$? at $(( $(date +%s) - S )) s"; tail -8 $OUT/bench.log
 wait $B1; echo "fp8 build rc=$? at $(( $(date +%s) - S )) s"
 tr '\r' '\n' < $OUT/build-fp8.log | grep -v "^\s*$" | awk '!s[$0]++' | grep -E "stages|Error|rror:" | tail -3
