@@ -47,11 +47,22 @@ def test_bf16_output_and_split_bounds():
     assert k_per_split(14336, 256, 4) == 3584 and k_per_split(200, 32, 3) == 96    # whole BLOCK_K steps
 
 
-def test_block_scaled_weights_are_refused():
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_block_scaled_weights_match_float64(split_k):
+    """128x128 weight blocks and 1x128 activation groups: each K step scaled by its group's scales (K 384:
+    three groups; N 200: a partial block), in the kernel or, split, before the partials are summed."""
+    x, _, weight, weight_scale, _, b = case_on_device("block", 5, 384, 200, seed=24, bias=True)
+    xq, x_scale = quantize_activations(x, None, block_scaled=True)                # x_scale [5, 3]
+    y = launch_fp8_small_m(xq, x_scale, weight, weight_scale, b, torch.float32, 64, 64, split_k, 4, 1)
+    assert not torch.isnan(y).any()
+    assert rel_err(y, float64_on_quantized(x, weight, weight_scale, None, b)) < TOL
+
+
+def test_block_scaled_weights_need_block_k_dividing_128():
     x, _, weight, weight_scale, _, _ = case_on_device("block", 1, 256, 128, seed=23)
-    xq, x_scale = quantize_activations(x, None, block_scaled=False)
-    with pytest.raises(ValueError, match="per-channel"):
-        launch_fp8_small_m(xq, x_scale, weight, weight_scale, None, torch.float32, 64, 128, 1, 4, 1)
+    xq, x_scale = quantize_activations(x, None, block_scaled=True)
+    with pytest.raises(ValueError, match="block_k dividing 128"):
+        launch_fp8_small_m(xq, x_scale, weight, weight_scale, None, torch.float32, 64, 256, 1, 4, 1)
 
 
 def small_m_backend(max_m: int, large: str = "triton"):
@@ -107,7 +118,15 @@ def test_compiled_package_branches_on_the_symbolic_token_count(large, tmp_path):
         assert rel_err(y, float64_on_quantized(x[:m] * 2, weight, weight_scale, None, b)) < 1e-2
 
 
-def test_block_scaled_weights_are_refused_by_the_backend():
+@pytest.mark.parametrize("m", [2, 9])
+def test_backend_with_block_scaled_weights(m):
+    """Both sides of max_m on 128x128-block weights (the Triton GEMM above it)."""
+    x, _, weight, weight_scale, _, _ = case_on_device("block", m, 256, 136, seed=42 + m)
+    y = small_m_backend(max_m=4)(x, weight, weight_scale, None, None)
+    assert rel_err(y, float64_on_quantized(x, weight, weight_scale, None, None)) < TOL
+
+
+def test_block_scaled_weights_are_refused_over_aten():
     x, _, weight, weight_scale, _, _ = case_on_device("block", 1, 256, 128, seed=41)
-    with pytest.raises(ValueError, match="per-channel"):
-        small_m_backend(max_m=4)(x, weight, weight_scale, None, None)
+    with pytest.raises(ValueError, match="small_m\\+triton"):
+        small_m_backend(max_m=4, large="aten")(x, weight, weight_scale, None, None)

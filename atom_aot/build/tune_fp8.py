@@ -6,8 +6,8 @@ cuBLAS) and each config of atom_aot/ops/triton/int4_gemm.py. Every candidate is 
 linear of the model (qkv, o, gate_up, down) at the phase's token counts, and tune.py keeps the one
 with the lowest geometric-mean slowdown against each shape's fastest.
 
-For decode with per-channel fp8 weights the small-M kernel's configs (ops/triton/fp8_small_m.py) are
-timed too, at M <= SMALL_M_MAX: where the best of them beats the best of the others there, the phase
+For decode with fp8 weights the small-M kernel's configs (ops/triton/fp8_small_m.py; block_k dividing
+128 for block-scaled weights) are timed too, at M <= SMALL_M_MAX: where the best of them beats the best of the others there, the phase
 gets the `small_m+aten` / `small_m+triton` backend (that kernel up to SMALL_M_MAX tokens, the GEMM best
 above it), else the one GEMM as before. `decode_choice` makes that decision from the timings.
 """
@@ -21,7 +21,7 @@ from atom_aot.models.quant_layers import INT4_SCHEMES, int4_groups, linear_op
 
 TOKENS = {"decode": (1, 16, 64, 256), "mixed": (512, 2048, 8192)}
 SMALL_M_MAX = 16                 # the small-M kernel's BLOCK_M: one M tile, each weight byte read once
-SMALL_M_SCHEMES = ("fp8", "fp8-static", "fp8-ub")   # per-channel weight scales
+SMALL_M_SCHEMES = ("fp8", "fp8-static", "fp8-ub", "fp8-block")
 Candidate = tuple   # ("aten",) or ("triton", block_m, block_n, block_k, num_warps, num_stages)
 TRITON_KERNELS = {"fp8_linear": "fp8_gemm", "int4_linear": "int4_gemm"}    # op -> its Triton kernel's params key
 
@@ -71,15 +71,18 @@ def measure_small_m(cfg: ModelConfig, scheme: str, dtype: torch.dtype, timer) ->
     config does not fit this GPU} at the decode token counts <= SMALL_M_MAX."""
     import atom_aot.ops.triton  # noqa: F401
     from atom_aot.ops.backends import make_backend
+    from atom_aot.ops.fp8 import BLOCK
     from atom_aot.ops.triton.fp8_small_m import CANDIDATE_CONFIGS
+    configs = [c for c in CANDIDATE_CONFIGS if scheme != "fp8-block" or BLOCK % c[1] == 0]
+    large = candidates(scheme)[-1]            # never runs at these M; block-scaled weights need a triton one
     rows = {}
     for group, (n, k) in linear_shapes(cfg).items():
         layer = _random_fp8_layer(scheme, n, k)
         for m in (m for m in TOKENS["decode"] if m <= SMALL_M_MAX):
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             row = rows.setdefault(f"{group} {m}x{n}x{k}", {})
-            for config in CANDIDATE_CONFIGS:
-                gemm = make_backend("fp8_linear", small_m_choice(config, ("aten",)))   # eager: M <= max: small
+            for config in configs:
+                gemm = make_backend("fp8_linear", small_m_choice(config, large))   # eager: M <= max: small
                 row[("small_m", *config)] = timer(lambda: gemm(x, *layer, None), ("small_m", *config))
     return rows
 

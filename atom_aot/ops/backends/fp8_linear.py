@@ -49,7 +49,8 @@ class TritonFp8Linear:
 
 
 class SmallMFp8Linear:
-    """Per-channel fp8 linears: the small-M kernel up to max_m tokens, the large-M GEMM above."""
+    """fp8 linears: the small-M kernel up to max_m tokens, the large-M GEMM above (block-scaled weights:
+    the Triton GEMM only)."""
 
     def __init__(self, choice: BackendChoice, large: str):
         import atom_aot.ops.triton  # noqa: F401  (registers atom_triton::*)
@@ -62,10 +63,11 @@ class SmallMFp8Linear:
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                  input_scale: Optional[torch.Tensor], bias: Optional[torch.Tensor]) -> torch.Tensor:
         from atom_aot.ops.fp8 import is_block_scaled, quantize_activations
-        if is_block_scaled(weight_scale):
-            raise ValueError("the small_m fp8 backends take per-channel weight scales; block-scaled weights run "
-                             "on the triton backend (rebuild the artifact with this atom-aot's atom-build)")
-        xq, x_scale = quantize_activations(x, input_scale, block_scaled=False)     # [M, K] e4m3, [M, 1]
+        block_scaled = is_block_scaled(weight_scale)
+        if block_scaled and self.large_args is None:
+            raise ValueError("block-scaled fp8 weights need small_m+triton (cuBLASLt has no 128x128 block scales); "
+                             "rebuild the artifact with this atom-aot's atom-build")
+        xq, x_scale = quantize_activations(x, input_scale, block_scaled)          # [M, K] e4m3, [M, 1 or K/128]
         out_dtype = x.dtype
 
         def small(xq, x_scale, weight, weight_scale, *bias):      # bias: () or (the [N] tensor,)

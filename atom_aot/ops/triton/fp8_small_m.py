@@ -11,8 +11,10 @@ and TensorRT-LLM's small-M FP8 kernels are laid out:
 
 SPLIT_K = 1 scales and stores the tile in the same program. SPLIT_K > 1 writes float32 partial sums,
 and a second kernel adds the slices, applies the scales and bias and casts (a few microseconds
-on an [M, N] output). Only the per-channel layouts (weight_scale [N]; activation scale [M, 1], per
-token or static) come here: 128x128 block-scaled weights use fp8_gemm.py.
+on an [M, N] output). Per-channel layouts (weight_scale [N]; activation scale [M, 1], per token or
+static) scale the sum at the end; 128x128 block-scaled weights (activation groups of 1 x 128) scale
+each K step's product, with BLOCK_K dividing 128 (the configs with block_k 256 and 512 are per-channel
+only).
 """
 from typing import Optional
 
@@ -21,7 +23,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from atom_aot.ops.fp8 import is_block_scaled
+from atom_aot.ops.fp8 import BLOCK, check_block_shapes, is_block_scaled
 from atom_aot.ops.triton._common import check_last_dim_contiguous
 
 # (block_n, block_k, split_k, num_warps, num_stages): what the build measures at decode sizes.
@@ -34,17 +36,23 @@ CANDIDATE_CONFIGS = (        # the spread measured on an H100 (docs/benchmarks/h
     (32, 512, 1, 4, 4),
     (64, 128, 4, 4, 6),
     (128, 256, 1, 8, 3),
+    (64, 128, 1, 4, 6),         # block_k 128: also for 128x128 block-scaled weights (not measured yet)
+    (64, 128, 2, 4, 4),
 )
 
 
 @triton.jit
 def fp8_small_m_kernel(
     x_ptr, w_ptr, out_ptr, part_ptr, x_scale_ptr, w_scale_ptr, bias_ptr,
-    M, N, stride_xm, stride_wn, stride_om, stride_xsm,
+    M, N, stride_xm, stride_wn, stride_om, stride_xsm, stride_wsn,
     K: tl.constexpr, K_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    ACCUMULATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_SCALED: tl.constexpr, GROUP: tl.constexpr, ACCUMULATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """acc^T = w[n tile, k slice] @ x[m tile, k slice]^T; the output (SPLIT_K 1) or a float32 partial."""
+    """acc^T = w[n tile, k slice] @ x[m tile, k slice]^T; the output (SPLIT_K 1) or a float32 partial.
+
+    Per-channel scales multiply the sum once at the end; 128x128 block scales (BLOCK_SCALED) multiply
+    each K step's product (BLOCK_K divides GROUP, so a step lies in one group), as in fp8_gemm.py.
+    """
     pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                               # [BLOCK_N]
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)                               # [BLOCK_M]
@@ -60,17 +68,23 @@ def fp8_small_m_kernel(
                     other=0.0)                                                 # [BLOCK_N, BLOCK_K]
         xt = tl.load(x_ptr + rm64[None, :] * stride_xm + k[:, None], mask=m_ok[None, :] & k_ok[:, None],
                      other=0.0)                                                # [BLOCK_K, BLOCK_M] (x^T by addressing)
+        if BLOCK_SCALED:
+            group = (k_begin + k0) // GROUP
+            sw = tl.load(w_scale_ptr + (rn64 // GROUP) * stride_wsn + group, mask=n_ok, other=0.0)   # [BLOCK_N]
+            sx = tl.load(x_scale_ptr + rm64 * stride_xsm + group, mask=m_ok, other=0.0)             # [BLOCK_M]
+            acc += tl.dot(w, xt) * sw[:, None] * sx[None, :]
         # Hopper's fp8 MMA sums its products in reduced precision; where they reach the fp32 accumulator:
-        if ACCUMULATION == 0:      # after every MMA instruction (32 values): what cuBLASLt's default gives
+        elif ACCUMULATION == 0:      # after every MMA instruction (32 values): what cuBLASLt's default gives
             acc = tl.dot(w, xt, acc, max_num_imprecise_acc=0)
         elif ACCUMULATION == 1:    # after every K step (BLOCK_K values): DeepSeek-V3's promotion interval
             acc += tl.dot(w, xt)
         else:                      # only at the end (the MMA's own fast accumulation over all of K)
             acc = tl.dot(w, xt, acc)
     if SPLIT_K == 1:
-        sw = tl.load(w_scale_ptr + rn64, mask=n_ok, other=0.0)                 # [BLOCK_N]
-        sx = tl.load(x_scale_ptr + rm64 * stride_xsm, mask=m_ok, other=0.0)    # [BLOCK_M]
-        acc = acc * sw[:, None] * sx[None, :]
+        if not BLOCK_SCALED:
+            sw = tl.load(w_scale_ptr + rn64, mask=n_ok, other=0.0)             # [BLOCK_N]
+            sx = tl.load(x_scale_ptr + rm64 * stride_xsm, mask=m_ok, other=0.0)   # [BLOCK_M]
+            acc = acc * sw[:, None] * sx[None, :]
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
         tl.store(out_ptr + rm64[None, :] * stride_om + rn64[:, None], acc.to(out_ptr.dtype.element_ty),
@@ -84,16 +98,18 @@ def fp8_small_m_kernel(
 def fp8_split_k_reduce_kernel(
     part_ptr, out_ptr, x_scale_ptr, w_scale_ptr, bias_ptr,
     M, N, stride_om, stride_xsm,
-    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, SCALED: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """out[m, n tile] = (sum over the K slices' partials) * x_scale[m] * w_scale[n] (+ bias), cast."""
+    """out[m, n tile] = (sum over the K slices' partials) (* x_scale[m] * w_scale[n] unless the partials
+    are scaled already: block scales) (+ bias), cast."""
     m = tl.program_id(1).to(tl.int64)
     rn = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     n_ok = rn < N
     acc = tl.zeros([BLOCK], tl.float32)
     for s in tl.static_range(SPLIT_K):
         acc += tl.load(part_ptr + (s * M + m) * N + rn, mask=n_ok, other=0.0)
-    acc = acc * tl.load(w_scale_ptr + rn, mask=n_ok, other=0.0) * tl.load(x_scale_ptr + m * stride_xsm)
+    if not SCALED:
+        acc = acc * tl.load(w_scale_ptr + rn, mask=n_ok, other=0.0) * tl.load(x_scale_ptr + m * stride_xsm)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + m * stride_om + rn, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
@@ -109,9 +125,9 @@ def k_per_split(k: int, block_k: int, split_k: int) -> int:
 
 def launch_fp8_small_m(
     xq: torch.Tensor,                 # [M, K] e4m3
-    x_scale: torch.Tensor,            # [M, 1] float32 (a stride-0 expand for a static scale is fine)
+    x_scale: torch.Tensor,            # [M, 1] float32 (a stride-0 expand for a static scale is fine), or [M, K/128]
     weight: torch.Tensor,             # [N, K] e4m3
-    weight_scale: torch.Tensor,       # [N] float32
+    weight_scale: torch.Tensor,       # [N] float32, or [ceil(N/128), K/128] (block-scaled)
     bias: Optional[torch.Tensor],     # [N] or None
     out_dtype: torch.dtype,
     block_n: int, block_k: int, split_k: int, num_warps: int, num_stages: int,
@@ -119,8 +135,11 @@ def launch_fp8_small_m(
                                       # fast sums' time at 1/14 of their error (benchmarking.md); 0, 2 for benchmarks
 ) -> torch.Tensor:
     """out [M, N] = (xq * x_scale) @ (weight * weight_scale)^T (+ bias), float32 accumulation."""
-    if is_block_scaled(weight_scale):
-        raise ValueError("the small-M fp8 kernel takes per-channel weight scales; block-scaled weights use fp8_gemm")
+    block_scaled = is_block_scaled(weight_scale)
+    if block_scaled:
+        check_block_shapes(xq, weight, weight_scale)
+        if BLOCK % block_k:
+            raise ValueError(f"block-scaled fp8 needs block_k dividing {BLOCK}, got {block_k}")
     check_last_dim_contiguous("weight", weight)
     check_last_dim_contiguous("activations", xq)
     (m, k), n = xq.shape, weight.shape[0]
@@ -131,14 +150,15 @@ def launch_fp8_small_m(
     grid = (triton.cdiv(n, block_n), split_k, triton.cdiv(m, BLOCK_M))
     wrap_triton(fp8_small_m_kernel)[grid](
         xq, weight, out, part, x_scale, weight_scale, bias_arg,
-        m, n, xq.stride(0), weight.stride(0), out.stride(0), x_scale.stride(0),
-        K=k, K_PER_SPLIT=per_split, SPLIT_K=split_k, HAS_BIAS=bias is not None, ACCUMULATION=accumulation,
+        m, n, xq.stride(0), weight.stride(0), out.stride(0), x_scale.stride(0), weight_scale.stride(0),
+        K=k, K_PER_SPLIT=per_split, SPLIT_K=split_k, HAS_BIAS=bias is not None,
+        BLOCK_SCALED=block_scaled, GROUP=BLOCK, ACCUMULATION=accumulation,
         BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
     )
     if split_k > 1:
         wrap_triton(fp8_split_k_reduce_kernel)[(triton.cdiv(n, REDUCE_BLOCK), m)](
             part, out, x_scale, weight_scale, bias_arg, m, n, out.stride(0), x_scale.stride(0),
-            SPLIT_K=split_k, HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK, num_warps=4,
+            SPLIT_K=split_k, HAS_BIAS=bias is not None, SCALED=block_scaled, BLOCK=REDUCE_BLOCK, num_warps=4,
         )
     return out
 
@@ -149,7 +169,7 @@ def fp8_scaled_mm_small_m(
     bias: Optional[torch.Tensor], out_dtype: torch.dtype,
     block_n: int, block_k: int, split_k: int, num_warps: int, num_stages: int,
 ) -> torch.Tensor:
-    """The per-channel fp8 GEMM for small M on activations the graph quantized (Inductor fuses that
-    quantization into the norm or SiLU-mul before it)."""
+    """The fp8 GEMM for small M on activations the graph quantized (Inductor fuses that quantization
+    into the norm or SiLU-mul before it)."""
     return launch_fp8_small_m(xq, x_scale, weight, weight_scale, bias, out_dtype,
                               block_n, block_k, split_k, num_warps, num_stages)
