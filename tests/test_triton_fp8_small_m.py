@@ -24,7 +24,8 @@ def test_matches_float64(layout, split_k):
     """M past one 16-row tile, N and K with tails (K 200 is not a multiple of BLOCK_K * split_k)."""
     x, _, weight, weight_scale, input_scale, b = case_on_device(layout, 19, 200, 72, seed=11 + split_k, bias=True)
     xq, x_scale = quantize_activations(x, input_scale, block_scaled=False)
-    y = torch.ops.atom_triton.fp8_scaled_mm_small_m(xq, x_scale, weight, weight_scale, b, x.dtype, 32, 32, split_k, 4, 1)
+    y = torch.ops.atom_triton.fp8_scaled_mm_small_m(xq, x_scale, weight, weight_scale, b, x.dtype,
+                                                    32, 32, split_k, 4, 1)
     assert y.shape == (19, 72) and not torch.isnan(y).any()
     assert rel_err(y, float64_on_quantized(x, weight, weight_scale, input_scale, b)) < TOL
 
@@ -41,7 +42,8 @@ def test_candidate_configs_are_correct(config):
 def test_bf16_output_and_split_bounds():
     x, _, weight, weight_scale, _, _ = case_on_device("per-token", 2, 256, 64, seed=22)
     xq, x_scale = quantize_activations(x.bfloat16(), None, block_scaled=False)
-    y = torch.ops.atom_triton.fp8_scaled_mm_small_m(xq, x_scale, weight, weight_scale, None, torch.bfloat16, 64, 64, 2, 4, 1)
+    y = torch.ops.atom_triton.fp8_scaled_mm_small_m(xq, x_scale, weight, weight_scale, None, torch.bfloat16,
+                                                    64, 64, 2, 4, 1)
     assert y.dtype == torch.bfloat16
     assert rel_err(y, float64_on_quantized(x.bfloat16(), weight, weight_scale, None, None)) < 1e-2
     assert k_per_split(14336, 256, 4) == 3584 and k_per_split(200, 32, 3) == 96    # whole BLOCK_K steps
@@ -88,7 +90,7 @@ def test_backend_picks_the_kernel_by_token_count(m, monkeypatch):
     assert rel_err(y, float64_on_quantized(x, weight, weight_scale, None, b)) < TOL
 
 
-@pytest.mark.skipif(not ON_GPU, reason="AOTInductor compiles the Triton kernels for a GPU (the interpreter cannot be traced)")
+@pytest.mark.skipif(not ON_GPU, reason="AOTInductor compiles the kernels for a GPU (the interpreter cannot be traced)")
 @pytest.mark.parametrize("large", ["aten", "triton"])
 def test_compiled_package_branches_on_the_symbolic_token_count(large, tmp_path):
     """torch.export with a dynamic M keeps both GEMMs under torch.cond and AOTInductor compiles both (as

@@ -7,9 +7,9 @@ linear of the model (qkv, o, gate_up, down) at the phase's token counts, and tun
 with the lowest geometric-mean slowdown against each shape's fastest.
 
 For decode with fp8 weights the small-M kernel's configs (ops/triton/fp8_small_m.py; block_k dividing
-128 for block-scaled weights) are timed too, at M <= SMALL_M_MAX: where the best of them beats the best of the others there, the phase
-gets the `small_m+aten` / `small_m+triton` backend (that kernel up to SMALL_M_MAX tokens, the GEMM best
-above it), else the one GEMM as before. `decode_choice` makes that decision from the timings.
+128 for block-scaled weights) are timed too, at M <= SMALL_M_MAX: where the best of them beats the
+best of the others there, the phase gets the `small_m+aten` / `small_m+triton` backend (that kernel up
+to SMALL_M_MAX tokens, the GEMM best above it), else the one GEMM as before. `decode_choice` decides.
 """
 from __future__ import annotations
 

@@ -117,8 +117,14 @@ def fp8_linear_cublas(x, weight, weight_scale, input_scale, bias) -> torch.Tenso
         raise ValueError("block-scaled fp8 linears run on the triton fp8_linear backend, not cuBLAS; "
                          "rebuild the artifact with this atom-aot's atom-build")
     xq, x_scale = quantize_activations(x, input_scale, block_scaled=False)
+    return scaled_mm_rowwise(xq, x_scale, weight, weight_scale, bias, x.dtype)
+
+
+def scaled_mm_rowwise(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                      bias: Optional[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
+    """`torch._scaled_mm` on quantized activations: xq [M, K] e4m3 x scale [M, 1], weight [N, K] x scale [N]."""
     y = torch._scaled_mm(xq, weight.t(), scale_a=x_scale.contiguous(), scale_b=weight_scale[None, :],
-                         out_dtype=x.dtype)                                           # [M, N]
+                         out_dtype=out_dtype)                                         # [M, N]
     return y if bias is None else y + bias
 
 

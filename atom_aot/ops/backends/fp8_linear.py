@@ -62,7 +62,7 @@ class SmallMFp8Linear:
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                  input_scale: Optional[torch.Tensor], bias: Optional[torch.Tensor]) -> torch.Tensor:
-        from atom_aot.ops.fp8 import is_block_scaled, quantize_activations
+        from atom_aot.ops.fp8 import is_block_scaled, quantize_activations, scaled_mm_rowwise
         block_scaled = is_block_scaled(weight_scale)
         if block_scaled and self.large_args is None:
             raise ValueError("block-scaled fp8 weights need small_m+triton (cuBLASLt has no 128x128 block scales); "
@@ -78,9 +78,7 @@ class SmallMFp8Linear:
             if self.large_args is not None:
                 return torch.ops.atom_triton.fp8_scaled_mm(xq, x_scale, weight, weight_scale, *bias or (None,),
                                                            out_dtype, *self.large_args)
-            y = torch._scaled_mm(xq, weight.t(), scale_a=x_scale.contiguous(), scale_b=weight_scale[None, :],
-                                 out_dtype=out_dtype)
-            return y + bias[0] if bias else y
+            return scaled_mm_rowwise(xq, x_scale, weight, weight_scale, *bias or (None,), out_dtype)
 
         m = x.shape[0]
         operands = (xq, x_scale, weight, weight_scale) + (() if bias is None else (bias,))

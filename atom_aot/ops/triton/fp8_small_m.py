@@ -46,7 +46,8 @@ def fp8_small_m_kernel(
     x_ptr, w_ptr, out_ptr, part_ptr, x_scale_ptr, w_scale_ptr, bias_ptr,
     M, N, stride_xm, stride_wn, stride_om, stride_xsm, stride_wsn,
     K: tl.constexpr, K_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_SCALED: tl.constexpr, GROUP: tl.constexpr, ACCUMULATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_SCALED: tl.constexpr, GROUP: tl.constexpr, ACCUMULATION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """acc^T = w[n tile, k slice] @ x[m tile, k slice]^T; the output (SPLIT_K 1) or a float32 partial.
 
