@@ -21,7 +21,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from atom_aot.ops.triton import paged_attention, rope_cache
+from atom_aot.ops.triton import fp8_small_m, paged_attention, rope_cache
 
 TARGETS = {
     "sm90": GPUTarget("cuda", 90, 32),
@@ -136,12 +136,34 @@ def model_launches(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torc
     return launches
 
 
+def fp8_small_m_launches(n: int = 4096, k: int = 14336, m: int = 1) -> list[Launch]:
+    """Every small-M FP8 GEMM candidate at one of Llama-3.1-8B's shapes (down_proj), per-channel and, for
+    the configs with block_k dividing 128, block-scaled weights (meta tensors, nothing runs)."""
+    meta = dict(device="meta")
+    xq = torch.empty(m, k, dtype=torch.float8_e4m3fn, **meta)
+    weight = torch.empty(n, k, dtype=torch.float8_e4m3fn, **meta)
+    layouts = {"channel": (torch.empty(m, 1, **meta), torch.empty(n, **meta)),
+               "block": (torch.empty(m, k // 128, **meta), torch.empty(-(-n // 128), k // 128, **meta))}
+    launches = []
+    for config in fp8_small_m.CANDIDATE_CONFIGS:
+        for layout, (x_scale, weight_scale) in layouts.items():
+            if layout == "block" and 128 % config[1]:
+                continue
+            launches += record_launches(fp8_small_m, fp8_small_m.launch_fp8_small_m, xq, x_scale, weight,
+                                        weight_scale, None, torch.bfloat16, *config)
+    return launches
+
+
 MODELS = {"qwen3-0.6b": dict(num_heads=16, num_kv_heads=8, head_dim=128),
           "llama-3.1-8b": dict(num_heads=32, num_kv_heads=8, head_dim=128)}
 
 
-def check(model: str, targets: list[str], cache_dtype: torch.dtype | None, all_candidates: bool) -> list[dict]:
-    """Compiles a decoder layer's launches (default or all candidate configs) for each target."""
+def check(model: str, targets: list[str], cache_dtype: torch.dtype | None, all_candidates: bool,
+          fp8_small_m_only: bool = False) -> list[dict]:
+    """Compiles a decoder layer's launches (default or all candidate configs) for each target, or only
+    the small-M FP8 GEMM's candidates."""
+    if fp8_small_m_only:
+        return compile_all(fp8_small_m_launches(), targets)
     if all_candidates:
         attention_configs = [c for phase in paged_attention.CANDIDATE_CONFIGS.values() for c in phase]
         rope_configs = rope_cache.CANDIDATE_CONFIGS
@@ -150,6 +172,10 @@ def check(model: str, targets: list[str], cache_dtype: torch.dtype | None, all_c
     launches = model_launches(**MODELS[model], cache_dtype=cache_dtype, attention_configs=attention_configs)
     for rope in rope_configs:
         launches += model_launches(**MODELS[model], cache_dtype=cache_dtype, rope_config=rope)
+    return compile_all(launches, targets)
+
+
+def compile_all(launches: list[Launch], targets: list[str]) -> list[dict]:
     results = []
     for launch in launches:
         for target in targets:
@@ -170,9 +196,10 @@ def main() -> None:
     parser.add_argument("--targets", default="sm90,gfx942")
     parser.add_argument("--fp8-cache", action="store_true")
     parser.add_argument("--all-candidates", action="store_true")
+    parser.add_argument("--fp8-small-m", action="store_true", help="only the small-M FP8 GEMM's candidates")
     args = parser.parse_args()
     results = check(args.model, args.targets.split(","), torch.float8_e4m3fn if args.fp8_cache else None,
-                    args.all_candidates)
+                    args.all_candidates, args.fp8_small_m)
     print(json.dumps(results))
 
 
