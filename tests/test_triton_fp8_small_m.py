@@ -132,3 +132,22 @@ def test_block_scaled_weights_are_refused_over_aten():
     x, _, weight, weight_scale, _, _ = case_on_device("block", 1, 256, 128, seed=41)
     with pytest.raises(ValueError, match="small_m\\+triton"):
         small_m_backend(max_m=4, large="aten")(x, weight, weight_scale, None, None)
+
+
+@pytest.mark.parametrize("max_m", [4, 128])
+def test_fp8_model_on_the_small_m_backend_matches_the_reference_op(max_m):
+    """A tiny FP8 model's prefill (101 tokens) through `small_m+triton` (use_linear_kernels, as a decode
+    row sets it): over max_m 4 every linear takes the Triton GEMM, under max_m 128 the small-M kernel;
+    both give the logits of the CPU reference op."""
+    from model_factories import tiny_model
+    from test_fp8_model import fp8_twin, prefill_step
+
+    from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
+    from atom_aot.models.quant_layers import use_linear_kernels
+    twin = fp8_twin(tiny_model(seed=7), torch.float32)
+    with torch.no_grad():
+        want = twin(prefill_step(twin, torch.float32))
+        use_linear_kernels(twin, PhaseTuning({"fp8_linear": BackendChoice(
+            "small_m+triton", {"fp8_small_m": (max_m, 32, 32, 2, 4, 1), "fp8_gemm": (16, 32, 32, 4, 1)})}))
+        got = twin(prefill_step(twin, torch.float32))
+    assert rel_err(got, want) < 1e-5
