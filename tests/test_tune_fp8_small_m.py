@@ -1,13 +1,13 @@
-"""The decode phase's fp8 backend choice from timings (tune_fp8.decode_choice), without a GPU: the
-small-M kernel is taken only where it beats every other candidate at M <= SMALL_M_MAX, and the GEMM
-above it is the best over the larger M alone."""
+"""The fp8 backend choice from timings (tune_fp8.small_m_pick, phase_choice), without a GPU: the
+small-M kernel is taken only where it beats every other candidate at decode's M <= SMALL_M_MAX, then
+in every phase, and the GEMM above it is the phase's best over the larger M alone."""
 import pytest
 
 import atom_aot.build.tune_fp8 as tune_fp8
 from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning, Tuning
 from atom_aot.build.tune import _best
-from atom_aot.build.tune_fp8 import SMALL_M_MAX, decode_choice
+from atom_aot.build.tune_fp8 import SMALL_M_MAX, phase_choice, small_m_pick
 
 ATEN, TRITON = ("aten",), ("triton", 64, 128, 128, 4, 3)
 SMALL_A, SMALL_B = ("small_m", 64, 256, 1, 4, 6), ("small_m", 32, 512, 1, 4, 4)
@@ -23,8 +23,12 @@ def timings(small_ms: float):
     return rows, small
 
 
+def decode_choice(rows, small_rows):
+    return phase_choice(rows, _best, small_m_pick(rows, small_rows, _best), "fp8_linear")
+
+
 def test_small_m_kernel_taken_where_faster_with_the_best_large_gemm_above():
-    choice, label = decode_choice(*timings(small_ms=6.0), _best)
+    choice, label = decode_choice(*timings(small_ms=6.0))
     # aten wins over all four M (geometric mean) but triton wins above M 16: the large path is triton
     assert choice == BackendChoice("small_m+triton", {"fp8_small_m": (SMALL_M_MAX, *SMALL_A[1:]),
                                                       "fp8_gemm": TRITON[1:]})
@@ -33,22 +37,22 @@ def test_small_m_kernel_taken_where_faster_with_the_best_large_gemm_above():
 
 def test_slower_small_m_kernel_leaves_the_one_gemm():
     rows, small = timings(small_ms=11.0)
-    choice, label = decode_choice(rows, small, _best)
+    choice, label = decode_choice(rows, small)
     assert choice == tune_fp8.as_choice(_best(rows)) and label == ",".join(map(str, _best(rows)))
 
 
 def test_config_that_does_not_fit_is_skipped():
     rows, small = timings(small_ms=6.0)
     small[next(iter(small))][SMALL_A] = None            # OutOfResources at one shape
-    choice, _ = decode_choice(rows, small, _best)
+    choice, _ = decode_choice(rows, small)
     assert choice.params["fp8_small_m"] == (SMALL_M_MAX, *SMALL_B[1:])
 
 
 @pytest.mark.parametrize("scheme", ["fp8", "fp8-block"])
 def test_build_rows_use_small_m_for_decode_only(monkeypatch, scheme):
-    """Through tune.py with the timings stubbed: the decode row names small_m+... (over triton for block-
-    scaled weights, which cuBLASLt cannot run), the mixed row the one GEMM, and the row's backend can be
-    built from its params."""
+    """Through tune.py with the timings stubbed: the decode and mixed rows both name small_m+... (over
+    triton for block-scaled weights, which cuBLASLt cannot run), each with its phase's best GEMM above
+    (the stub's mixed shapes are all above 16 tokens), and the rows' backends can be built."""
     from atom_aot.build.config import BuildConfig
     from atom_aot.build.tune import _with_measured_linear
     from atom_aot.models import ModelConfig
@@ -57,14 +61,17 @@ def test_build_rows_use_small_m_for_decode_only(monkeypatch, scheme):
     pytest.importorskip("triton")
     rows, small = timings(small_ms=6.0)
     monkeypatch.setattr(tune_fp8, "measure_linear", lambda cfg, s, dtype, phase: {
-        k: ({c: v for c, v in r.items() if s != "fp8-block" or c != ATEN}) for k, r in rows.items()})
+        k: ({c: v for c, v in r.items() if s != "fp8-block" or c != ATEN}) for k, r in rows.items()
+        if phase == "decode" or int(k.split()[1].split("x")[0]) > SMALL_M_MAX})
     monkeypatch.setattr(tune_fp8, "measure_small_m", lambda *a: small)
     row = PhaseTuning({"attention": BackendChoice("triton")})
     base = Tuning(arch="sm90", measured=True, phases={Phase.DECODE: row, Phase.MIXED: row}, kernels={})
     tuned = _with_measured_linear(base, BuildConfig(arch="sm90"), ModelConfig.from_hf_dict(TINY_QWEN3), scheme)
     decode = tuned.for_phase(Phase.DECODE).op("fp8_linear")
     assert decode.backend == "small_m+triton"
-    assert tuned.for_phase(Phase.MIXED).op("fp8_linear").backend in ("aten", "triton")
+    mixed = tuned.for_phase(Phase.MIXED).op("fp8_linear")
+    assert mixed.backend == "small_m+triton" and mixed.params["fp8_small_m"] == decode.params["fp8_small_m"]
     make_backend("fp8_linear", decode)
+    make_backend("fp8_linear", mixed)
     measured = tuned.measurements_ms["fp8_linear"]["decode"]
     assert "64,256,1,4,6" in measured["chosen"]

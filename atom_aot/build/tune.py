@@ -79,20 +79,20 @@ def _with_int8_linear(tuning: Tuning, scheme: str) -> Tuning:
 
 def _with_measured_linear(tuning: Tuning, config: BuildConfig, cfg: ModelConfig, scheme: str) -> Tuning:
     """`tuning` plus each phase's measured fp8_linear or int4_linear backend."""
-    from atom_aot.build.tune_fp8 import SMALL_M_SCHEMES, as_choice, decode_choice, measure_linear, measure_small_m
+    from atom_aot.build.tune_fp8 import SMALL_M_SCHEMES, measure_linear, measure_small_m, phase_choice, small_m_pick
     op, phases, timings = linear_op(scheme), {}, {}
+    rows = {phase: measure_linear(cfg, scheme, config.torch_dtype, "decode" if phase == Phase.DECODE else "mixed")
+            for phase in tuning.phases}
+    small = None
+    if Phase.DECODE in rows and scheme in SMALL_M_SCHEMES:
+        small_rows = measure_small_m(cfg, scheme, config.torch_dtype, _ms_unless_too_big)
+        small = small_m_pick(rows[Phase.DECODE], small_rows, _best)
+        rows[Phase.DECODE] = {shape: {**r, **small_rows.get(shape, {})} for shape, r in rows[Phase.DECODE].items()}
     for phase, row in tuning.phases.items():
-        rows = measure_linear(cfg, scheme, config.torch_dtype, "decode" if phase == Phase.DECODE else "mixed")
-        if phase == Phase.DECODE and scheme in SMALL_M_SCHEMES:
-            small_rows = measure_small_m(cfg, scheme, config.torch_dtype, _ms_unless_too_big)
-            choice, chosen = decode_choice(rows, small_rows, _best)
-            rows = {shape: {**r, **small_rows.get(shape, {})} for shape, r in rows.items()}
-        else:
-            best = _best(rows)
-            choice, chosen = as_choice(best, op), ",".join(map(str, best))
+        choice, chosen = phase_choice(rows[phase], _best, small, op)
         phases[phase] = PhaseTuning({**row.ops, op: choice})
         timings[phase.value] = {"chosen": chosen, **{
-            shape: {",".join(map(str, c)): ms for c, ms in r.items()} for shape, r in rows.items()}}
+            shape: {",".join(map(str, c)): ms for c, ms in r.items()} for shape, r in rows[phase].items()}}
     label, text = GPU_LINEAR_KERNELS[op]
     kernels = {**tuning.kernels, label: f"{scheme}: {text}, per phase as measured"}
     return Tuning(arch=tuning.arch, measured=True, phases=phases, kernels=kernels,

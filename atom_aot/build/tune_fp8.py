@@ -8,10 +8,15 @@ with the lowest geometric-mean slowdown against each shape's fastest.
 
 For decode with fp8 weights the small-M kernel's configs (ops/triton/fp8_small_m.py; block_k dividing
 128 for block-scaled weights) are timed too, at M <= SMALL_M_MAX: where the best of them beats the
-best of the others there, the phase gets the `small_m+aten` / `small_m+triton` backend (that kernel up
-to SMALL_M_MAX tokens, the GEMM best above it), else the one GEMM as before. `decode_choice` decides.
+best of the others there, every phase gets the `small_m+aten` / `small_m+triton` backend (that kernel
+up to SMALL_M_MAX tokens, the phase's best GEMM above it: the mixed phase runs speculative verify
+steps and short prefills of a few tokens too), else the one GEMM as before (`small_m_pick`,
+`phase_choice`).
 """
 from __future__ import annotations
+
+import math
+from typing import Optional
 
 import torch
 
@@ -96,25 +101,28 @@ def small_m_choice(small: tuple[int, ...], large: Candidate) -> BackendChoice:
     return BackendChoice(f"small_m+{large[0]}", params)
 
 
-def decode_choice(rows: dict[str, dict], small_rows: dict[str, dict], best) -> tuple[BackendChoice, str]:
-    """The decode phase's backend from both timings (`best`: tune.py's geometric-mean pick), and a label.
+def _m_of(shape: str) -> int:
+    return int(shape.rsplit(" ", 1)[1].split("x")[0])
 
-    The small-M kernel is used when its best config is faster than the best other candidate over the
-    shapes at M <= SMALL_M_MAX (geometric mean); the GEMM above it is then the best over the larger M.
-    """
-    import math
+
+def small_m_pick(rows: dict[str, dict], small_rows: dict[str, dict], best) -> Optional[Candidate]:
+    """The small-M config (from `small_rows`, by `best`: tune.py's geometric-mean pick), or None where it
+    is not faster than the best other candidate over the decode shapes at M <= SMALL_M_MAX."""
     small = best(small_rows)
-
-    def m_of(shape: str) -> int:
-        return int(shape.rsplit(" ", 1)[1].split("x")[0])
-
-    upto = {shape: row for shape, row in rows.items() if m_of(shape) <= SMALL_M_MAX}
-    above = {shape: row for shape, row in rows.items() if m_of(shape) > SMALL_M_MAX}
-    gain = sum(math.log(min(v for v in upto[shape].values() if v is not None) / small_rows[shape][small])
+    upto = [shape for shape in rows if _m_of(shape) <= SMALL_M_MAX]
+    gain = sum(math.log(min(v for v in rows[shape].values() if v is not None) / small_rows[shape][small])
                for shape in upto)
-    if gain <= 0 or not above:
+    return small if gain > 0 else None
+
+
+def phase_choice(rows: dict[str, dict], best, small: Optional[Candidate], op: str) -> tuple[BackendChoice, str]:
+    """A phase's backend and its label: the best GEMM over `rows` as before; with `small`, that kernel up
+    to SMALL_M_MAX tokens and the best GEMM over the rows above it (a verify step or a short prefill in
+    the mixed phase has a few tokens as decode does)."""
+    above = {shape: row for shape, row in rows.items() if _m_of(shape) > SMALL_M_MAX}
+    if small is None or not above:
         overall = best(rows)
-        return as_choice(overall), ",".join(map(str, overall))
+        return as_choice(overall, op), ",".join(map(str, overall))
     large = best(above)
     choice = small_m_choice(small[1:], large)
     return choice, f"{choice.backend}: small_m {','.join(map(str, small[1:]))} up to M {SMALL_M_MAX}, " \
