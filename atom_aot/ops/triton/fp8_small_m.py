@@ -133,7 +133,7 @@ def launch_fp8_small_m(
     out_dtype: torch.dtype,
     block_n: int, block_k: int, split_k: int, num_warps: int, num_stages: int,
     accumulation: int = 1,            # ACCUMULATION in the kernel: 1 (per K step) measured within 1.5% of the
-                                      # fast sums' time at 1/14 of their error (benchmarking.md); 0, 2 for benchmarks
+                                      # fast sums' time at 1/14 of their error (quantization.md); 0, 2 for benchmarks
 ) -> torch.Tensor:
     """out [M, N] = (xq * x_scale) @ (weight * weight_scale)^T (+ bias), float32 accumulation."""
     block_scaled = is_block_scaled(weight_scale)
