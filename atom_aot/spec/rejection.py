@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 
 
-def verify_greedy(target_logits: torch.Tensor, drafts: list[int]) -> list[int]:
-    """target_logits: [k + 1, V]. The drafts that match the argmax, then the argmax after them."""
-    chosen = target_logits.argmax(dim=-1).tolist()          # [k + 1]
+def verify_greedy(chosen: list[int], drafts: list[int]) -> list[int]:
+    """chosen: the target's argmax at the k + 1 positions (the caller reads a whole batch's back at
+    once). The drafts that match it, then the argmax after them."""
     run = []
     for draft, target in zip(drafts, chosen):
         if draft != target:

@@ -72,12 +72,14 @@ class SpeculativeRunner:
 
     def _verify(self, batch: ScheduledBatch, logits: torch.Tensor) -> VerifiedOutput:
         rows = [seq for seq, count in zip(batch.seqs, batch.num_new_tokens) for _ in range(count)]
-        probs = None if all(seq.params.greedy for seq in batch.seqs) else sampling_probs(logits, rows)
+        greedy = [seq.params.greedy for seq in batch.seqs]
+        probs = None if all(greedy) else sampling_probs(logits, rows)
+        argmax = logits.argmax(dim=-1).tolist() if any(greedy) else None     # one read back for the batch
         out = VerifiedOutput(runs=[], logprobs=[])
         first = 0
         for seq, count, drafts in zip(batch.seqs, batch.num_new_tokens, batch.draft_token_ids):
             if seq.params.greedy:
-                run = verify_greedy(logits[first:first + count], list(drafts))
+                run = verify_greedy(argmax[first:first + count], list(drafts))
             else:
                 generator = seq.generator or self.sampler.generator
                 run = verify_sampled(probs[first:first + count], list(drafts), None, generator)
