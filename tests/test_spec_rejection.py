@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from atom_aot.spec.rejection import verify_greedy, verify_sampled
+from atom_aot.spec.rejection import verify_greedy, verify_sampled, verify_sampled_batch
 
 P = torch.tensor([[0.50, 0.20, 0.15, 0.10, 0.05],      # target at the last known token
                   [0.05, 0.10, 0.15, 0.30, 0.40],      # after draft 1
@@ -67,3 +67,17 @@ class TestSampled:
     def test_the_same_seed_gives_the_same_run(self):
         runs = [verify_sampled(P, [3, 4], None, torch.Generator().manual_seed(7)) for _ in range(2)]
         assert runs[0] == runs[1]
+
+    def test_a_batch_gives_each_sequence_the_run_it_gets_alone(self):
+        """Sequences with 0, 1 and 2 drafts (point masses and a draft distribution), each with its own
+        seeded generator: verified together (one read back) or one by one, the same runs."""
+        def items(seed):
+            return [(P, [3, 4], None, torch.Generator().manual_seed(seed)),
+                    (P[:1], [], None, torch.Generator().manual_seed(seed + 1)),
+                    (P, [2, 0], Q, torch.Generator().manual_seed(seed + 2)),
+                    (P[:2], [0], None, torch.Generator().manual_seed(seed + 3))]
+        for seed in range(40):
+            alone = [verify_sampled(*item) for item in items(seed)]
+            assert verify_sampled_batch(items(seed)) == alone
+            assert all(1 <= len(run) <= k + 1 for run, k in zip(alone, [2, 0, 2, 1]))
+        assert verify_sampled_batch([]) == []

@@ -16,7 +16,7 @@ from atom_aot.runtime.outputs import TokenLogprobs
 from atom_aot.runtime.sampler import logprob_tensors, sampling_probs, token_logprobs
 from atom_aot.runtime.scheduler import ScheduledBatch
 from atom_aot.runtime.sequence import Sequence
-from atom_aot.spec.rejection import verify_greedy, verify_sampled
+from atom_aot.spec.rejection import verify_greedy, verify_sampled_batch
 from atom_aot.spec.stats import SpecCounters
 
 
@@ -75,18 +75,19 @@ class SpeculativeRunner:
         greedy = [seq.params.greedy for seq in batch.seqs]
         probs = None if all(greedy) else sampling_probs(logits, rows)
         argmax = logits.argmax(dim=-1).tolist() if any(greedy) else None     # one read back for the batch
+        starts = [0]
+        for count in batch.num_new_tokens:
+            starts.append(starts[-1] + count)
+        sampled = iter(verify_sampled_batch([
+            (probs[start:start + count], list(drafts), None, seq.generator or self.sampler.generator)
+            for seq, start, count, drafts in zip(batch.seqs, starts, batch.num_new_tokens, batch.draft_token_ids)
+            if not seq.params.greedy]))
         out = VerifiedOutput(runs=[], logprobs=[])
-        first = 0
-        for seq, count, drafts in zip(batch.seqs, batch.num_new_tokens, batch.draft_token_ids):
-            if seq.params.greedy:
-                run = verify_greedy(argmax[first:first + count], list(drafts))
-            else:
-                generator = seq.generator or self.sampler.generator
-                run = verify_sampled(probs[first:first + count], list(drafts), None, generator)
+        for seq, first, count, drafts in zip(batch.seqs, starts, batch.num_new_tokens, batch.draft_token_ids):
+            run = verify_greedy(argmax[first:first + count], list(drafts)) if seq.params.greedy else next(sampled)
             self.counters.record(len(drafts), len(run) - 1)
             out.runs.append(run)
             out.logprobs.append(self._logprobs(seq, logits[first:first + len(run)], run))
-            first += count
         return out
 
     def _logprobs(self, seq: Sequence, logits: torch.Tensor, run: list[int]) -> list[TokenLogprobs] | None:
