@@ -4,7 +4,7 @@ and comparable with the weight-bytes floor. Writes one JSON.
 
 Per layer group of Llama-3.1-8B (qkv, o, gate_up, down) and token count M: bf16 F.linear (cuBLAS),
 torch._scaled_mm row-wise (cuBLASLt, what the `aten` backend runs), and the small-M kernel
-(atom_aot/ops/triton/fp8_small_m.py) with each config, on activations quantized beforehand (the
+(atom_aot/ops/triton/small_m_gemm.py) with each config, on activations quantized beforehand (the
 quantization is fused into the preceding norm in a compiled model). Each fp8 path is checked against
 the float32 reference on the same operands; --all-accumulations times the small-M kernel with each
 place Hopper's reduced-precision fp8 sums reach fp32 (per instruction, per K step, only at the end:
@@ -64,7 +64,7 @@ def main() -> None:
                    help="time the small-M kernel with each ACCUMULATION (fp32 per instruction, per K step, fast)")
     args = p.parse_args()
     import atom_aot.ops.triton  # noqa: F401
-    from atom_aot.ops.triton.fp8_small_m import CANDIDATE_CONFIGS, launch_fp8_small_m
+    from atom_aot.ops.triton.small_m_gemm import CANDIDATE_CONFIGS, launch_small_m_gemm
     configs = ([tuple(map(int, c.split(","))) for c in args.configs.split(";") if c] if args.configs
                else list(CANDIDATE_CONFIGS))
     bandwidth = None
@@ -97,10 +97,10 @@ def main() -> None:
             for cfg, acc in itertools.product(configs, (0, 1, 2) if args.all_accumulations else (0,)):
                 key = f"small_m {ACCUMULATIONS[acc]}" + ",".join(map(str, cfg))
                 try:
-                    out = launch_fp8_small_m(xq, xs, q[0][0], q[0][1], None, torch.float32, *cfg, accumulation=acc)
+                    out = launch_small_m_gemm(xq, xs, q[0][0], q[0][1], None, torch.float32, *cfg, accumulation=acc)
                     row[key + " rel_error"] = ((out - ref).norm() / ref.norm()).item()
                     row[key + " us"] = graph_us_per_call([
-                        lambda w=w, s=s: launch_fp8_small_m(xq, xs, w, s, None, torch.bfloat16, *cfg, accumulation=acc)
+                        lambda w=w, s=s: launch_small_m_gemm(xq, xs, w, s, None, torch.bfloat16, *cfg, accumulation=acc)
                         for w, s in q])
                 except Exception as e:  # noqa: BLE001  (a config that does not fit is recorded)
                     row[key + " error"] = repr(e)[:300]

@@ -45,10 +45,11 @@ def test_every_candidate_compiles_for_sm90():
     assert_compiled_without_spills(compile_kernels("--model", "qwen3-0.6b", "--targets", "sm90", "--all-candidates"))
 
 
-def test_fp8_small_m_candidates_compile_for_sm90():
-    """Every small-M FP8 GEMM config (and its split-K reduce) at Llama-3.1-8B's down_proj, per-channel and
-    block-scaled, within the registers (no spills) and shared memory of an H100."""
-    results = compile_kernels("--targets", "sm90", "--fp8-small-m")
-    assert {r["kernel"] for r in results} == {"fp8_small_m_kernel", "fp8_split_k_reduce_kernel"}
+def test_small_m_candidates_compile_for_sm90():
+    """Every small-M GEMM config (and its split-K reduce) at Llama-3.1-8B's down_proj, fp8 per-channel and
+    block-scaled and int8, within the registers (no spills) and shared memory of an H100."""
+    results = compile_kernels("--targets", "sm90", "--small-m")
+    assert {r["kernel"] for r in results} == {"small_m_gemm_kernel", "split_k_reduce_kernel"}
+    assert {r["constexprs"]["INT8"] for r in results if "INT8" in r["constexprs"]} == {False, True}
     assert_compiled_without_spills(results)
     assert max(r["shared_bytes"] for r in results) <= 227 * 1024

@@ -8,7 +8,7 @@ from test_fp8_linear import float64_on_quantized, make_case, rel_err
 from triton_support import DEVICE, ON_GPU, poisoned_outputs  # noqa: F401 (an autouse fixture)
 
 from atom_aot.ops.fp8 import quantize_activations
-from atom_aot.ops.triton.fp8_small_m import CANDIDATE_CONFIGS, k_per_split, launch_fp8_small_m
+from atom_aot.ops.triton.small_m_gemm import CANDIDATE_CONFIGS, k_per_split, launch_small_m_gemm
 
 # the GPU's fp8 MMA sums each K step in reduced precision before adding it in fp32 (the kernel's docstring)
 TOL = 5e-4 if ON_GPU else 1e-6
@@ -35,7 +35,7 @@ def test_candidate_configs_are_correct(config):
     """The build times these; each must compute the same product (one token, N not a multiple of the tile)."""
     x, _, weight, weight_scale, _, _ = case_on_device("per-token", 1, 512, 136, seed=21)
     xq, x_scale = quantize_activations(x, None, block_scaled=False)
-    y = launch_fp8_small_m(xq, x_scale, weight, weight_scale, None, torch.float32, *config)
+    y = launch_small_m_gemm(xq, x_scale, weight, weight_scale, None, torch.float32, *config)
     assert rel_err(y, float64_on_quantized(x, weight, weight_scale, None, None)) < TOL
 
 
@@ -55,7 +55,7 @@ def test_block_scaled_weights_match_float64(split_k):
     three groups; N 200: a partial block), in the kernel or, split, before the partials are summed."""
     x, _, weight, weight_scale, _, b = case_on_device("block", 5, 384, 200, seed=24, bias=True)
     xq, x_scale = quantize_activations(x, None, block_scaled=True)                # x_scale [5, 3]
-    y = launch_fp8_small_m(xq, x_scale, weight, weight_scale, b, torch.float32, 64, 64, split_k, 4, 1)
+    y = launch_small_m_gemm(xq, x_scale, weight, weight_scale, b, torch.float32, 64, 64, split_k, 4, 1)
     assert not torch.isnan(y).any()
     assert rel_err(y, float64_on_quantized(x, weight, weight_scale, None, b)) < TOL
 
@@ -64,7 +64,7 @@ def test_block_scaled_weights_need_block_k_dividing_128():
     x, _, weight, weight_scale, _, _ = case_on_device("block", 1, 256, 128, seed=23)
     xq, x_scale = quantize_activations(x, None, block_scaled=True)
     with pytest.raises(ValueError, match="block_k dividing 128"):
-        launch_fp8_small_m(xq, x_scale, weight, weight_scale, None, torch.float32, 64, 256, 1, 4, 1)
+        launch_small_m_gemm(xq, x_scale, weight, weight_scale, None, torch.float32, 64, 256, 1, 4, 1)
 
 
 def small_m_backend(max_m: int, large: str = "triton"):

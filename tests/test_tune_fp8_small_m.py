@@ -75,3 +75,30 @@ def test_build_rows_use_small_m_for_decode_only(monkeypatch, scheme):
     make_backend("fp8_linear", mixed)
     measured = tuned.measurements_ms["fp8_linear"]["decode"]
     assert "64,256,1,4,6" in measured["chosen"]
+
+
+@pytest.mark.parametrize("small_ms", [6.0, 11.0])
+def test_int8_rows_take_the_small_m_kernel_only_where_faster(monkeypatch, small_ms):
+    """int8 has one GEMM (`aten`: _int_mm); the small-M kernel joins it in every phase where it beats
+    it at decode's small M, under the int8 params key."""
+    from atom_aot.build.config import BuildConfig
+    from atom_aot.build.tune import _with_measured_linear
+    from atom_aot.models import ModelConfig
+    from atom_aot.ops.backends import make_backend
+    from model_factories import TINY_QWEN3
+    pytest.importorskip("triton")
+    rows, small = timings(small_ms)
+    monkeypatch.setattr(tune_fp8, "measure_linear", lambda cfg, s, dtype, phase: {
+        k: {ATEN: r[ATEN]} for k, r in rows.items() if phase == "decode" or int(k.split()[1].split("x")[0]) > 16})
+    monkeypatch.setattr(tune_fp8, "measure_small_m", lambda *a: small)
+    row = PhaseTuning({"attention": BackendChoice("triton")})
+    base = Tuning(arch="sm90", measured=True, phases={Phase.DECODE: row, Phase.MIXED: row}, kernels={})
+    tuned = _with_measured_linear(base, BuildConfig(arch="sm90"), ModelConfig.from_hf_dict(TINY_QWEN3), "int8")
+    for phase in (Phase.DECODE, Phase.MIXED):
+        choice = tuned.for_phase(phase).op("int8_linear")
+        if small_ms < 10.0:
+            assert choice == BackendChoice("small_m+aten", {"int8_small_m": (SMALL_M_MAX, *SMALL_A[1:])})
+        else:
+            assert choice == BackendChoice("aten")
+        make_backend("int8_linear", choice)
+    assert "int8 gemm" in tuned.kernels

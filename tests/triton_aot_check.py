@@ -21,7 +21,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from atom_aot.ops.triton import fp8_small_m, paged_attention, rope_cache
+from atom_aot.ops.triton import paged_attention, rope_cache, small_m_gemm
 
 TARGETS = {
     "sm90": GPUTarget("cuda", 90, 32),
@@ -30,7 +30,7 @@ TARGETS = {
 }
 POINTER_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16",
                  torch.float8_e4m3fnuz: "*fp8e4b8",
-                 torch.float8_e4m3fn: "*fp8e4nv", torch.int32: "*i32", torch.int64: "*i64"}
+                 torch.float8_e4m3fn: "*fp8e4nv", torch.int8: "*i8", torch.int32: "*i32", torch.int64: "*i64"}
 
 
 @dataclass
@@ -136,20 +136,21 @@ def model_launches(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torc
     return launches
 
 
-def fp8_small_m_launches(n: int = 4096, k: int = 14336, m: int = 1) -> list[Launch]:
-    """Every small-M FP8 GEMM candidate at one of Llama-3.1-8B's shapes (down_proj), per-channel and, for
-    the configs with block_k dividing 128, block-scaled weights (meta tensors, nothing runs)."""
+def small_m_launches(n: int = 4096, k: int = 14336, m: int = 1) -> list[Launch]:
+    """Every small-M GEMM candidate at one of Llama-3.1-8B's shapes (down_proj): fp8 per-channel, fp8
+    128x128 blocks (the configs with block_k dividing 128) and int8 (meta tensors, nothing runs)."""
     meta = dict(device="meta")
-    xq = torch.empty(m, k, dtype=torch.float8_e4m3fn, **meta)
-    weight = torch.empty(n, k, dtype=torch.float8_e4m3fn, **meta)
-    layouts = {"channel": (torch.empty(m, 1, **meta), torch.empty(n, **meta)),
-               "block": (torch.empty(m, k // 128, **meta), torch.empty(-(-n // 128), k // 128, **meta))}
+    layouts = {"fp8 channel": (torch.float8_e4m3fn, torch.empty(m, 1, **meta), torch.empty(n, **meta)),
+               "fp8 block": (torch.float8_e4m3fn, torch.empty(m, k // 128, **meta),
+                             torch.empty(-(-n // 128), k // 128, **meta)),
+               "int8": (torch.int8, torch.empty(m, 1, **meta), torch.empty(n, **meta))}
     launches = []
-    for config in fp8_small_m.CANDIDATE_CONFIGS:
-        for layout, (x_scale, weight_scale) in layouts.items():
-            if layout == "block" and 128 % config[1]:
+    for config in small_m_gemm.CANDIDATE_CONFIGS:
+        for layout, (dtype, x_scale, weight_scale) in layouts.items():
+            if layout == "fp8 block" and 128 % config[1]:
                 continue
-            launches += record_launches(fp8_small_m, fp8_small_m.launch_fp8_small_m, xq, x_scale, weight,
+            xq, weight = torch.empty(m, k, dtype=dtype, **meta), torch.empty(n, k, dtype=dtype, **meta)
+            launches += record_launches(small_m_gemm, small_m_gemm.launch_small_m_gemm, xq, x_scale, weight,
                                         weight_scale, None, torch.bfloat16, *config)
     return launches
 
@@ -159,11 +160,11 @@ MODELS = {"qwen3-0.6b": dict(num_heads=16, num_kv_heads=8, head_dim=128),
 
 
 def check(model: str, targets: list[str], cache_dtype: torch.dtype | None, all_candidates: bool,
-          fp8_small_m_only: bool = False) -> list[dict]:
+          small_m_only: bool = False) -> list[dict]:
     """Compiles a decoder layer's launches (default or all candidate configs) for each target, or only
-    the small-M FP8 GEMM's candidates."""
-    if fp8_small_m_only:
-        return compile_all(fp8_small_m_launches(), targets)
+    the small-M GEMM's candidates."""
+    if small_m_only:
+        return compile_all(small_m_launches(), targets)
     if all_candidates:
         attention_configs = [c for phase in paged_attention.CANDIDATE_CONFIGS.values() for c in phase]
         rope_configs = rope_cache.CANDIDATE_CONFIGS
@@ -196,10 +197,10 @@ def main() -> None:
     parser.add_argument("--targets", default="sm90,gfx942")
     parser.add_argument("--fp8-cache", action="store_true")
     parser.add_argument("--all-candidates", action="store_true")
-    parser.add_argument("--fp8-small-m", action="store_true", help="only the small-M FP8 GEMM's candidates")
+    parser.add_argument("--small-m", action="store_true", help="only the small-M GEMM's candidates (fp8, int8)")
     args = parser.parse_args()
     results = check(args.model, args.targets.split(","), torch.float8_e4m3fn if args.fp8_cache else None,
-                    args.all_candidates, args.fp8_small_m)
+                    args.all_candidates, args.small_m)
     print(json.dumps(results))
 
 

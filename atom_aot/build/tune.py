@@ -22,7 +22,7 @@ from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning, Tuning
 from atom_aot.build.config import BuildConfig
 from atom_aot.models import ModelConfig, model_class
-from atom_aot.models.quant_layers import INT8_SCHEMES, linear_op
+from atom_aot.models.quant_layers import linear_op
 
 log = logging.getLogger("atom_aot")
 
@@ -36,9 +36,10 @@ CPU_LINEAR_KERNELS = {"fp8_linear": ("fp8 gemm", "float32 reference on fp8 value
 GPU_LINEAR_KERNELS = {"fp8_linear": ("fp8 gemm", "aten (cuBLASLt _scaled_mm) or triton atom_triton::fp8_linear, "
                                                   "decode's small M on atom_triton::fp8_scaled_mm_small_m where faster"),
                       "int4_linear": ("int4 gemm", "triton atom_triton::int4_linear (nibbles unpacked in "
-                                                   "registers) or aten (dequantize, then cuBLAS)")}
-INT8_GPU_KERNEL = ("aten torch._int_mm (cuBLAS int8 GEMM, int32 accumulation; rows padded by 16), "
-                   "the only int8 backend: not measured")
+                                                   "registers) or aten (dequantize, then cuBLAS)"),
+                      "int8_linear": ("int8 gemm", "aten torch._int_mm (cuBLAS int8 GEMM, int32 accumulation; rows "
+                                                   "padded by 16), decode's small M on "
+                                                   "atom_triton::int8_scaled_mm_small_m where faster")}
 
 
 def tune_kernels(config: BuildConfig, model_config: ModelConfig, max_model_len: int,
@@ -63,18 +64,7 @@ def tune_kernels(config: BuildConfig, model_config: ModelConfig, max_model_len: 
         return Tuning(arch="cpu", measured=False, phases={Phase.MIXED: PhaseTuning(choices)},
                       kernels={**kernels, "norms/activations": "Inductor C++ (fused)", "sampling": "torch"})
     tuning = _tune_triton(config, model_config, max_model_len)
-    if linear_scheme in INT8_SCHEMES:
-        return _with_int8_linear(tuning, linear_scheme)
     return tuning if linear_scheme == "none" else _with_measured_linear(tuning, config, model_config, linear_scheme)
-
-
-def _with_int8_linear(tuning: Tuning, scheme: str) -> Tuning:
-    """`tuning` plus the int8_linear backend on every phase (one candidate: nothing to measure)."""
-    phases = {phase: PhaseTuning({**row.ops, "int8_linear": BackendChoice("aten")})
-              for phase, row in tuning.phases.items()}
-    return Tuning(arch=tuning.arch, measured=tuning.measured, phases=phases,
-                  kernels={**tuning.kernels, "int8 gemm": f"{scheme}: {INT8_GPU_KERNEL}"},
-                  measurements_ms=tuning.measurements_ms)
 
 
 def _with_measured_linear(tuning: Tuning, config: BuildConfig, cfg: ModelConfig, scheme: str) -> Tuning:

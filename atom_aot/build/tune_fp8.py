@@ -6,7 +6,7 @@ cuBLAS) and each config of atom_aot/ops/triton/int4_gemm.py. Every candidate is 
 linear of the model (qkv, o, gate_up, down) at the phase's token counts, and tune.py keeps the one
 with the lowest geometric-mean slowdown against each shape's fastest.
 
-For decode with fp8 weights the small-M kernel's configs (ops/triton/fp8_small_m.py; block_k dividing
+For decode with fp8 or int8 weights the small-M kernel's configs (ops/triton/small_m_gemm.py; block_k dividing
 128 for block-scaled weights) are timed too, at M <= SMALL_M_MAX: where the best of them beats the
 best of the others there, every phase gets the `small_m+aten` / `small_m+triton` backend (that kernel
 up to SMALL_M_MAX tokens, the phase's best GEMM above it: the mixed phase runs speculative verify
@@ -22,13 +22,14 @@ import torch
 
 from atom_aot.artifact.tuning import BackendChoice
 from atom_aot.models import ModelConfig
-from atom_aot.models.quant_layers import INT4_SCHEMES, int4_groups, linear_op
+from atom_aot.models.quant_layers import INT4_SCHEMES, INT8_SCHEMES, int4_groups, linear_op
 
 TOKENS = {"decode": (1, 16, 64, 256), "mixed": (512, 2048, 8192)}
 SMALL_M_MAX = 16                 # the small-M kernel's BLOCK_M: one M tile, each weight byte read once
-SMALL_M_SCHEMES = ("fp8", "fp8-static", "fp8-ub", "fp8-block")
+SMALL_M_SCHEMES = ("fp8", "fp8-static", "fp8-ub", "fp8-block", *INT8_SCHEMES)
 Candidate = tuple   # ("aten",) or ("triton", block_m, block_n, block_k, num_warps, num_stages)
 TRITON_KERNELS = {"fp8_linear": "fp8_gemm", "int4_linear": "int4_gemm"}    # op -> its Triton kernel's params key
+SMALL_M_KERNELS = {"fp8_linear": "fp8_small_m", "int8_linear": "int8_small_m"}   # op -> the small-M params key
 
 
 def linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -40,6 +41,8 @@ def linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
 
 
 def candidates(scheme: str) -> list[Candidate]:
+    if scheme in INT8_SCHEMES:
+        return [("aten",)]             # cuBLAS's _int_mm; the small-M kernel is timed apart (measure_small_m)
     if scheme in INT4_SCHEMES:
         from atom_aot.ops.triton.int4_gemm import CANDIDATE_CONFIGS
     else:
@@ -61,7 +64,7 @@ def measure_linear(cfg: ModelConfig, scheme: str, dtype: torch.dtype, phase: str
     from atom_aot.ops.triton.timing import measure_ms
     op, rows = linear_op(scheme), {}
     for group, (n, k) in linear_shapes(cfg).items():
-        layer = _random_int4_layer(scheme, n, k) if scheme in INT4_SCHEMES else _random_fp8_layer(scheme, n, k)
+        layer = _random_layer(scheme, n, k)
         for m in TOKENS[phase]:
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             row = rows.setdefault(f"{group} {m}x{n}x{k}", {})
@@ -77,25 +80,25 @@ def measure_small_m(cfg: ModelConfig, scheme: str, dtype: torch.dtype, timer) ->
     import atom_aot.ops.triton  # noqa: F401
     from atom_aot.ops.backends import make_backend
     from atom_aot.ops.fp8 import BLOCK
-    from atom_aot.ops.triton.fp8_small_m import CANDIDATE_CONFIGS
+    from atom_aot.ops.triton.small_m_gemm import CANDIDATE_CONFIGS
     configs = [c for c in CANDIDATE_CONFIGS if scheme != "fp8-block" or BLOCK % c[1] == 0]
     large = candidates(scheme)[-1]            # never runs at these M; block-scaled weights need a triton one
-    rows = {}
+    op, rows = linear_op(scheme), {}
     for group, (n, k) in linear_shapes(cfg).items():
-        layer = _random_fp8_layer(scheme, n, k)
+        layer = _random_layer(scheme, n, k)
         for m in (m for m in TOKENS["decode"] if m <= SMALL_M_MAX):
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             row = rows.setdefault(f"{group} {m}x{n}x{k}", {})
             for config in configs:
-                gemm = make_backend("fp8_linear", small_m_choice(config, large))   # eager: M <= max: small
+                gemm = make_backend(op, small_m_choice(config, large, op))   # eager: M <= max: small
                 row[("small_m", *config)] = timer(lambda: gemm(x, *layer, None), ("small_m", *config))
     return rows
 
 
-def small_m_choice(small: tuple[int, ...], large: Candidate) -> BackendChoice:
+def small_m_choice(small: tuple[int, ...], large: Candidate, op: str = "fp8_linear") -> BackendChoice:
     """The small-M kernel with `small` (block_n, block_k, split_k, warps, stages) up to SMALL_M_MAX
     tokens, the `large` candidate above."""
-    params = {"fp8_small_m": (SMALL_M_MAX, *small)}
+    params = {SMALL_M_KERNELS[op]: (SMALL_M_MAX, *small)}
     if large[0] == "triton":
         params["fp8_gemm"] = large[1:]
     return BackendChoice(f"small_m+{large[0]}", params)
@@ -124,9 +127,22 @@ def phase_choice(rows: dict[str, dict], best, small: Optional[Candidate], op: st
         overall = best(rows)
         return as_choice(overall, op), ",".join(map(str, overall))
     large = best(above)
-    choice = small_m_choice(small[1:], large)
+    choice = small_m_choice(small[1:], large, op)
     return choice, f"{choice.backend}: small_m {','.join(map(str, small[1:]))} up to M {SMALL_M_MAX}, " \
                    f"{','.join(map(str, large))} above"
+
+
+def _random_layer(scheme: str, n: int, k: int):
+    if scheme in INT4_SCHEMES:
+        return _random_int4_layer(scheme, n, k)
+    return _random_int8_layer(scheme, n, k) if scheme in INT8_SCHEMES else _random_fp8_layer(scheme, n, k)
+
+
+def _random_int8_layer(scheme: str, n: int, k: int):
+    from atom_aot.ops.int8 import INT8_MAX, quantize_weight_int8
+    weight, scale = quantize_weight_int8(torch.randn(n, k, device="cuda") / k ** 0.5)
+    input_scale = torch.full((1,), 4.0 / INT8_MAX, device="cuda") if scheme == "int8-static" else None
+    return weight, scale, input_scale
 
 
 def _random_fp8_layer(scheme: str, n: int, k: int):

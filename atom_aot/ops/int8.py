@@ -86,9 +86,15 @@ def int8_linear_int_mm(x, weight, weight_scale, input_scale, bias) -> torch.Tens
     plain torch ops, so Inductor fuses them into the code around the GEMM."""
     check_int_mm_shapes(weight)
     xq, x_scale = quantize_activations_int8(x, input_scale)
+    return int_mm_scaled(xq, x_scale, weight, weight_scale, bias, x.dtype)
+
+
+def int_mm_scaled(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                  bias: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """The GEMM on quantized activations (xq [M, K] int8, x_scale [M, 1]): rows padded, `_int_mm`, scaled."""
     padded = torch.nn.functional.pad(xq, (0, 0, 0, PAD_ROWS))                         # [M + 16, K]
-    acc = torch._int_mm(padded, weight.t())[: x.shape[0]]                             # [M, N] int32
-    return _scaled(acc, x_scale, weight_scale, bias, x.dtype)
+    acc = torch._int_mm(padded, weight.t())[: xq.shape[0]]                            # [M, N] int32
+    return _scaled(acc, x_scale, weight_scale, bias, dtype)
 
 
 LIBRARY.impl("int8_linear", int8_linear_reference, "CPU")

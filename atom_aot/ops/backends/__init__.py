@@ -42,6 +42,7 @@ REGISTRY: dict[str, dict[str, BackendEntry]] = {
     },
     "int8_linear": {
         "aten": BackendEntry("atom_aot.ops.backends.int8_linear", "AtenInt8Linear"),
+        "small_m+aten": BackendEntry("atom_aot.ops.backends.int8_linear", "SmallMInt8Linear"),
     },
     "int4_linear": {
         "aten": BackendEntry("atom_aot.ops.backends.int4_linear", "AtenInt4Linear"),

@@ -2,7 +2,8 @@
 
 A backend is built once per phase from the tuning row's `BackendChoice` (its name picks the
 registry entry, its params are the launch parameters the build measured) and then called by every
-attention layer of the model with that layer's `AttentionArgs`.
+attention layer of the model with that layer's `AttentionArgs`. Below them, what every backend shares:
+its launch configs from the row's params, and the choice by token count of the small_m linears.
 """
 from __future__ import annotations
 
@@ -72,3 +73,17 @@ def launch_configs(choice: BackendChoice, expected: dict[str, type]) -> dict[str
         raise ArtifactError(f"tuning.json: the {choice.backend!r} backend cannot use these params: "
                             f"{'; '.join(problems)}. Rebuild the artifact with this atom-aot's atom-build.")
     return configs
+
+
+def by_token_count(m, max_m: int, small, large, tensors: tuple, bias):
+    """small(*tensors, bias) up to max_m tokens, large(*tensors, bias) above: a Python branch on a
+    concrete M (eager: the build's timing, tests), `torch.cond` on an exported graph's symbolic one
+    (the package holds both and runs one per call; a captured CUDA graph has one M, so one side)."""
+    if isinstance(m, int):
+        return (small if m <= max_m else large)(*tensors, bias)
+    n = len(tensors)
+
+    def with_bias(fn):                     # torch.cond's operands are tensors: an absent bias is left out
+        return lambda *ops: fn(*ops[:n], ops[n] if len(ops) > n else None)
+    operands = tensors + (() if bias is None else (bias,))
+    return torch.cond(m <= max_m, with_bias(small), with_bias(large), operands)

@@ -8,7 +8,7 @@ quantization's reduction and cast into the code around it (the preceding norm or
 running ~6 eager kernels per linear inside a custom op call, and AOTInductor calls `_scaled_mm` itself.
 `triton`: `atom_triton::fp8_linear` with the launch config the build measured; the only backend for
 128x128 block-scaled weights on a GPU.
-`small_m+aten`, `small_m+triton`: up to `max_m` tokens the small-M kernel (ops/triton/fp8_small_m.py:
+`small_m+aten`, `small_m+triton`: up to `max_m` tokens the small-M kernel (ops/triton/small_m_gemm.py:
 the weight streamed by many programs, near the memory bandwidth where cuBLASLt's tiles leave SMs idle),
 above it `_scaled_mm` or the Triton GEMM. The quantization comes first, in the graph (fused as for
 `aten`); then, on an exported graph whose token count is symbolic, `torch.cond` on M <= max_m holds
@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 from atom_aot.artifact.tuning import BackendChoice
-from atom_aot.ops.backends.base import launch_configs
+from atom_aot.ops.backends.base import by_token_count, launch_configs
 
 
 class AtenFp8Linear:
@@ -70,21 +70,17 @@ class SmallMFp8Linear:
         xq, x_scale = quantize_activations(x, input_scale, block_scaled)          # [M, K] e4m3, [M, 1 or K/128]
         out_dtype = x.dtype
 
-        def small(xq, x_scale, weight, weight_scale, *bias):      # bias: () or (the [N] tensor,)
-            return torch.ops.atom_triton.fp8_scaled_mm_small_m(xq, x_scale, weight, weight_scale, *bias or (None,),
-                                                               out_dtype, *self.small.as_args())
+        def small(xq, x_scale, weight, weight_scale, bias):
+            return torch.ops.atom_triton.fp8_scaled_mm_small_m(xq, x_scale, weight, weight_scale, bias, out_dtype,
+                                                               *self.small.as_args())
 
-        def large(xq, x_scale, weight, weight_scale, *bias):
+        def large(xq, x_scale, weight, weight_scale, bias):
             if self.large_args is not None:
-                return torch.ops.atom_triton.fp8_scaled_mm(xq, x_scale, weight, weight_scale, *bias or (None,),
-                                                           out_dtype, *self.large_args)
-            return scaled_mm_rowwise(xq, x_scale, weight, weight_scale, *bias or (None,), out_dtype)
+                return torch.ops.atom_triton.fp8_scaled_mm(xq, x_scale, weight, weight_scale, bias, out_dtype,
+                                                           *self.large_args)
+            return scaled_mm_rowwise(xq, x_scale, weight, weight_scale, bias, out_dtype)
 
-        m = x.shape[0]
-        operands = (xq, x_scale, weight, weight_scale) + (() if bias is None else (bias,))
-        if isinstance(m, int):            # eager (the build's timing, tests): a plain branch
-            return (small if m <= self.small.max_m else large)(*operands)
-        return torch.cond(m <= self.small.max_m, small, large, operands)
+        return by_token_count(x.shape[0], self.small.max_m, small, large, (xq, x_scale, weight, weight_scale), bias)
 
 
 def small_m_over_aten(choice: BackendChoice) -> SmallMFp8Linear:

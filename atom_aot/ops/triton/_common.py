@@ -40,7 +40,7 @@ class GemmConfig:
 
 @dataclass(frozen=True)
 class SmallMConfig:
-    """The small-M FP8 GEMM's launch config (ops/triton/fp8_small_m.py) and the token count it serves up to."""
+    """The small-M FP8 GEMM's launch config (ops/triton/small_m_gemm.py) and the token count it serves up to."""
     max_m: int
     block_n: int
     block_k: int
