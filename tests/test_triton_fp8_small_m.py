@@ -1,4 +1,4 @@
-"""atom_triton::fp8_scaled_mm_small_m (the swapped, split-K FP8 GEMM for decode's small M) against float64
+"""atom_triton::scaled_mm_small_m (the swapped, split-K FP8 GEMM for decode's small M) against float64
 math on the same FP8 operands, on fresh random inputs, under TRITON_INTERPRET=1 without a GPU
 (outputs and split-K partials NaN-poisoned, so a tile or slice left unwritten fails)."""
 import pytest
@@ -24,8 +24,8 @@ def test_matches_float64(layout, split_k):
     """M past one 16-row tile, N and K with tails (K 200 is not a multiple of BLOCK_K * split_k)."""
     x, _, weight, weight_scale, input_scale, b = case_on_device(layout, 19, 200, 72, seed=11 + split_k, bias=True)
     xq, x_scale = quantize_activations(x, input_scale, block_scaled=False)
-    y = torch.ops.atom_triton.fp8_scaled_mm_small_m(xq, x_scale, weight, weight_scale, b, x.dtype,
-                                                    32, 32, split_k, 4, 1)
+    y = torch.ops.atom_triton.scaled_mm_small_m(xq, x_scale, weight, weight_scale, b, x.dtype,
+                                                32, 32, split_k, 4, 1)
     assert y.shape == (19, 72) and not torch.isnan(y).any()
     assert rel_err(y, float64_on_quantized(x, weight, weight_scale, input_scale, b)) < TOL
 
@@ -42,8 +42,8 @@ def test_candidate_configs_are_correct(config):
 def test_bf16_output_and_split_bounds():
     x, _, weight, weight_scale, _, _ = case_on_device("per-token", 2, 256, 64, seed=22)
     xq, x_scale = quantize_activations(x.bfloat16(), None, block_scaled=False)
-    y = torch.ops.atom_triton.fp8_scaled_mm_small_m(xq, x_scale, weight, weight_scale, None, torch.bfloat16,
-                                                    64, 64, 2, 4, 1)
+    y = torch.ops.atom_triton.scaled_mm_small_m(xq, x_scale, weight, weight_scale, None, torch.bfloat16,
+                                                64, 64, 2, 4, 1)
     assert y.dtype == torch.bfloat16
     assert rel_err(y, float64_on_quantized(x.bfloat16(), weight, weight_scale, None, None)) < 1e-2
     assert k_per_split(14336, 256, 4) == 3584 and k_per_split(200, 32, 3) == 96    # whole BLOCK_K steps
@@ -82,11 +82,11 @@ def test_backend_picks_the_kernel_by_token_count(m, monkeypatch):
     gemm = small_m_backend(max_m=4)
     x, _, weight, weight_scale, _, b = case_on_device("per-token", m, 192, 40, seed=30 + m, bias=True)
     calls = []
-    for name in ("fp8_scaled_mm_small_m", "fp8_scaled_mm"):
+    for name in ("scaled_mm_small_m", "fp8_scaled_mm"):
         op = getattr(torch.ops.atom_triton, name)
         monkeypatch.setattr(torch.ops.atom_triton, name, lambda *a, op=op, name=name: calls.append(name) or op(*a))
     y = gemm(x, weight, weight_scale, None, b)
-    assert calls == ["fp8_scaled_mm_small_m" if m <= 4 else "fp8_scaled_mm"]
+    assert calls == ["scaled_mm_small_m" if m <= 4 else "fp8_scaled_mm"]
     assert rel_err(y, float64_on_quantized(x, weight, weight_scale, None, b)) < TOL
 
 

@@ -1,4 +1,4 @@
-"""atom_triton::int8_scaled_mm_small_m (the small-M GEMM on int8 operands, int32 sums) and the int8
+"""atom_triton::scaled_mm_small_m (the small-M GEMM on int8 operands, int32 sums) and the int8
 `small_m+aten` backend, against float64 math on the same int8 values and against the exact-sum
 reference op, under TRITON_INTERPRET=1 without a GPU (outputs and split-K partials NaN-poisoned
 where they are floats)."""
@@ -26,8 +26,8 @@ def test_matches_float64(layout, split_k):
     """M past one 16-row tile, N and K with tails."""
     x, _, weight, weight_scale, input_scale, b = case_on_device(layout, 19, 200, 72, seed=51 + split_k, bias=True)
     xq, x_scale = quantize_activations_int8(x, input_scale)
-    y = torch.ops.atom_triton.int8_scaled_mm_small_m(xq, x_scale, weight, weight_scale, b, x.dtype,
-                                                     32, 32, split_k, 4, 1)
+    y = torch.ops.atom_triton.scaled_mm_small_m(xq, x_scale, weight, weight_scale, b, x.dtype,
+                                                32, 32, split_k, 4, 1)
     assert y.shape == (19, 72) and not torch.isnan(y).any()
     assert rel_err(y, float64_on_quantized(x, weight, weight_scale, input_scale, b)) < TOL
 
@@ -72,8 +72,8 @@ def test_backend_picks_the_kernel_by_token_count(m, monkeypatch):
     gemm = make_backend("int8_linear", BackendChoice("small_m+aten", {"int8_small_m": (4, 32, 64, 2, 4, 1)}))
     x, _, weight, weight_scale, input_scale, b = case_on_device("static", m, 192, 40, seed=70 + m, bias=True)
     calls = []
-    op = torch.ops.atom_triton.int8_scaled_mm_small_m
-    monkeypatch.setattr(torch.ops.atom_triton, "int8_scaled_mm_small_m", lambda *a: calls.append(m) or op(*a))
+    op = torch.ops.atom_triton.scaled_mm_small_m
+    monkeypatch.setattr(torch.ops.atom_triton, "scaled_mm_small_m", lambda *a: calls.append(m) or op(*a))
     y = gemm(x, weight, weight_scale, input_scale, b)
     assert calls == ([m] if m <= 4 else [])
     assert rel_err(y, int8_linear(x.cpu(), weight.cpu(), weight_scale.cpu(), input_scale.cpu(), b.cpu())) < TOL

@@ -34,12 +34,12 @@ CPU_LINEAR_KERNELS = {"fp8_linear": ("fp8 gemm", "float32 reference on fp8 value
                       "int4_linear": ("int4 gemm", "exact dequantization (q - z) * s to float32, then a float32 "
                                                    "matmul (atom::int4_linear)")}
 GPU_LINEAR_KERNELS = {"fp8_linear": ("fp8 gemm", "aten (cuBLASLt _scaled_mm) or triton atom_triton::fp8_linear, "
-                                                  "decode's small M on atom_triton::fp8_scaled_mm_small_m where faster"),
+                                                  "decode's small M on atom_triton::scaled_mm_small_m where faster"),
                       "int4_linear": ("int4 gemm", "triton atom_triton::int4_linear (nibbles unpacked in "
                                                    "registers) or aten (dequantize, then cuBLAS)"),
                       "int8_linear": ("int8 gemm", "aten torch._int_mm (cuBLAS int8 GEMM, int32 accumulation; rows "
                                                    "padded by 16), decode's small M on "
-                                                   "atom_triton::int8_scaled_mm_small_m where faster")}
+                                                   "atom_triton::scaled_mm_small_m where faster")}
 
 
 def tune_kernels(config: BuildConfig, model_config: ModelConfig, max_model_len: int,

@@ -43,8 +43,8 @@ class SmallMInt8Linear:
         out_dtype = x.dtype
 
         def small(xq, x_scale, weight, weight_scale, bias):
-            return torch.ops.atom_triton.int8_scaled_mm_small_m(xq, x_scale, weight, weight_scale, bias, out_dtype,
-                                                                *self.small.as_args())
+            return torch.ops.atom_triton.scaled_mm_small_m(xq, x_scale, weight, weight_scale, bias, out_dtype,
+                                                           *self.small.as_args())
 
         def large(xq, x_scale, weight, weight_scale, bias):
             return int_mm_scaled(xq, x_scale, weight, weight_scale, bias, out_dtype)

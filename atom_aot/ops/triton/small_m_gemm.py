@@ -179,25 +179,13 @@ def launch_small_m_gemm(
     return out
 
 
-@triton_op("atom_triton::fp8_scaled_mm_small_m", mutates_args=())
-def fp8_scaled_mm_small_m(
+@triton_op("atom_triton::scaled_mm_small_m", mutates_args=())
+def scaled_mm_small_m(
     xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
     bias: Optional[torch.Tensor], out_dtype: torch.dtype,
     block_n: int, block_k: int, split_k: int, num_warps: int, num_stages: int,
 ) -> torch.Tensor:
-    """The fp8 GEMM for small M on activations the graph quantized (Inductor fuses that quantization
-    into the norm or SiLU-mul before it)."""
-    return launch_small_m_gemm(xq, x_scale, weight, weight_scale, bias, out_dtype,
-                              block_n, block_k, split_k, num_warps, num_stages)
-
-
-@triton_op("atom_triton::int8_scaled_mm_small_m", mutates_args=())
-def int8_scaled_mm_small_m(
-    xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-    bias: Optional[torch.Tensor], out_dtype: torch.dtype,
-    block_n: int, block_k: int, split_k: int, num_warps: int, num_stages: int,
-) -> torch.Tensor:
-    """The int8 GEMM for small M on activations the graph quantized (ops/int8.py's per-token or static
-    scales), int32 sums."""
+    """The small-M GEMM on activations the graph quantized (Inductor fuses that quantization into the
+    norm or SiLU-mul before it): fp8 or int8 operands, told apart by their dtype."""
     return launch_small_m_gemm(xq, x_scale, weight, weight_scale, bias, out_dtype,
                                block_n, block_k, split_k, num_warps, num_stages)
