@@ -44,9 +44,8 @@ from atom_aot.build.source import ModelSource, resolve_model
 from atom_aot.build.tune import tune_kernels
 from atom_aot.build.shard import check_like, shard_state_dict
 from atom_aot.build.weights import build_meta_model, convert_state_dict
+from atom_aot.build.resume import StageCheckpoints, build_device_name
 from atom_aot.errors import ArtifactError, BuildError
-from atom_aot.artifact.phase import Phase
-from atom_aot.artifact.tuning import Tuning
 from atom_aot.models import ModelConfig, model_class
 from atom_aot.models.parallel import check_splittable, rank_shapes
 from atom_aot.models.quant_layers import INT4_SCHEMES
@@ -108,6 +107,9 @@ def build(model: str | None, config: BuildConfig, cache_dir: Path | None = None,
     cached = _existing(target, cache_dir, key, explicit_out=out is not None)
     if cached is not None and not force:
         return BuildResult(cached, key, cached=True, seconds=progress.seconds)
+    checkpoints = StageCheckpoints.for_build(cache_dir, key, build_device_name(config.arch))
+    if force:
+        checkpoints.discard()
     max_len = config.max_model_len or model_config.max_position_embeddings
     layout = _layout(config)
     fp8_kv = config.kv_torch_dtype.itemsize == 1
@@ -115,11 +117,12 @@ def build(model: str | None, config: BuildConfig, cache_dir: Path | None = None,
     quant = resolve_quant_plan(source.config, config.quant, fp8_kv, kv_scales_given)
     staging = Path(tempfile.mkdtemp(prefix="atom-build-"))
     try:
-        phases = _stage_all(staging, source, model_config, config, quant, layout, max_len, progress)
+        phases = _stage_all(staging, source, model_config, config, quant, layout, max_len, progress, checkpoints)
         with progress.stage("pack"):
             manifest = _manifest(source, model_config, config, quant, key, inputs, progress.seconds, phases,
                                  layout, max_len)
             write_artifact(staging, manifest, target)
+        checkpoints.discard()
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return BuildResult(target, key, cached=False, seconds=progress.seconds)
@@ -137,8 +140,10 @@ def _existing(target: Path, cache_dir: Path, key: str, explicit_out: bool) -> Pa
 
 
 def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, config: BuildConfig,
-               quant: QuantPlan, layout: Layout, max_len: int, progress: StageProgress) -> list[Phase]:
-    """Writes every member but the manifest; returns the phases compiled."""
+               quant: QuantPlan, layout: Layout, max_len: int, progress: StageProgress,
+               checkpoints: StageCheckpoints) -> list[Phase]:
+    """Writes every member but the manifest; returns the phases compiled. Tuning and packages that an
+    earlier, unfinished run of this build kept are reused (resume.py); what this run finishes is kept."""
     model_cls = model_class(model_config.architecture)
     tp = config.tensor_parallel_size
     model = build_meta_model(model_cls, model_config, config.torch_dtype, quant.scheme, max_len)
@@ -159,14 +164,18 @@ def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, co
             state = write_rank_weights(staging, layout, state, model, model_config, stored)
         else:
             save_file(stored(state) if stored else state, str(staging / layout.weights_member(0)))
-    with progress.stage("tune"):
-        tuning = tune_kernels(config, rank_shapes(model_config, tp, config.enable_expert_parallel), max_len, quant.scheme)
+    tuning = checkpoints.tuning()
+    with progress.stage("tune" if tuning is None else "tune (resumed)"):
+        if tuning is None:
+            tuning = tune_kernels(config, rank_shapes(model_config, tp, config.enable_expert_parallel), max_len,
+                                  quant.scheme)
+            checkpoints.keep_tuning(tuning)
         (staging / TUNING).write_text(tuning.to_json())
     phases = []
     if config.compile == "aoti":
         device = device_for_arch(config.arch)
         model.load_state_dict({k: v.to(device) for k, v in state.items()}, assign=True)
-        phases = _compile(staging, model.eval(), tuning, config, max_len, progress)
+        phases = _compile(staging, model.eval(), tuning, config, max_len, progress, checkpoints)
         model.to("meta")                 # the probe's child process loads the weights on the device again
         del state
         if device.type == "cuda":
@@ -204,25 +213,38 @@ def _calibrate_kv_scales(model_cls, model_config: ModelConfig, config: BuildConf
 
 
 def _compile(staging: Path, model, tuning: Tuning, config: BuildConfig, max_len: int,
-             progress: StageProgress) -> list[Phase]:
+             progress: StageProgress, checkpoints: StageCheckpoints) -> list[Phase]:
     """One AOTInductor package per phase: `mixed` everywhere, plus `decode` where graphs replay it."""
     phases = [Phase.MIXED] if config.arch == "cpu" else [Phase.MIXED, Phase.DECODE]
     device = device_for_arch(config.arch)
     for phase in phases:
-        model.use_kernels(tuning.for_phase(phase))
-        with progress.stage(f"export ({phase})"):
-            exported = export_model(model, config.kv_torch_dtype, config.block_size, max_len, device, phase)
-        with progress.stage(f"compile ({phase})"):
-            compile_package(exported, staging / package_member(phase))
+        if not _resumed_package(checkpoints, phase, staging, progress):
+            model.use_kernels(tuning.for_phase(phase))
+            with progress.stage(f"export ({phase})"):
+                exported = export_model(model, config.kv_torch_dtype, config.block_size, max_len, device, phase)
+            with progress.stage(f"compile ({phase})"):
+                checkpoints.keep_package(phase, compile_package(exported, staging / package_member(phase)))
     mtp_step = model.mtp_step()
     if mtp_step is not None:       # the MTP proposer's own package, any batch: the mixed row's kernels
-        model.use_kernels(tuning.for_phase(Phase.MTP))
-        with progress.stage("export (mtp)"):
-            exported = export_mtp(model, mtp_step, config.kv_torch_dtype, config.block_size, max_len, device)
-        with progress.stage("compile (mtp)"):
-            compile_package(exported, staging / package_member(Phase.MTP))
+        if not _resumed_package(checkpoints, Phase.MTP, staging, progress):
+            model.use_kernels(tuning.for_phase(Phase.MTP))
+            with progress.stage("export (mtp)"):
+                exported = export_mtp(model, mtp_step, config.kv_torch_dtype, config.block_size, max_len, device)
+            with progress.stage("compile (mtp)"):
+                checkpoints.keep_package(Phase.MTP, compile_package(exported, staging / package_member(Phase.MTP)))
         phases.append(Phase.MTP)
     return phases
+
+
+def _resumed_package(checkpoints: StageCheckpoints, phase: Phase, staging: Path, progress: StageProgress) -> bool:
+    """Copies the package an earlier run of this build kept for `phase` into staging; False if none."""
+    kept = checkpoints.package(phase)
+    if kept is None:
+        return False
+    with progress.stage(f"compile ({phase}, resumed)"):
+        (staging / package_member(phase)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(kept, staging / package_member(phase))
+    return True
 
 
 def _layout(config: BuildConfig) -> Layout:
