@@ -27,4 +27,9 @@ class ContextLengthError(RequestError):
     """Prompt + max_tokens do not fit in max_model_len."""
 
 
+class RankStopped(RuntimeError):
+    """Another rank of a data-parallel-attention artifact went away: the ranks step together, so this
+    engine cannot go on (runtime/attention_dp.py)."""
+
+
 USER_ERRORS = (ArtifactError, BuildError, StartupError, UnsupportedArchitectureError, ValueError, FileNotFoundError)

@@ -34,3 +34,16 @@ def naive_moe(x, w13, w2, weights, ids) -> torch.Tensor:
             gate, up = (w13[e] @ x[t]).chunk(2)
             out[t] += weights[t, j] * (w2[e] @ (F.silu(gate) * up))
     return out
+
+
+def one_layer_qwen3_moe():
+    """A one-layer Qwen3-MoE model (6 experts, top-2) with random weights, for tests of how ranks split it."""
+    from atom_aot.models import ModelConfig, model_class
+    cfg = ModelConfig.from_hf_dict(dict(architectures=["Qwen3MoeForCausalLM"], vocab_size=64, hidden_size=32,
+                                        intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
+                                        num_key_value_heads=2, head_dim=8, num_experts=6, num_experts_per_tok=2,
+                                        moe_intermediate_size=24, norm_topk_prob=True, max_position_embeddings=64))
+    whole = model_class(cfg.architecture)(cfg, torch.float32)
+    for p in whole.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    return cfg, whole

@@ -27,6 +27,15 @@ def test_atom_spellings_parse_to_the_same_options():
     assert openai_server.build_flags(args) == {"kv_cache_dtype": "fp8", "tensor_parallel_size": 8, "block_size": 32}
 
 
+def test_dp_with_ep_builds_data_parallel_attention_and_without_it_replicates():
+    dp_ep = openai_server.parse_args(["--model", "m", "-dp", "2", "--ep"])
+    assert openai_server.build_flags(dp_ep) == {"enable_expert_parallel": True, "data_parallel_size": 2}
+    replicas = openai_server.parse_args(["--model", "m", "-dp", "2"])
+    assert openai_server.build_flags(replicas) == {} and replicas.data_parallel_size == 2
+    tp_ep = openai_server.parse_args(["--model", "m", "-dp", "2", "--ep", "-tp", "2"])
+    assert "data_parallel_size" not in openai_server.build_flags(tp_ep)
+
+
 def test_server_port_is_an_alias_of_port_on_the_artifact_path_too():
     assert server_args.parse_args(["a.atom", "--server-port", "8123"]).port == 8123
     assert server_args.parse_args(["a.atom"]).model is None

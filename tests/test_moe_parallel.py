@@ -17,6 +17,7 @@ from atom_aot.models import ModelConfig, model_class
 from atom_aot.models.parallel import check_splittable, rank_shapes
 from atom_aot.runtime.sampling_params import SamplingParams
 from factories import make_tiny_model, random_prompts
+from moe_checks import one_layer_qwen3_moe
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 ENGINE = dict(num_kv_blocks=64, num_threads=1)
@@ -58,13 +59,7 @@ def test_a_rank_model_takes_its_expert_shard_and_the_shards_add_up(ep):
     """Each rank's eager layer on the whole model's shards: the sum of the ranks' outputs (what the
     all-reduce gives) is the whole layer's output."""
     from atom_aot.distributed import collectives
-    cfg = ModelConfig.from_hf_dict(dict(architectures=["Qwen3MoeForCausalLM"], vocab_size=64, hidden_size=32,
-                                        intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
-                                        num_key_value_heads=2, head_dim=8, num_experts=6, num_experts_per_tok=2,
-                                        moe_intermediate_size=24, norm_topk_prob=True, max_position_embeddings=64))
-    whole = model_class(cfg.architecture)(cfg, torch.float32)
-    for p in whole.parameters():
-        torch.nn.init.normal_(p, std=0.2)
+    cfg, whole = one_layer_qwen3_moe()
     state = whole.state_dict()
     hidden = torch.randn(7, 32)
     block = whole.model.layers[0].mlp
@@ -89,7 +84,7 @@ def test_what_does_not_split_is_refused_by_name(moe_dir, tmp_path):
     cfg = ModelConfig.from_hf_dict(__import__("json").loads((moe_dir / "config.json").read_text()))
     with pytest.raises(ValueError, match="num_experts .* is not a multiple of tp"):
         check_splittable(cfg, 3 if cfg.num_experts % 3 else 5, ep=True)
-    with pytest.raises(BuildError, match="-tp is 1"):
+    with pytest.raises(BuildError, match="both are 1"):
         plan(str(moe_dir), BuildConfig(arch="cpu", enable_expert_parallel=True))
     dense = make_tiny_model(tmp_path / "dense", "Qwen3ForCausalLM")
     with pytest.raises(BuildError, match="has no experts"):

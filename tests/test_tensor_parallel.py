@@ -98,7 +98,7 @@ def test_a_gpu_artifact_with_more_ranks_than_gpus_is_refused_with_the_build_that
     on_gpu = dataclasses.replace(manifest, target=dataclasses.replace(manifest.target, arch="sm90"),
                                  options=dataclasses.replace(manifest.options, arch="sm90"))
     problem = placement_problem(on_gpu, gpus=1)
-    assert "2 tensor-parallel ranks need one GPU each, and this machine has 1" in problem
+    assert "its 2 ranks need one GPU each, and this machine has 1" in problem
     assert "atom-build --model" in problem and "--arch sm90" in problem and "-tp" not in problem.split("with:")[1]
     assert placement_problem(on_gpu, gpus=2) is None and placement_problem(manifest, gpus=0) is None
 

@@ -47,7 +47,14 @@ class BuildOptions:
              "arch, not N (serving needs N: processes on cpu, one GPU each on GPUs)")
     enable_expert_parallel: bool = flag(False, "--ep", "--enable-expert-parallel",
                                         help="MoE models with -tp N: each rank holds E/N whole experts "
-                                             "(default: 1/N of every expert's width); attention stays split by -tp")
+                                             "(default: 1/N of every expert's width); attention stays split by -tp. "
+                                             "With -dp N: the experts are spread over the N data-parallel ranks")
+    data_parallel_size: int = flag(
+        1, "-dp", "--data-parallel-size",
+        help="MoE models, with --ep: data-parallel attention over N ranks (ATOM's and vLLM's DP attention + EP): "
+             "each rank holds the whole model but E/N experts, runs its own sequences, and the expert layers "
+             "gather every rank's tokens. Served by `atom-run ART serve` as N engine cores (N processes on cpu, "
+             "one GPU each on GPUs). A dense model is replicated at serve time instead (atom-run ... serve -dp N)")
     quant: str = flag("none", "--quant", choices=QUANT_MODES,
                       help="fp8: quantize an unquantized checkpoint to FP8 W8A8 (e4m3 weights with per-channel "
                            "scales x activations quantized per token at run time; GEMMs in FP8); int8: the same "
@@ -83,6 +90,11 @@ class BuildOptions:
                f"--load-format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         _check(_is_int(self.tensor_parallel_size) and self.tensor_parallel_size >= 1,
                f"-tp must be an integer >= 1, got {self.tensor_parallel_size!r}")
+        _check(_is_int(self.data_parallel_size) and self.data_parallel_size >= 1,
+               f"-dp must be an integer >= 1, got {self.data_parallel_size!r}")
+        _check(self.data_parallel_size == 1 or self.tensor_parallel_size == 1,
+               f"-tp {self.tensor_parallel_size} with -dp {self.data_parallel_size}: attention is either split (-tp) "
+               f"or data-parallel (-dp), not both, in this version")
         _check(_is_int(self.block_size) and self.block_size >= 1 and self.block_size & (self.block_size - 1) == 0,
                f"--block-size must be a power of two, got {self.block_size!r}")
         _check(self.max_model_len is None or (_is_int(self.max_model_len) and self.max_model_len >= 16),
@@ -112,7 +124,8 @@ class BuildOptions:
         sizes = r.raw("capture_sizes", None)
         try:
             return cls(arch=r.str("arch"), dtype=r.str("dtype"), tensor_parallel_size=r.int("tensor_parallel_size"),
-                       enable_expert_parallel=r.bool("enable_expert_parallel"), quant=r.str("quant"),
+                       enable_expert_parallel=r.bool("enable_expert_parallel"),
+                       data_parallel_size=r.int("data_parallel_size", 1), quant=r.str("quant"),
                        kv_cache_dtype=r.str("kv_cache_dtype"),
                        capture_sizes=None if sizes is None else r.ints("capture_sizes"),
                        max_model_len=r.int("max_model_len", optional=True), block_size=r.int("block_size"),

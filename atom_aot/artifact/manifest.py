@@ -101,7 +101,16 @@ class Layout:
                      r.int("data_parallel_size", minimum=1))
         if layout.expert_parallel_size not in (1, layout.world_size):
             raise r.error("expert_parallel_size", f"must be 1 or the world size {layout.world_size}")
+        if layout.data_parallel_size > 1 and (layout.tensor_parallel_size != 1 or layout.expert_parallel_size == 1):
+            raise r.error("data_parallel_size", "data-parallel attention needs tensor_parallel_size 1 and the experts "
+                                                "spread over the world (expert_parallel_size = world size)")
         return layout
+
+    @property
+    def attention_data_parallel(self) -> bool:
+        """Every rank an engine core of its own sequences (`atom-build -dp N --ep`), meeting the others in
+        the expert layers; else rank 0 leads the other tensor-parallel ranks."""
+        return self.data_parallel_size > 1
 
 
 # models/quant_layers.py describes each layout
@@ -254,6 +263,7 @@ def _check_consistent(m: Manifest, r: Reader) -> None:
     pairs = [("options.arch", m.options.arch, m.target.arch),
              ("options.block_size", m.options.block_size, m.numerics.block_size),
              ("options.tensor_parallel_size", m.options.tensor_parallel_size, m.layout.tensor_parallel_size),
+             ("options.data_parallel_size", m.options.data_parallel_size, m.layout.data_parallel_size),
              ("options.quant", m.options.quant != "none", m.quantization.weights_origin == "build"),
              ("quantization.kv_cache", m.quantization.kv_cache, implied.kv_cache),
              ("options.compile", m.options.compile == "aoti", m.compiled.kind == "aotinductor")]

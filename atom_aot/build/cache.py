@@ -19,7 +19,8 @@ def default_cache_dir() -> Path:
 
 def artifact_name(model_name: str, config: BuildConfig, key: str) -> str:
     model = re.sub(r"[^a-z0-9.]+", "-", model_name.lower()).strip("-")
-    ranks = f"tp{config.tensor_parallel_size}" + ("-ep" if config.enable_expert_parallel else "")
+    ranks = (f"tp{config.tensor_parallel_size}" + (f"-dp{config.data_parallel_size}" if config.data_parallel_size > 1
+                                                    else "") + ("-ep" if config.enable_expert_parallel else ""))
     weights = f"-{config.load_format}" if random_weights(config.load_format) else ""   # random weights say so too
     return f"{model}{weights}-{config.arch}-{ranks}-{config.quant}-{key[:KEY_DIGITS]}.atom"
 

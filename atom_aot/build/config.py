@@ -29,4 +29,6 @@ class BuildConfig(BuildOptions):
         d["dtype"] = str(self.torch_dtype).removeprefix("torch.")
         d["kv_cache_dtype"] = str(self.kv_torch_dtype).removeprefix("torch.")
         d["capture_sizes"] = list(self.requested_capture_sizes)
+        if self.data_parallel_size == 1:      # keys of builds from before -dp stay what they were
+            del d["data_parallel_size"]
         return d

@@ -89,7 +89,8 @@ def plan(model: str | None, config: BuildConfig) -> tuple[ModelSource, ModelConf
     if linear_quant.scheme in INT4_SCHEMES:
         check_int4_model(model_config, config.tensor_parallel_size)
     try:
-        check_splittable(model_config, config.tensor_parallel_size, config.enable_expert_parallel)
+        check_splittable(model_config, config.tensor_parallel_size, config.enable_expert_parallel,
+                         config.data_parallel_size)
     except ValueError as e:
         raise BuildError(str(e)) from None
     inputs = key_inputs(source, config)
@@ -158,16 +159,17 @@ def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, co
             state.update(_calibrate_kv_scales(model_cls, model_config, config, quant.scheme, state, staging, max_len))
         (staging / layout.weights_member(0)).parent.mkdir()
         stored = partial(stored_at_load, kv_scales=quant.kv_scales) if drawn_at_load(config.load_format) else None
-        if tp > 1:
+        if layout.world_size > 1:
             model = build_meta_model(model_cls, model_config, config.torch_dtype, quant.scheme, max_len, tp,
-                                     config.enable_expert_parallel)
+                                     config.enable_expert_parallel, config.data_parallel_size)
             state = write_rank_weights(staging, layout, state, model, model_config, stored)
         else:
             save_file(stored(state) if stored else state, str(staging / layout.weights_member(0)))
     tuning = checkpoints.tuning()
     with progress.stage("tune" if tuning is None else "tune (resumed)"):
         if tuning is None:
-            tuning = tune_kernels(config, rank_shapes(model_config, tp, config.enable_expert_parallel), max_len,
+            tuning = tune_kernels(config, rank_shapes(model_config, tp, config.enable_expert_parallel,
+                                                      config.data_parallel_size), max_len,
                                   quant.scheme)
             checkpoints.keep_tuning(tuning)
         (staging / TUNING).write_text(tuning.to_json())
@@ -195,9 +197,9 @@ def write_rank_weights(staging: Path, layout: Layout, state: dict, rank_model, m
     given: weights drawn at load); returns rank 0's, which the build exports with (the ranks' graphs are
     the same: models/parallel.py)."""
     expected = rank_model.state_dict()
-    for rank in reversed(range(layout.tensor_parallel_size)):     # rank 0 last: its tensors are kept
+    for rank in reversed(range(layout.world_size)):     # rank 0 last: its tensors are kept
         rank_state = shard_state_dict(state, model_config, layout.tensor_parallel_size, rank,
-                                      layout.expert_parallel_size > 1)
+                                      layout.expert_parallel_size > 1, layout.data_parallel_size)
         check_like(rank_state, expected, rank)
         save_file(stored(rank_state) if stored else rank_state, str(staging / layout.weights_member(rank)))
     return rank_state
@@ -248,9 +250,9 @@ def _resumed_package(checkpoints: StageCheckpoints, phase: Phase, staging: Path,
 
 
 def _layout(config: BuildConfig) -> Layout:
-    tp = config.tensor_parallel_size
-    return Layout(tensor_parallel_size=tp, expert_parallel_size=tp if config.enable_expert_parallel else 1,
-                  data_parallel_size=1)
+    tp, dp = config.tensor_parallel_size, config.data_parallel_size
+    return Layout(tensor_parallel_size=tp, expert_parallel_size=tp * dp if config.enable_expert_parallel else 1,
+                  data_parallel_size=dp)
 
 
 def _options(config: BuildConfig) -> BuildOptions:

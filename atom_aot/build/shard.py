@@ -21,26 +21,29 @@ EXPERT_START = "expert_start"                   # under --ep, each MoE layer's f
 
 
 def shard_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, tp: int, rank: int,
-                     ep: bool = False) -> dict[str, torch.Tensor]:
+                     ep: bool = False, dp: int = 1) -> dict[str, torch.Tensor]:
     """Rank `rank`'s tensors of `state` (the tp = 1 model's), contiguous and owning their memory."""
-    return shard_tensors(state.items(), cfg, tp, rank, ep)
+    return shard_tensors(state.items(), cfg, tp, rank, ep, dp)
 
 
 def shard_tensors(tensors: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig, tp: int, rank: int,
-                  ep: bool = False) -> dict[str, torch.Tensor]:
+                  ep: bool = False, dp: int = 1) -> dict[str, torch.Tensor]:
     """shard_state_dict of a stream: each whole tensor can be dropped once its part is taken, so a caller
     that draws the model (weights drawn at load) holds the rank's part, not the whole model.
 
     Column-parallel qkv and gate_up split their output rows (weights, biases, per-row scales);
     stacked experts split each expert's width, or with `ep` hand out whole experts;
-    anything else a rank holds whole (norms, the rotary table, scalar scales, the router)."""
+    anything else a rank holds whole (norms, the rotary table, scalar scales, the router). With
+    data-parallel attention (`dp` ranks, tp 1) a rank holds everything whole but its E/dp experts."""
     out = {}
     for name, tensor in tensors:
         module, param = name.split(".")[-2:]
         if module == "experts" and param in ("w13", "w2"):
-            out.update(_expert_part(name, tensor, tp, rank, ep))
+            out.update(_expert_part(name, tensor, tp, rank, ep, tp * dp))
             continue
-        if module == "qkv_proj" and _per_row(tensor, cfg, module):
+        if tp == 1:
+            part = tensor
+        elif module == "qkv_proj" and _per_row(tensor, cfg, module):
             part = _qkv_rows(tensor, cfg, tp, rank)
         elif module == "gate_up_proj" and _per_row(tensor, cfg, module):
             part = torch.cat([half.chunk(tp)[rank] for half in tensor.chunk(2)])    # [gate_r; up_r]
@@ -51,16 +54,18 @@ def shard_tensors(tensors: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig,
         else:
             part = tensor
         out[name] = part.contiguous().clone()
-    out[VOCAB_START] = torch.tensor(rank * vocab_shard_size(cfg.vocab_size, tp), dtype=torch.int64)
+    if tp > 1:
+        out[VOCAB_START] = torch.tensor(rank * vocab_shard_size(cfg.vocab_size, tp), dtype=torch.int64)
     return out
 
 
-def _expert_part(name: str, stacked: torch.Tensor, tp: int, rank: int, ep: bool) -> dict[str, torch.Tensor]:
+def _expert_part(name: str, stacked: torch.Tensor, tp: int, rank: int, ep: bool,
+                 ranks: int) -> dict[str, torch.Tensor]:
     """Rank's part of a stacked expert weight (w13 [E, 2I, H] = [gate; up] per expert, w2 [E, H, I]):
-    experts [r*E/tp, (r+1)*E/tp) whole under `ep` (and where they start), else every expert's width
-    columns r (w13: of gate and of up, kept [gate_r; up_r]; w2: its input columns)."""
+    experts [r*E/ranks, (r+1)*E/ranks) whole under `ep` (and where they start), else every expert's
+    width columns r of tp (w13: of gate and of up, kept [gate_r; up_r]; w2: its input columns)."""
     if ep:
-        count = stacked.shape[0] // tp
+        count = stacked.shape[0] // ranks
         start = name.rsplit(".", 1)[0] + "." + EXPERT_START
         return {name: stacked[rank * count:(rank + 1) * count].contiguous().clone(),
                 start: torch.tensor(rank * count, dtype=torch.int64)}

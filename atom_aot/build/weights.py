@@ -29,9 +29,9 @@ WEIGHT_QUANTIZERS = {"fp8": quantize_weight_per_channel, "int8": quantize_weight
 
 
 def build_meta_model(model_cls: type[DecoderForCausalLM], cfg: ModelConfig, dtype: torch.dtype, quant: str,
-                     max_positions: int, tp: int = 1, ep: bool = False) -> DecoderForCausalLM:
+                     max_positions: int, tp: int = 1, ep: bool = False, dp: int = 1) -> DecoderForCausalLM:
     with torch.device("meta"):
-        return model_cls(cfg, dtype, quant, max_positions, tp, ep)
+        return model_cls(cfg, dtype, quant, max_positions, tp, ep, dp)
 
 
 def runtime_name(name: str, packed: dict[str, tuple[str, int]]) -> tuple[str, int | None]:

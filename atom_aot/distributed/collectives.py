@@ -1,5 +1,6 @@
-"""The collectives inside the model's graph: the custom ops `atom::all_reduce` and
-`atom::all_gather`, on the process group registered as the tensor-parallel one.
+"""The collectives inside the model's graph: the custom ops `atom::all_reduce`, `atom::all_gather`
+and `atom::reduce_scatter`, on the process group registered as the tensor-parallel one (the world
+of an attention-data-parallel artifact, whose expert layers gather every rank's tokens).
 
 They are registered through the dispatcher (as ops/attention.py registers attention), so
 torch.export records them as calls by name and AOTInductor compiles around them; on GPUs the NCCL
@@ -22,9 +23,11 @@ import torch.distributed as dist
 LIBRARY = torch.library.Library("atom", "FRAGMENT")
 LIBRARY.define("all_reduce(Tensor x) -> Tensor")
 LIBRARY.define("all_gather(Tensor x, int world_size) -> Tensor")
+LIBRARY.define("reduce_scatter(Tensor x, int world_size) -> Tensor")
 
 # torch 2.13 renames all_gather_into_tensor (deprecated there) all_gather_single; torch 2.11 has only the first
 _gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_scatter_from = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _groups: dict[str, object] = {}
 TP_GROUP = "tp"
 STAND_IN = "one process standing in for every rank"
@@ -37,7 +40,7 @@ def register_tp_group(group: dist.ProcessGroup) -> None:
 
 def register_stand_in() -> None:
     """Let one process run a rank's graph with no other ranks (the build's CUDA-graph memory probe):
-    all_reduce returns its input and all_gather repeats it. Shapes and allocations are a rank's; the
+    all_reduce returns its input, all_gather repeats it and reduce_scatter keeps the first part. Shapes and allocations are a rank's; the
     values are not any rank's, so nothing but memory may be measured this way."""
     _groups[TP_GROUP] = STAND_IN
 
@@ -67,9 +70,19 @@ def _all_gather(x: torch.Tensor, world_size: int) -> torch.Tensor:
     return out
 
 
+def _reduce_scatter(x: torch.Tensor, world_size: int) -> torch.Tensor:
+    group = _tp_group()
+    if group is STAND_IN:
+        return x[:x.shape[0] // world_size].clone()
+    out = x.new_empty((x.shape[0] // world_size, *x.shape[1:]))
+    _scatter_from(out, x.contiguous(), group=group)
+    return out
+
+
 for _device in ("CPU", "CUDA"):
     LIBRARY.impl("all_reduce", _all_reduce, _device)
     LIBRARY.impl("all_gather", _all_gather, _device)
+    LIBRARY.impl("reduce_scatter", _reduce_scatter, _device)
 
 
 @torch.library.register_fake("atom::all_reduce", lib=LIBRARY)
@@ -82,6 +95,11 @@ def _(x, world_size):
     return x.new_empty((world_size * x.shape[0], *x.shape[1:]))
 
 
+@torch.library.register_fake("atom::reduce_scatter", lib=LIBRARY)
+def _(x, world_size):
+    return x.new_empty((x.shape[0] // world_size, *x.shape[1:]))
+
+
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
     """The sum of `x` over the tensor-parallel ranks (a new tensor; `x` is left alone)."""
     return torch.ops.atom.all_reduce(x)
@@ -91,3 +109,13 @@ def all_gather_columns(x: torch.Tensor, world_size: int) -> torch.Tensor:
     """[N, C] on each rank -> [N, world_size * C], rank r's columns at r * C (every rank gets all)."""
     gathered = torch.ops.atom.all_gather(x, world_size)                      # [W * N, C]
     return gathered.unflatten(0, (world_size, -1)).transpose(0, 1).flatten(1)  # [N, W * C]
+
+
+def all_gather_rows(x: torch.Tensor, world_size: int) -> torch.Tensor:
+    """[T, C] on each rank -> [world_size * T, C], rank r's rows at r * T (every rank gets all)."""
+    return torch.ops.atom.all_gather(x, world_size)
+
+
+def reduce_scatter_rows(x: torch.Tensor, world_size: int) -> torch.Tensor:
+    """[world_size * T, C] on each rank -> [T, C]: rank r gets rows r * T.. summed over the ranks."""
+    return torch.ops.atom.reduce_scatter(x, world_size)

@@ -5,6 +5,9 @@ The JIT path: the model (HF folder, GGUF, or none for the embedded default) is b
 artifact cache first, through a child atom-build exactly like `LLMEngine(model=...)`, or found
 there by its build key; then that artifact is served. `atom-run ART serve` skips the build
 lookup and stays the fast path. Given an artifact as --model, it is served as is.
+
+`-dp N` means what it means to vLLM: with `--ep` (and -tp 1) data-parallel attention, built into the
+artifact (`atom-build -dp N --ep`, whose N ranks the server starts); otherwise N whole replicas.
 """
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ from atom_aot.config_flags import add_arguments, cli_fields
 
 log = logging.getLogger("atom_aot.server")
 
-NOT_BUILD_FLAGS = DECIDED_AT_SERVE_TIME
+# -dp is the server's flag here (replicas), and a build option only with --ep (dp_attention)
+NOT_BUILD_FLAGS = (*DECIDED_AT_SERVE_TIME, "data_parallel_size")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -39,7 +43,15 @@ def build_flags(args: argparse.Namespace) -> dict:
     """The build options the user changed (the others keep the build's defaults)."""
     changed = {f.name: getattr(args, f.name) for f in cli_fields(BuildOptions)
                if f.name not in NOT_BUILD_FLAGS and getattr(args, f.name) != f.default}
+    if dp_attention(args):
+        changed["data_parallel_size"] = args.data_parallel_size
     return changed | ({"cache_dir": args.cache_dir} if args.cache_dir else {})
+
+
+def dp_attention(args: argparse.Namespace) -> bool:
+    """Whether -dp N builds data-parallel attention (with --ep and -tp 1, as vLLM reads it) rather than
+    starting N replicas."""
+    return args.enable_expert_parallel and args.data_parallel_size > 1 and args.tensor_parallel_size == 1
 
 
 def resolve_artifact(args: argparse.Namespace) -> str:
@@ -54,6 +66,8 @@ def resolve_artifact(args: argparse.Namespace) -> str:
     config = runtime_config(args)
     server_options(args)                   # a bad server flag fails now, not after a build
     result = build_into_cache(args.model, build, config.max_model_len)
+    if "data_parallel_size" in build:
+        args.data_parallel_size = 1        # the artifact's ranks are the data-parallel engines
     how = "reused the cached artifact" if result["cached"] else "built the artifact"
     log.info("JIT path: %s %s for %s (build key %s); next time `atom-run %s serve` starts without the lookup",
              how, result["path"], args.model or "the embedded model", result["key"], result["path"])

@@ -125,12 +125,13 @@ class DecoderForCausalLM(nn.Module):
     MODULE_RENAMES: dict[str, str] = {}
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None,
-                 tp: int = 1, ep: bool = False):
+                 tp: int = 1, ep: bool = False, dp: int = 1):
         """`tp`: tensor-parallel ranks; the module is one rank's part (models/parallel.py); `ep`: a family
-        with experts spreads them whole over the ranks instead of splitting each."""
+        with experts spreads them whole over the ranks instead of splitting each; `dp`: attention
+        data-parallel over dp ranks (tp 1, `ep`): the rank holds everything but E/dp experts."""
         super().__init__()
-        check_splittable(cfg, tp, ep)
-        self.config, self.tp, self.ep = cfg, tp, ep
+        check_splittable(cfg, tp, ep, dp)
+        self.config, self.tp, self.ep, self.dp = cfg, tp, ep, dp
         self.model = DecoderModel(cfg, dtype, quant, self.qk_norm, max_positions or cfg.max_position_embeddings,
                                   lambda layer: self.make_mlp(layer, dtype, quant), tp)
         # lm_head stays unquantized: it decides the argmax. It splits over the vocabulary like the embedding.

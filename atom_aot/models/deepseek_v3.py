@@ -46,10 +46,10 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
     ATTENTION_OPS = ("mla_attention",)
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None,
-                 tp: int = 1, ep: bool = False):
+                 tp: int = 1, ep: bool = False, dp: int = 1):
         nn.Module.__init__(self)
-        check_splittable(cfg, tp, ep)       # DeepSeek: -tp 1 only, for now
-        self.config, self.tp, self.ep = cfg, tp, ep
+        check_splittable(cfg, tp, ep, dp)       # DeepSeek: -tp 1 only, for now
+        self.config, self.tp, self.ep, self.dp = cfg, tp, ep, dp
         self.model = DeepseekModel(cfg, dtype, quant, max_positions or cfg.max_position_embeddings)
         # lm_head stays unquantized: it decides the argmax.
         self.lm_head = None if cfg.tie_word_embeddings else make_linear(cfg.hidden_size, cfg.vocab_size, False,

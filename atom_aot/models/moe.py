@@ -16,6 +16,7 @@ from atom_aot.errors import BuildError
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.decoder import DecoderForCausalLM
 from atom_aot.models.layers import Linear
+from atom_aot.distributed.collectives import all_gather_rows, reduce_scatter_rows
 from atom_aot.models.parallel import reduce_partial_sums
 from atom_aot.ops.backends import make_backend
 from atom_aot.ops.backends.moe import MoEBackend
@@ -27,17 +28,19 @@ class MoEExperts(nn.Module):
 
     With `tp` ranks (models/parallel.py) a rank holds 1/tp of every expert's width, or, with `ep`,
     E/tp whole experts: the router's ids are then mapped to local ids, with -1 for an expert of
-    another rank, which the op skips. Either way the rank's output is a partial sum, all-reduced here.
+    another rank, which the op skips. Either way the rank's output is a partial sum, all-reduced here;
+    with data-parallel attention (`dp` ranks, each holding E/dp experts) SparseMoeBlock reduce-scatters it.
     """
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, dtype: torch.dtype,
-                 tp: int = 1, ep: bool = False):
+                 tp: int = 1, ep: bool = False, dp: int = 1):
         super().__init__()
-        self.tp, self.ep = tp, ep
-        local_experts, width = (num_experts // tp, intermediate_size) if ep else (num_experts, intermediate_size // tp)
+        self.tp, self.ep, self.dp = tp, ep, dp
+        local_experts, width = ((num_experts // (tp * dp), intermediate_size) if ep
+                                else (num_experts, intermediate_size // tp))
         self.w13 = nn.Parameter(torch.empty(local_experts, 2 * width, hidden_size, dtype=dtype))
         self.w2 = nn.Parameter(torch.empty(local_experts, hidden_size, width, dtype=dtype))
-        if ep:   # rank * E/tp: a weight, not a constant, so the ranks' graphs are the same
+        if ep:   # rank * E/ranks: a weight, not a constant, so the ranks' graphs are the same
             self.register_buffer("expert_start", torch.empty((), dtype=torch.int64))
         # the reference backend until use_moe_kernels sets the phase's choice
         self.moe_backend: MoEBackend = make_backend("moe", BackendChoice("reference"))
@@ -48,21 +51,31 @@ class MoEExperts(nn.Module):
             local = topk_ids - self.expert_start                                    # [T, k]
             mine = (local >= 0) & (local < self.w13.shape[0])
             topk_ids = torch.where(mine, local, -1).to(torch.int32)
-        return reduce_partial_sums(self.moe_backend(hidden, self.w13, self.w2, topk_weights, topk_ids), self.tp)
+        partial = self.moe_backend(hidden, self.w13, self.w2, topk_weights, topk_ids)
+        return partial if self.dp > 1 else reduce_partial_sums(partial, self.tp)
 
 
 class SparseMoeBlock(nn.Module):
-    """Router (`gate`, unquantized: it decides the experts) + softmax top-k + experts."""
+    """Router (`gate`, unquantized: it decides the experts) + softmax top-k + experts.
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, renormalize: bool, tp: int = 1, ep: bool = False):
+    With data-parallel attention (`dp` > 1) the rank's T tokens are its own sequences': the block
+    gathers the dp ranks' tokens (all-gather: every rank steps with the same T), routes and runs its
+    experts on all dp * T, and reduce-scatters the partial sums back to each rank's T (vLLM's
+    all-gather / reduce-scatter dispatch: dense, no token counts to exchange, CUDA-graph friendly)."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, renormalize: bool, tp: int = 1, ep: bool = False,
+                 dp: int = 1):
         super().__init__()
-        self.top_k, self.renormalize = cfg.num_experts_per_tok, renormalize
+        self.top_k, self.renormalize, self.dp = cfg.num_experts_per_tok, renormalize, dp
         self.gate = Linear(cfg.hidden_size, cfg.num_experts, False, dtype)
-        self.experts = MoEExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype, tp, ep)
+        self.experts = MoEExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype, tp, ep, dp)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.dp > 1:
+            hidden = all_gather_rows(hidden, self.dp)                                 # [dp * T, H]
         weights, ids = softmax_topk(self.gate(hidden), self.top_k, self.renormalize)   # [T, k] each
-        return self.experts(hidden, weights, ids)
+        out = self.experts(hidden, weights, ids)
+        return reduce_scatter_rows(out, self.dp) if self.dp > 1 else out
 
 
 def use_moe_kernels(model: nn.Module, choice: BackendChoice) -> None:
@@ -84,21 +97,21 @@ class MoEForCausalLM(DecoderForCausalLM):
     MODULE_RENAMES: dict[str, str] = {}
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None,
-                 tp: int = 1, ep: bool = False):
+                 tp: int = 1, ep: bool = False, dp: int = 1):
         served = max_positions or cfg.max_position_embeddings
         if cfg.sliding_window is not None and cfg.sliding_window < served:
             raise BuildError(
                 f"{cfg.architecture}'s config sets sliding_window={cfg.sliding_window}, smaller than the served "
                 f"max length {served}; atom-aot's attention has no sliding window. Build with "
                 f"--max-model-len {cfg.sliding_window} (or less).")
-        super().__init__(cfg, dtype, quant, max_positions, tp, ep)
+        super().__init__(cfg, dtype, quant, max_positions, tp, ep, dp)
 
     def routing_renormalizes(self) -> bool:
         return self.config.norm_topk_prob
 
     def make_mlp(self, layer: int, dtype: torch.dtype, quant: str) -> nn.Module:
         if self.config.is_moe_layer(layer):
-            return SparseMoeBlock(self.config, dtype, self.routing_renormalizes(), self.tp, self.ep)
+            return SparseMoeBlock(self.config, dtype, self.routing_renormalizes(), self.tp, self.ep, self.dp)
         return super().make_mlp(layer, dtype, quant)
 
     def use_kernels(self, row: PhaseTuning) -> "MoEForCausalLM":

@@ -13,6 +13,10 @@ With `tp` ranks, rank r holds
     (`ep`), experts [r*E/tp, (r+1)*E/tp) whole. Either way every rank routes every token (hidden
     states are replicated after attention's all-reduce) and the layer's partial sums are all-reduced
     once: under EP a rank adds only its experts' weighted outputs (others' ids are masked to -1).
+With data-parallel attention over `dp` ranks (tp = 1), each rank holds the whole model but experts
+[r*E/dp, (r+1)*E/dp), and runs its own sequences: an expert layer gathers every rank's tokens
+(all-gather), routes them all, runs its own experts on them and hands each rank back the sums for its
+tokens (reduce-scatter). The ranks' steps must have the same token count (runtime/attention_dp.py pads).
 Nothing here depends on r: where the rank matters (the embedding's first row) it is a weight, so
 every rank runs the same graph and one compiled package serves them all. tp = 1 builds exactly
 the single-device model, with no collective in its graph.
@@ -29,14 +33,19 @@ from atom_aot.distributed.collectives import all_gather_columns, all_reduce
 from atom_aot.models.config import ModelConfig
 
 
-def check_splittable(cfg: ModelConfig, tp: int, ep: bool = False) -> None:
-    """ValueError unless `cfg` splits over `tp` ranks in this layout (`ep`: experts spread whole)."""
+def check_splittable(cfg: ModelConfig, tp: int, ep: bool = False, dp: int = 1) -> None:
+    """ValueError unless `cfg` splits over `tp` ranks in this layout (`ep`: experts spread whole; `dp`:
+    attention data-parallel over dp ranks, which hold the experts: check_attention_data_parallel)."""
+    if dp > 1:
+        check_attention_data_parallel(cfg, tp, ep, dp)
+        return
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
     if ep and not cfg.num_experts:
         raise ValueError(f"--ep spreads a mixture of experts over the ranks, and {cfg.architecture} has no experts: "
                          f"build without --ep")
     if ep and tp == 1:
-        raise ValueError("--ep spreads the experts over the -tp ranks, and -tp is 1: give -tp N with --ep")
+        raise ValueError("--ep spreads the experts over the -tp ranks (or the -dp ranks of data-parallel "
+                         "attention), and both are 1: give -tp N or -dp N with --ep")
     checks = [(heads % tp, f"num_attention_heads {heads} is not a multiple of tp"),
               (kv % tp and tp % kv, f"num_key_value_heads {kv} neither divides nor is a multiple of tp"),
               (cfg.intermediate_size % tp, f"intermediate_size {cfg.intermediate_size} is not a multiple of tp"),
@@ -53,17 +62,40 @@ def check_splittable(cfg: ModelConfig, tp: int, ep: bool = False) -> None:
                          f"Build with a -tp that divides its {heads} attention heads.")
 
 
+def check_attention_data_parallel(cfg: ModelConfig, tp: int, ep: bool, dp: int) -> None:
+    """ValueError unless `cfg` runs with attention data-parallel over `dp` ranks: every rank holds the
+    whole model but 1/dp of the experts (E/dp whole experts, `ep`), and its own sequences."""
+    problems = []
+    if not cfg.num_experts:
+        problems.append(f"{cfg.architecture} has no experts, and data-parallel attention exists to spread a "
+                        f"mixture of experts (a dense model is replicated at serve time: atom-run ART serve -dp N)")
+    if not ep:
+        problems.append("the experts must be spread whole over the ranks: add --ep")
+    if tp != 1:
+        problems.append(f"-tp {tp} with -dp {dp}: attention is either split (-tp) or data-parallel (-dp), "
+                        f"not both, in this version")
+    if cfg.num_experts and cfg.num_experts % dp:
+        problems.append(f"num_experts {cfg.num_experts} is not a multiple of dp (each rank holds E/dp experts)")
+    if cfg.deepseek is not None:
+        problems.append("DeepSeek models (MLA and DeepSeek MoE) are not spread over ranks yet")
+    if problems:
+        raise ValueError(f"this model does not run with data-parallel attention over dp={dp} ranks: "
+                         f"{'; '.join(problems)}")
+
+
 def local_kv_heads(cfg: ModelConfig, tp: int) -> int:
     return max(1, cfg.num_key_value_heads // tp)
 
 
-def rank_shapes(cfg: ModelConfig, tp: int, ep: bool = False) -> ModelConfig:
+def rank_shapes(cfg: ModelConfig, tp: int, ep: bool = False, dp: int = 1) -> ModelConfig:
     """The sizes one rank computes (heads, KV heads, MLP width, its experts' count and width; the
     vocabulary stays whole, since token ids and logits are global): what KV caches, kernels and
-    tuning are sized by. Under `ep` a token's top-k falls on at most E/tp of the rank's experts."""
-    check_splittable(cfg, tp, ep)
-    experts = (dict(num_experts=cfg.num_experts // tp, num_experts_per_tok=min(cfg.num_experts_per_tok,
-                                                                               cfg.num_experts // tp))
+    tuning are sized by. Under `ep` a token's top-k falls on at most E/ranks of the rank's experts,
+    the ranks being the tp ones, or the dp ones of data-parallel attention (tp is 1 then)."""
+    check_splittable(cfg, tp, ep, dp)
+    ranks = tp * dp
+    experts = (dict(num_experts=cfg.num_experts // ranks, num_experts_per_tok=min(cfg.num_experts_per_tok,
+                                                                                  cfg.num_experts // ranks))
                if ep else dict(moe_intermediate_size=cfg.moe_intermediate_size // tp))
     return dataclasses.replace(cfg, num_attention_heads=cfg.num_attention_heads // tp,
                                num_key_value_heads=local_kv_heads(cfg, tp),

@@ -29,15 +29,15 @@ def draw_artifact_weights(artifact: Artifact, rank: int, device: torch.device,
     config_dir = artifact.member_dir(Path(CONFIG).parent.name)       # config.json, as the build read it
     return draw_weights(config_dir, getattr(torch, m.numerics.dtype), m.quantization.weights,
                         m.numerics.max_model_len, m.layout.tensor_parallel_size, m.layout.expert_parallel_size > 1,
-                        rank, device, stored)
+                        rank, device, stored, m.layout.data_parallel_size)
 
 
 def draw_weights(config_dir: Path, dtype: torch.dtype, quant: str, max_model_len: int, tp: int, ep: bool, rank: int,
-                 device: torch.device, stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+                 device: torch.device, stored: dict[str, torch.Tensor], dp: int = 1) -> dict[str, torch.Tensor]:
     """The drawn weights with the `stored` tensors in their places; a stored name the draw does not make
     is refused (the artifact and this atom-aot disagree on the model)."""
     start = time.perf_counter()
-    weights = draw_rank_state(config_dir, dtype, quant, max_model_len, tp, ep, rank, device)
+    weights = draw_rank_state(config_dir, dtype, quant, max_model_len, tp, ep, rank, device, dp)
     unlike = sorted(n for n, t in stored.items()
                     if n not in weights or (weights[n].shape, weights[n].dtype) != (t.shape, t.dtype))
     if unlike:

@@ -18,6 +18,7 @@ import time
 from collections import deque
 from typing import Callable
 
+from atom_aot.runtime.attention_dp import Lockstep
 from atom_aot.runtime.block_manager import BlockManager
 from atom_aot.runtime.model_runner import LaunchedStep, ModelRunner
 from atom_aot.errors import ContextLengthError, RequestError
@@ -33,9 +34,13 @@ from atom_aot.spec.verifier import VerifiedOutput
 class EngineCore:
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, eos_token_ids: frozenset[int], block_size: int,
                  async_scheduling: bool = False, grammars: Grammars | None = None,
-                 on_close: Callable[[], None] = lambda: None, spec_counters: SpecCounters | None = None):
-        """`on_close`: what `close` releases besides this object (the other tensor-parallel ranks)."""
+                 on_close: Callable[[], None] = lambda: None, spec_counters: SpecCounters | None = None,
+                 lockstep: Lockstep | None = None):
+        """`on_close`: what `close` releases besides this object (the other tensor-parallel ranks).
+        `lockstep`: this engine is one rank of a data-parallel-attention artifact, whose loop must step
+        with the other ranks (runtime/attention_dp.py; the server's engine loop does)."""
         self.scheduler = scheduler
+        self.lockstep = lockstep
         self.on_close = on_close
         self.runner = runner
         self.eos_token_ids = eos_token_ids

@@ -16,7 +16,8 @@ from atom_aot.artifact.phase import Phase
 
 
 def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_model_len: int,
-          tensor_parallel_size: int = 1, expert_parallel: bool = False, draw: dict | None = None) -> GraphPlan:
+          tensor_parallel_size: int = 1, expert_parallel: bool = False, draw: dict | None = None,
+          data_parallel_size: int = 1) -> GraphPlan:
     """`draw` ({dtype, quant}): the staged weights member holds only what a draw cannot reproduce
     (--load-format dummy-at-load), so rank 0's weights are drawn here as the loader draws them."""
     import torch
@@ -29,14 +30,16 @@ def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_m
     from atom_aot.runtime.cuda_graphs import DecodeGraphs
     from atom_aot.runtime.kv_cache import allocate_kv_cache
     device = torch.device("cuda")
-    cfg = rank_shapes(ModelConfig.from_json(staging / CONFIG), tensor_parallel_size, expert_parallel)
-    if tensor_parallel_size > 1:
+    cfg = rank_shapes(ModelConfig.from_json(staging / CONFIG), tensor_parallel_size, expert_parallel,
+                      data_parallel_size)
+    if tensor_parallel_size * data_parallel_size > 1:
         register_stand_in()
     weights = load_file(str(staging / weights_member(0)), device="cuda")
     if draw is not None:
         from atom_aot.runtime.drawn_weights import draw_weights
         weights = draw_weights(staging / Path(CONFIG).parent, getattr(torch, draw["dtype"]), draw["quant"],
-                               max_model_len, tensor_parallel_size, expert_parallel, 0, device, weights)
+                               max_model_len, tensor_parallel_size, expert_parallel, 0, device, weights,
+                               data_parallel_size)
     decode = CompiledModel(staging / package_member(Phase.DECODE), device).bind(weights)
     kv_cache = allocate_kv_cache(cfg, sizes[-1] + 1, block_size, getattr(torch, kv_dtype), device)
     torch.cuda.synchronize()
@@ -50,5 +53,5 @@ def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_m
 if __name__ == "__main__":
     a = json.loads(sys.argv[1])
     plan = probe(Path(a["staging"]), a["sizes"], a["block_size"], a["kv_dtype"], a["max_model_len"],
-                 a["tensor_parallel_size"], a["expert_parallel"], a["draw"])
+                 a["tensor_parallel_size"], a["expert_parallel"], a["draw"], a.get("data_parallel_size", 1))
     print(plan.to_json(indent=None))

@@ -58,7 +58,8 @@ class LoadedArtifact:
     def rank_config(self) -> ModelConfig:
         """The sizes this rank computes (its heads and KV heads): what its KV cache is sized by."""
         layout = self.manifest.layout
-        return rank_shapes(self.model_config, layout.tensor_parallel_size, layout.expert_parallel_size > 1)
+        return rank_shapes(self.model_config, layout.tensor_parallel_size, layout.expert_parallel_size > 1,
+                           layout.data_parallel_size)
 
 
 def machine_target() -> Target:
@@ -209,7 +210,8 @@ def _load_eager(manifest: Manifest, model_config: ModelConfig, tuning: Tuning,
         model = model_class(model_config.architecture)(model_config, getattr(torch, numerics.dtype),
                                                        manifest.quantization.weights, numerics.max_model_len,
                                                        manifest.layout.tensor_parallel_size,
-                                                       manifest.layout.expert_parallel_size > 1)
+                                                       manifest.layout.expert_parallel_size > 1,
+                                                       manifest.layout.data_parallel_size)
     model.load_state_dict(weights, assign=True)
     model.use_kernels(tuning.for_phase(Phase.MIXED))
     timings["eager model"] = time.perf_counter() - start

@@ -28,8 +28,14 @@ def placement_problem(manifest: Manifest, gpus: int | None = None) -> str | None
     needed = world if place is None else place.local_rank + 1
     if gpus >= needed:
         return None
-    fitting = dataclasses.replace(manifest.options, tensor_parallel_size=max(1, gpus))
-    where = (f"its {world} tensor-parallel ranks need one GPU each" if place is None else
+    if manifest.layout.attention_data_parallel:
+        fitting = dataclasses.replace(manifest.options, data_parallel_size=max(1, gpus),
+                                      enable_expert_parallel=gpus > 1)
+    else:
+        fitting = dataclasses.replace(manifest.options, tensor_parallel_size=max(1, gpus))
+    where = (f"its {world} ranks need one GPU each" if place is None else
              f"this rank (LOCAL_RANK {place.local_rank}) needs GPU {place.local_rank}")
+    across = ("" if manifest.layout.attention_data_parallel       # its ranks are started by one front end
+              else ", or run its ranks across nodes")
     return (f"{where}, and this machine has {gpus}. Build an artifact for {gpus or 1} GPU(s) with: "
-            f"{fitting.rebuild_command(manifest.model.source)}, or run its ranks across nodes (docs/parallelism.md)")
+            f"{fitting.rebuild_command(manifest.model.source)}{across} (docs/parallelism.md)")

@@ -7,7 +7,10 @@ import time
 import torch
 
 from atom_aot.artifact.phase import Phase
+from atom_aot.artifact.reader import Artifact
+from atom_aot.distributed.group import RankGroup, leave
 from atom_aot.errors import StartupError
+from atom_aot.runtime.attention_dp import AlignedForwards, Lockstep, join_attention_dp
 from atom_aot.runtime.block_manager import BlockManager
 from atom_aot.runtime.bytecode import warn_if_torch_uncached
 from atom_aot.runtime.compile_counter import TRITON
@@ -15,7 +18,7 @@ from atom_aot.runtime.config import DEFAULT_CPU_KV_BYTES, RuntimeConfig
 from atom_aot.runtime.engine_core import EngineCore
 from atom_aot.runtime.forwards import Forwards
 from atom_aot.runtime.kv_cache import allocate_kv_cache, bytes_per_block
-from atom_aot.runtime.loader import LoadedArtifact, load_artifact
+from atom_aot.runtime.loader import LoadedArtifact, check_target, load_artifact
 from atom_aot.runtime.model_runner import ModelRunner
 from atom_aot.runtime.sampler import Sampler
 from atom_aot.runtime.scheduler import Scheduler, SchedulerConfig
@@ -130,9 +133,14 @@ def prepare_model(loaded: LoadedArtifact, config: RuntimeConfig, num_blocks: int
     return kv_cache, make_forwards(loaded, config, kv_cache, max_model_len)
 
 
-def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig, ranks: LeadRank | None = None) -> EngineCore:
-    """`ranks`: rank 0's link to the other tensor-parallel ranks (None: the model has one rank)."""
+def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig, ranks: LeadRank | None = None,
+                      dp_group: RankGroup | None = None) -> EngineCore:
+    """`ranks`: rank 0's link to the other tensor-parallel ranks (None: the model has one rank);
+    `dp_group`: this engine is one rank of a data-parallel-attention artifact (runtime/attention_dp.py)."""
     max_model_len = config.served_max_model_len(loaded.max_model_len)
+    if dp_group is not None and config.method is not None:
+        raise StartupError(f"speculative decoding (--method {config.method}) is not supported with data-parallel "
+                           f"attention yet (every rank's verify steps would have to agree): serve without --method")
     draft = load_draft(loaded, config, max_model_len)
     num_blocks = kv_block_count(loaded, config, draft)
     if ranks is not None:
@@ -140,6 +148,12 @@ def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig, ranks: Lead
     kv_cache, forwards = prepare_model(loaded, config, num_blocks)
     if ranks is not None:
         forwards = ranks.lead(forwards)
+    lockstep = None
+    if dp_group is not None:
+        forwards = AlignedForwards(forwards, dp_group, kv_cache)
+        lockstep = Lockstep(forwards)
+        log.info("data-parallel attention: rank %d of %d, stepping with the others", dp_group.rank,
+                 dp_group.world_size)
     runner = ModelRunner(forwards, kv_cache, loaded.block_size, loaded.device, Sampler(loaded.device, config.seed))
     speculation = start_speculation(loaded, config, runner, max_model_len, num_blocks, config.max_num_seqs, draft)
     scheduler = Scheduler(
@@ -148,9 +162,10 @@ def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig, ranks: Lead
         proposer=speculation.proposer if speculation else None)
     eos = eos_token_ids(loaded)
     grammars = Grammars(loaded.tokenizer_dir, loaded.model_config.vocab_size, eos)
-    on_close = ranks.close if ranks is not None else lambda: None
+    on_close = ranks.close if ranks is not None else lockstep.close if lockstep is not None else lambda: None
     if speculation is None:
-        return EngineCore(scheduler, runner, eos, loaded.block_size, config.async_scheduling, grammars, on_close)
+        return EngineCore(scheduler, runner, eos, loaded.block_size, config.async_scheduling, grammars, on_close,
+                          lockstep=lockstep)
     return EngineCore(scheduler, speculation.runner, eos, loaded.block_size, grammars=grammars, on_close=on_close,
                       spec_counters=speculation.runner.counters)
 
@@ -159,6 +174,9 @@ def load_and_start(artifact_path, config: RuntimeConfig) -> tuple[LoadedArtifact
     TRITON.install()       # every load counts Triton JIT compilations (the runtime must do none)
     warn_if_torch_uncached()
     set_torch_threads(config.num_threads)
+    layout = Artifact.open(artifact_path).manifest.layout
+    if layout.attention_data_parallel:
+        return _load_and_start_dp_rank(artifact_path, config, layout.world_size)
     ranks = start_other_ranks(artifact_path, config)
     try:
         loaded = load_artifact(artifact_path, enforce_eager=config.enforce_eager)
@@ -167,6 +185,23 @@ def load_and_start(artifact_path, config: RuntimeConfig) -> tuple[LoadedArtifact
     except BaseException:
         if ranks is not None:
             ranks.close()
+        raise
+    loaded.timings["kv cache"] = time.perf_counter() - start - loaded.timings.get("graph capture", 0.0)
+    return loaded, core
+
+
+def _load_and_start_dp_rank(artifact_path, config: RuntimeConfig, world_size: int) -> tuple[LoadedArtifact, EngineCore]:
+    """This process as one engine core of a data-parallel-attention artifact: its rank's weights, its own KV
+    cache and scheduler, stepping with the other ranks (runtime/attention_dp.py)."""
+    artifact = Artifact.open(artifact_path)
+    check_target(artifact)                     # refuse before meeting the other ranks
+    group = join_attention_dp(artifact_path, artifact.manifest.target.arch, world_size)
+    try:
+        loaded = load_artifact(artifact_path, enforce_eager=config.enforce_eager, rank=group.rank)
+        start = time.perf_counter()
+        core = start_engine_core(loaded, config, dp_group=group)
+    except BaseException:
+        leave()
         raise
     loaded.timings["kv cache"] = time.perf_counter() - start - loaded.timings.get("graph capture", 0.0)
     return loaded, core

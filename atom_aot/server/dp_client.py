@@ -7,6 +7,11 @@ replica that dies takes the server down, as a single engine's death does. Calls 
 requests (profiling) go to every replica; the first one's answer is returned.
 
 On GPUs each replica sees its own GPUs (CUDA_VISIBLE_DEVICES, `world_size` of them per replica).
+
+An artifact built with data-parallel attention (`atom-build -dp N --ep`) is served the same way by
+its N ranks: each engine process is one rank (torchrun's variables set at its spawn; on GPUs rank r
+uses GPU r), the ranks step together (runtime/attention_dp.py), and a call's requests wake every
+rank, not only the one that runs them.
 """
 from __future__ import annotations
 
@@ -18,16 +23,29 @@ import os
 from typing import Callable, Iterator, TypeVar
 
 from atom_aot.artifact.manifest import Manifest
+from atom_aot.distributed.group import RankPlace
+from atom_aot.errors import StartupError
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.outputs import CoreOutput, CoreStats
 from atom_aot.server.engine_client import EngineClient, EngineStatus
-from atom_aot.server.messages import Abort, AddRequests, EngineInfo, EngineRequest, EngineStats, Heartbeat
+from atom_aot.server.messages import Abort, AddRequests, EngineInfo, EngineRequest, EngineStats, Heartbeat, Wake
 
 R = TypeVar("R")
 
 
 def engine_client(args, config: RuntimeConfig, manifest: Manifest) -> "EngineClient | DataParallelClient":
-    """The server's engine: one process, or `args.data_parallel_size` replicas behind one client."""
+    """The server's engine: one process, `args.data_parallel_size` replicas behind one client, or the
+    ranks of a data-parallel-attention artifact behind one client."""
+    layout = manifest.layout
+    if layout.attention_data_parallel:
+        if args.data_parallel_size != 1:
+            raise StartupError(f"-dp {args.data_parallel_size}: this artifact's {layout.world_size} ranks are already "
+                               f"data-parallel engines (built with -dp {layout.data_parallel_size} --ep), and "
+                               f"replicating the whole group is not supported yet: serve it without -dp")
+        leader = RankPlace.local_leader(layout.world_size)
+        ranks = [EngineClient(args.artifact, config, args.torch_profiler_dir, args.log_level)
+                 for _ in range(layout.world_size)]
+        return DataParallelClient(ranks, rank_places=[leader.peer(r) for r in range(layout.world_size)])
     replicas = [EngineClient(args.artifact, config, args.torch_profiler_dir, args.log_level)
                 for _ in range(args.data_parallel_size)]
     if len(replicas) == 1:
@@ -36,10 +54,13 @@ def engine_client(args, config: RuntimeConfig, manifest: Manifest) -> "EngineCli
 
 
 class DataParallelClient:
-    def __init__(self, replicas: list[EngineClient], gpus_per_replica: int | None = None):
-        """`gpus_per_replica`: GPUs each replica takes (None on the CPU, where replicas share the cores)."""
+    def __init__(self, replicas: list[EngineClient], gpus_per_replica: int | None = None,
+                 rank_places: list[RankPlace] | None = None):
+        """`gpus_per_replica`: GPUs each replica takes (None on the CPU, where replicas share the cores).
+        `rank_places`: the replicas are the ranks of one data-parallel-attention world, placed so."""
         self.replicas = replicas
         self.gpus_per_replica = gpus_per_replica
+        self.rank_places = rank_places
         self.artifact_path = replicas[0].artifact_path
         self.in_flight: list[set[str]] = [set() for _ in replicas]   # replica -> request ids it runs
         self.exited = asyncio.Event()
@@ -56,7 +77,7 @@ class DataParallelClient:
         blocks of all."""
         starting = []
         for i, replica in enumerate(self.replicas):
-            with self._visible_gpus(i):
+            with self._spawn_environment(i):
                 starting.append(asyncio.ensure_future(replica.start(timeout)))
                 await asyncio.sleep(0)      # runs start() up to its first wait: the process is spawned by then
         infos = await asyncio.gather(*starting)
@@ -96,6 +117,10 @@ class DataParallelClient:
         i = self.least_loaded()
         ids = {new.request_id for new in request.requests}
         self.in_flight[i] |= ids
+        if self.rank_places is not None:
+            for j, replica in enumerate(self.replicas):
+                if j != i:
+                    replica.send(Wake())
         try:
             return await self.replicas[i].call(request, timeout)
         except BaseException:
@@ -117,21 +142,28 @@ class DataParallelClient:
         self.exited.set()
 
     @contextlib.contextmanager
-    def _visible_gpus(self, i: int) -> Iterator[None]:
-        """Replica i's GPUs as the spawned engine process's environment (it copies os.environ)."""
-        if self.gpus_per_replica is None:
-            yield
-            return
-        before = os.environ.get("CUDA_VISIBLE_DEVICES")
-        first = i * self.gpus_per_replica
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(first, first + self.gpus_per_replica))
+    def _spawn_environment(self, i: int) -> Iterator[None]:
+        """Replica i's GPUs, or rank i's place, as the spawned engine process's environment (it copies
+        os.environ)."""
+        changes = {}
+        if self.rank_places is not None:
+            place = self.rank_places[i]
+            changes = {"MASTER_ADDR": place.master_addr, "MASTER_PORT": str(place.master_port),
+                       "WORLD_SIZE": str(place.world_size), "RANK": str(place.rank),
+                       "LOCAL_RANK": str(place.local_rank)}
+        elif self.gpus_per_replica is not None:
+            first = i * self.gpus_per_replica
+            changes = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(first, first + self.gpus_per_replica))}
+        before = {name: os.environ.get(name) for name in changes}
+        os.environ.update(changes)
         try:
             yield
         finally:
-            if before is None:
-                del os.environ["CUDA_VISIBLE_DEVICES"]
-            else:
-                os.environ["CUDA_VISIBLE_DEVICES"] = before
+            for name, value in before.items():
+                if value is None:
+                    del os.environ[name]
+                else:
+                    os.environ[name] = value
 
 
 def _summed(beats: list[Heartbeat]) -> Heartbeat:

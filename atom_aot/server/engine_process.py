@@ -5,6 +5,11 @@ drains its inbox without waiting between steps; when idle it blocks on the inbox
 heartbeat to send one (the front end's liveness and /metrics read them) and to notice a front
 end that went away, and exit with it.
 
+One rank of a data-parallel-attention artifact steps with the other ranks (runtime/attention_dp.py):
+every turn of its loop agrees with them whether any has work and whether any stops, and it runs a
+step of padding when others have work and it has none. The front end wakes every rank when it
+sends one of them requests (`Wake`), so idle ranks do not sleep through a heartbeat first.
+
 This module does not import torch: the process sets how OpenMP threads wait before torch
 loads (runtime/threads.py says why).
 """
@@ -20,12 +25,12 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from atom_aot.errors import ContextLengthError, RequestError
+from atom_aot.errors import ContextLengthError, RankStopped, RequestError
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.threads import prefer_passive_openmp_wait
 from atom_aot.server.messages import (HEARTBEAT_S, Abort, Added, AddRequests, Call, EngineInfo, EngineStats, Failure,
                                       Heartbeat, Outputs, ProfileStarted, ProfileStopped, Ready, Reply, Shutdown,
-                                      StartProfile, StartupFailed, StopProfile, decode, encode)
+                                      StartProfile, StartupFailed, StopProfile, Wake, decode, encode)
 from atom_aot.server.profiler import ProfilerError, TorchProfiler
 
 if TYPE_CHECKING:
@@ -58,6 +63,9 @@ def run_engine_process(artifact_path: str, config: RuntimeConfig, inputs_addr: s
     outbox.send(encode(Ready(info)))
     try:
         EngineLoop(core, inbox, outbox, TorchProfiler(profiler_dir)).run()
+    except RankStopped as e:          # said in one line: the traceback adds nothing
+        log.error("%s", e)
+        raise SystemExit(1) from None
     finally:
         _close(context, outbox, inbox)
 
@@ -117,11 +125,33 @@ class EngineLoop:
 
     def _loop(self) -> None:
         self._heartbeat()                 # the first, right after Ready
+        if self.core.lockstep is not None:
+            self._lockstep_loop()
+            return
         while self.running:
             busy = self.core.has_unfinished()
             self._intake(block=not busy)
             if self.running and self.core.has_unfinished():
                 outputs = self.core.step()
+                self.steps += 1
+                if outputs:
+                    self.outbox.send(encode(Outputs(outputs)))
+            self._heartbeat(went_idle=busy and not self.core.has_unfinished())
+
+    def _lockstep_loop(self) -> None:
+        """The loop of one data-parallel-attention rank: the ranks leave it together, and step together
+        while any of them has work."""
+        lockstep, others_busy = self.core.lockstep, False
+        while True:
+            busy = self.core.has_unfinished()
+            self._intake(block=not busy and not others_busy)
+            any_busy, any_stop = lockstep.agree(self.core.has_unfinished(), not self.running)
+            if any_stop:
+                self.running = False
+                return
+            others_busy = any_busy
+            if any_busy:
+                outputs = lockstep.step(self.core.step, self.core.has_unfinished())
                 self.steps += 1
                 if outputs:
                     self.outbox.send(encode(Outputs(outputs)))
@@ -154,6 +184,8 @@ class EngineLoop:
             self.outbox.send(encode(self._answer(message)))
         elif isinstance(message, Shutdown):
             self.running = False
+        elif not isinstance(message, Wake):
+            log.warning("the engine ignores a message it does not know: %s", type(message).__name__)
 
     def _answer(self, call: Call) -> Reply:
         request = call.request

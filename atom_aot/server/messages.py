@@ -85,6 +85,12 @@ class Shutdown:
     pass
 
 
+@dataclass
+class Wake:
+    """To every rank of a data-parallel-attention artifact when one of them gets requests: the ranks
+    step together, so the idle ones must stop waiting on their inbox (server/engine_process.py)."""
+
+
 # -- engine -> front end ----------------------------------------------------------------------
 @dataclass
 class EngineInfo:

@@ -1,0 +1,176 @@
+"""Data-parallel attention with expert parallelism (`atom-build -dp N --ep`) on the CPU: every rank an
+engine core of its own sequences, the expert layers gathering every rank's tokens (all-gather) and
+handing back each rank's sums (reduce-scatter). Served by `atom-run ART serve` as N engine processes
+(gloo); greedy output equals the single-rank artifact's under concurrent load, padding steps leave the
+real rows alone, and the refusals name what does not fit."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_server_support import ServerProcess
+
+from atom_aot.artifact.reader import Artifact
+from atom_aot.build.config import BuildConfig
+from atom_aot.build.pipeline import plan
+from atom_aot.build.shard import shard_state_dict
+from atom_aot.entrypoints.llm import LLMEngine
+from atom_aot.errors import BuildError, StartupError
+from atom_aot.models import model_class
+from atom_aot.runtime.attention_dp import pad_to, padding_only
+from atom_aot.runtime.sampling_params import SamplingParams
+from factories import make_tiny_model, random_prompts
+from moe_checks import one_layer_qwen3_moe
+
+QWEN3_MOE = dict(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, norm_topk_prob=True,
+                 mlp_only_layers=[1])
+ENGINE = dict(num_kv_blocks=64, num_threads=1)
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("attention-dp") / "qwen3moe", "Qwen3MoeForCausalLM", seed=7,
+                           **QWEN3_MOE)
+
+
+@pytest.fixture(scope="module")
+def dp2_artifact(moe_dir, build_artifact):
+    """Compiled (AOTInductor): the gather and reduce-scatter run inside the package."""
+    return build_artifact(moe_dir, compile="aoti", data_parallel_size=2, enable_expert_parallel=True)
+
+
+def test_a_dp2_artifact_holds_whole_attention_and_half_the_experts_per_rank(dp2_artifact, moe_dir, build_artifact):
+    manifest = Artifact.open(dp2_artifact).manifest
+    layout = manifest.layout
+    assert (layout.tensor_parallel_size, layout.data_parallel_size, layout.expert_parallel_size) == (1, 2, 2)
+    assert layout.attention_data_parallel and "-tp1-dp2-ep-" in dp2_artifact.name
+    assert len(manifest.compiled.packages) == 1          # one package serves both ranks
+    one_rank = Artifact.open(build_artifact(moe_dir, compile="none"))
+    whole = load_file(str(one_rank.member_path("weights/rank0.safetensors")))
+    for rank in range(2):
+        part = load_file(str(Artifact.open(dp2_artifact).member_path(f"weights/rank{rank}.safetensors")))
+        torch.testing.assert_close(part["model.layers.0.self_attn.qkv_proj.weight"],
+                                   whole["model.layers.0.self_attn.qkv_proj.weight"], rtol=0, atol=0)
+        torch.testing.assert_close(part["model.layers.0.mlp.experts.w13"],
+                                   whole["model.layers.0.mlp.experts.w13"][4 * rank:4 * (rank + 1)], rtol=0, atol=0)
+        assert int(part["model.layers.0.mlp.experts.expert_start"]) == 4 * rank
+        assert "model.embed_tokens.vocab_start" not in part
+
+
+def test_the_ranks_expert_outputs_reduce_scattered_make_the_whole_layer():
+    """Two ranks' eager MoE blocks on the whole model's shards, with the collectives done by hand: rank r's
+    partial sums over both ranks' tokens, summed and split, are the whole layer's output for its tokens."""
+    cfg, whole = one_layer_qwen3_moe()
+    tokens = [torch.randn(5, 32), torch.randn(5, 32)]             # each rank's own tokens
+    expected = whole.model.layers[0].mlp(torch.cat(tokens))
+    partial = []
+    for rank in range(2):
+        with torch.device("meta"):
+            part = model_class(cfg.architecture)(cfg, torch.float32, tp=1, ep=True, dp=2)
+        part.load_state_dict(shard_state_dict(whole.state_dict(), cfg, 1, rank, True, 2), assign=True)
+        partial.append(part.model.layers[0].mlp.experts(torch.cat(tokens), *_route(part, torch.cat(tokens))))
+    torch.testing.assert_close(partial[0] + partial[1], expected, rtol=1e-5, atol=1e-5)
+
+
+def _route(model, hidden):
+    from atom_aot.ops.moe import softmax_topk
+    block = model.model.layers[0].mlp
+    return softmax_topk(block.gate(hidden), block.top_k, block.renormalize)
+
+
+def test_padding_sequences_leave_the_real_rows_and_the_cache_alone():
+    from model_factories import mixed_step, tiny_model
+    model = tiny_model(seed=3)
+    inputs = mixed_step(model)
+    cache = inputs.kv_cache
+    before = cache.clone()
+    with torch.no_grad():
+        expected = model(inputs)
+        written = cache.clone()
+        cache.copy_(before)
+        padded = pad_to(inputs, inputs.input_ids.shape[0] + 5)
+        assert padded.input_ids.shape[0] == inputs.input_ids.shape[0] + 5
+        assert padded.seq_lens.shape[0] == inputs.seq_lens.shape[0] + 5
+        torch.testing.assert_close(model(padded), expected, rtol=1e-5, atol=1e-5)   # M changes GEMM blocking
+        assert torch.equal(cache != 0, written != 0)             # padding writes no slot of its own
+        torch.testing.assert_close(cache, written, rtol=1e-5, atol=1e-5)
+        kept = cache.clone()
+        assert model(padding_only(cache, 4)).shape[0] == 0
+        assert torch.equal(cache, kept)
+
+
+def test_what_does_not_run_data_parallel_is_refused_by_name(moe_dir, tmp_path, dp2_artifact):
+    with pytest.raises(BuildError, match="add --ep"):
+        plan(str(moe_dir), BuildConfig(arch="cpu", data_parallel_size=2))
+    with pytest.raises(ValueError, match="not both"):
+        BuildConfig(arch="cpu", data_parallel_size=2, tensor_parallel_size=2, enable_expert_parallel=True)
+    with pytest.raises(BuildError, match="not a multiple of dp"):
+        plan(str(moe_dir), BuildConfig(arch="cpu", data_parallel_size=3, enable_expert_parallel=True))
+    dense = make_tiny_model(tmp_path / "dense", "Qwen3ForCausalLM")
+    with pytest.raises(BuildError, match="has no experts"):
+        plan(str(dense), BuildConfig(arch="cpu", data_parallel_size=2, enable_expert_parallel=True))
+    with pytest.raises(StartupError, match="Serve it with `atom-run"):
+        LLMEngine(str(dp2_artifact), **ENGINE)
+
+
+def _served_tokens(server: ServerProcess, model: str, prompts: list[list[int]], max_tokens: list[int]) -> list:
+    def complete(i):
+        body = {"model": model, "prompt": prompts[i], "max_tokens": max_tokens[i], "temperature": 0,
+                "ignore_eos": True, "logprobs": 0}
+        response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=300)
+        assert response.status_code == 200, response.text
+        return response.json()["choices"][0]["text"]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(complete, range(len(prompts))))
+
+
+def test_dp2_serving_under_concurrent_load_equals_one_rank(dp2_artifact, moe_dir, build_artifact, tmp_path):
+    """Prompts of 3-60 tokens and 2-12 new tokens: the ranks' steps differ in size (padding), and one rank
+    goes idle while the other still runs (padding-only steps)."""
+    prompts = random_prompts(8, 300, seed=3)
+    max_tokens = [2 + (5 * i) % 11 for i in range(len(prompts))]
+    one_rank = LLMEngine(str(build_artifact(moe_dir, compile="none")), **ENGINE)
+    try:
+        expected = [one_rank.generate([p], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))[0]["text"]
+                    for p, n in zip(prompts, max_tokens)]
+    finally:
+        one_rank.close()
+    server = ServerProcess(dp2_artifact, tmp_path, api_key=None).wait_healthy(timeout=300)
+    try:
+        model = Artifact.open(dp2_artifact).manifest.model.name
+        assert _served_tokens(server, model, prompts, max_tokens) == expected
+        assert _served_tokens(server, model, prompts[:3], max_tokens[:3]) == expected[:3]   # after idling
+        assert "atom_kv_cache_blocks_total 1024.0" in httpx.get(f"{server.url}/metrics").text   # 512 per rank
+        assert len(_engine_processes(server)) == 2
+        server.proc.send_signal(signal.SIGINT)          # the ranks leave their loop together
+        assert server.proc.wait(30) == 0, server.log()
+    finally:
+        server.stop()
+
+
+def test_a_killed_rank_ends_the_server(dp2_artifact, tmp_path):
+    server = ServerProcess(dp2_artifact, tmp_path, api_key=None).wait_healthy(timeout=300)
+    try:
+        ranks = _engine_processes(server)
+        assert len(ranks) == 2
+        os.kill(int(ranks[1]), signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while server.proc.poll() is None:
+            assert time.monotonic() < deadline, "the server outlived a killed rank by 60 s:\n" + server.log()
+            time.sleep(0.25)
+        assert server.proc.returncode == 3                       # as for any engine death
+        assert "its engine process exited" in server.log()
+    finally:
+        server.stop()
+
+
+def _engine_processes(server: ServerProcess) -> list[str]:
+    from pathlib import Path
+    children = Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read_text().split()
+    return [pid for pid in children if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
