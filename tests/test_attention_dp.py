@@ -174,3 +174,50 @@ def _engine_processes(server: ServerProcess) -> list[str]:
     from pathlib import Path
     children = Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read_text().split()
     return [pid for pid in children if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+class _DecodeGraphsStandIn:
+    """A decode forward with CUDA-graph sizes (DecodeGraphs' `sizes`), recording what it ran."""
+    sizes = [1, 2, 4, 8]
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, inputs):
+        self.calls.append(inputs.input_ids.shape[0])
+        return torch.zeros(inputs.input_ids.shape[0], 32)
+
+
+@pytest.mark.parametrize("agreed, runs", [(4, ("decode", 4)), (6, ("mixed", 6)), (8, ("decode", 8))])
+def test_a_decode_batch_runs_its_graph_only_at_a_capture_size_the_ranks_agreed(monkeypatch, agreed, runs):
+    """3 decode sequences count as their graph size 4; the ranks' largest count decides the path."""
+    from atom_aot.runtime import attention_dp
+    from atom_aot.runtime.forwards import Forwards
+    from runner_factories import RecordingForward, make_batch, make_runner, make_sequence
+    offered = []
+    monkeypatch.setattr(attention_dp, "agree", lambda values, group: offered.append(values) or [agreed])
+    mixed, decode = RecordingForward(), _DecodeGraphsStandIn()
+    runner = make_runner(Forwards(mixed, decode, decode_max_seqs=8))
+    runner.forwards = attention_dp.AlignedForwards(runner.forwards, group=None, kv_cache=runner.kv_cache)
+    seqs = [make_sequence([5, 6, 7, 8 + i], [i], num_computed_tokens=3, request_id=str(i)) for i in range(3)]
+    runner.launch(make_batch(*[(seq, 1) for seq in seqs]))
+    assert offered == [[4]]
+    ran = ("decode", decode.calls[-1]) if decode.calls else ("mixed", mixed.calls[-1].input_ids.shape[0])
+    assert ran == runs
+    if runs[0] == "mixed":      # padding rows are not sampled
+        assert mixed.calls[-1].logits_indices.tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("agreed, runs", [(0, None), (2, ("decode", 2)), (3, ("mixed", 3))])
+def test_a_rank_with_nothing_to_run_steps_with_padding_only(monkeypatch, agreed, runs):
+    from atom_aot.runtime import attention_dp
+    from atom_aot.runtime.forwards import Forwards
+    from runner_factories import RecordingForward, make_runner
+    monkeypatch.setattr(attention_dp, "agree", lambda values, group: [agreed])
+    mixed, decode = RecordingForward(), _DecodeGraphsStandIn()
+    runner = make_runner(Forwards(mixed, decode, decode_max_seqs=8))
+    aligned = attention_dp.AlignedForwards(runner.forwards, group=None, kv_cache=runner.kv_cache)
+    aligned.idle_step()
+    ran = (("decode", decode.calls[-1]) if decode.calls else
+           ("mixed", mixed.calls[-1].input_ids.shape[0]) if mixed.calls else None)
+    assert ran == runs and aligned.steps_run == 1

@@ -87,8 +87,9 @@ def padding_only(kv_cache: torch.Tensor, num_tokens: int) -> StepInputs:
 
 class AlignedForwards:
     """`Forwards` whose every call first agrees the step's token count with the other ranks and pads
-    to it. A decode batch runs the decode path (its CUDA graph) when the agreed count is one of the
-    graphs' sizes, else the mixed package, which takes any count."""
+    to it. A decode batch runs the decode path when the agreed count is one of its CUDA graphs' sizes
+    (or, without graphs, its own count: the decode package samples every token, padding included),
+    else the mixed package, which takes any count and samples only the rows asked for."""
 
     def __init__(self, forwards: Forwards, group: RankGroup, kv_cache: torch.Tensor):
         self.forwards = forwards
@@ -118,7 +119,7 @@ class AlignedForwards:
         (target,) = agree([own], self.group)
         self.steps_run += 1
         num_logits = inputs.logits_indices.shape[0]
-        decode = decode and (self.graph_sizes is None or target in self.graph_sizes)
+        decode = decode and (target == tokens if self.graph_sizes is None else target in self.graph_sizes)
         return self._forward(pad_to(inputs, target), decode)[:num_logits]
 
     def _forward(self, inputs: StepInputs, decode: bool) -> torch.Tensor:
@@ -126,9 +127,8 @@ class AlignedForwards:
         return forward(inputs)
 
     def _decodes_at(self, tokens: int) -> bool:
-        if self.forwards.decode is None:
-            return False
-        return self.graph_sizes is None or tokens in self.graph_sizes
+        """Whether a padding-only step of `tokens` runs a decode graph (else the mixed package)."""
+        return self.graph_sizes is not None and tokens in self.graph_sizes
 
     def _graph_size(self, tokens: int) -> int:
         return next(size for size in self.graph_sizes if size >= tokens)
