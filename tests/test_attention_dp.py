@@ -154,6 +154,28 @@ def test_dp2_serving_under_concurrent_load_equals_one_rank(dp2_artifact, moe_dir
         server.stop()
 
 
+def test_deepseek_with_latent_attention_serves_dp2_equal_to_one_rank(build_artifact, tmp_path_factory, tmp_path):
+    """DeepSeek-V3 (MLA, grouped routing, a shared expert, dense first layers): each rank's whole latent
+    attention, the routed experts spread over the ranks, the shared expert on the rank's own tokens."""
+    from deepseek_factories import make_tiny_deepseek
+    model_dir = make_tiny_deepseek(tmp_path_factory.mktemp("attention-dp-deepseek") / "deepseek", seed=4)
+    prompts = random_prompts(6, 300, seed=5)
+    max_tokens = [3 + (4 * i) % 9 for i in range(len(prompts))]
+    one_rank = LLMEngine(str(build_artifact(model_dir, compile="none")), **ENGINE)
+    try:
+        expected = [one_rank.generate([p], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))[0]["text"]
+                    for p, n in zip(prompts, max_tokens)]
+    finally:
+        one_rank.close()
+    dp2 = build_artifact(model_dir, compile="none", data_parallel_size=2, enable_expert_parallel=True)
+    server = ServerProcess(dp2, tmp_path, api_key=None).wait_healthy(timeout=300)
+    try:
+        model = Artifact.open(dp2).manifest.model.name
+        assert _served_tokens(server, model, prompts, max_tokens) == expected
+    finally:
+        server.stop()
+
+
 def test_a_killed_rank_ends_the_server(dp2_artifact, tmp_path):
     server = ServerProcess(dp2_artifact, tmp_path, api_key=None).wait_healthy(timeout=300)
     try:

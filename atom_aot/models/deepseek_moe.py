@@ -3,7 +3,9 @@ routed scaling, plus shared experts (a dense gated MLP added to the routed outpu
 
 The routing is DeepSeek's own (`deepseek_topk`, exactly HF's DeepseekV3TopkRouter); the routed
 experts are the shared `MoEExperts` (atom_aot/models/moe.py: the `atom::fused_moe` op through the
-tuning row's `moe` backend).
+tuning row's `moe` backend). With data-parallel attention (`dp` ranks, each holding E/dp routed
+experts) the routed part gathers every rank's tokens and reduce-scatters the sums, as SparseMoeBlock
+does; the shared experts, whole on every rank, run on the rank's own tokens.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from atom_aot.distributed.collectives import all_gather_rows, reduce_scatter_rows
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.decoder import GatedMLP
 from atom_aot.models.moe import MoEExperts
@@ -49,15 +52,19 @@ class DeepseekRouter(nn.Module):
 
 
 class DeepseekMoE(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str, dp: int = 1):
         super().__init__()
-        self.config = cfg
+        self.config, self.dp = cfg, dp
         self.gate = DeepseekRouter(cfg, dtype)
-        self.experts = MoEExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype)
+        self.experts = MoEExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype,
+                                  ep=dp > 1, dp=dp)
         shared = cfg.moe_intermediate_size * cfg.deepseek.n_shared_experts
         self.shared_experts = GatedMLP(cfg, dtype, quant, intermediate_size=shared) if shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = deepseek_topk(x, self.gate, self.config)
-        out = self.experts(x, weights, ids)
+        tokens = all_gather_rows(x, self.dp) if self.dp > 1 else x            # [dp * T, H]
+        weights, ids = deepseek_topk(tokens, self.gate, self.config)
+        out = self.experts(tokens, weights, ids)
+        if self.dp > 1:
+            out = reduce_scatter_rows(out, self.dp)                            # [T, H]: this rank's tokens
         return out if self.shared_experts is None else out + self.shared_experts(x)

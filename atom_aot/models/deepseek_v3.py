@@ -32,11 +32,12 @@ MTP_OWN = ("enorm.", "hnorm.", "eh_proj.", "embed_tokens.", "shared_head.")
 
 
 class DeepseekModel(DecoderModel):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str, max_positions: int):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str, max_positions: int, dp: int = 1):
         nn.Module.__init__(self)      # DecoderModel's own __init__ builds dense layers
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
         self.rotary = RotaryEmbedding(cfg.deepseek.qk_rope_head_dim, max_positions)
-        self.layers = nn.ModuleList(DeepseekDecoderLayer(cfg, i, dtype, quant) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DeepseekDecoderLayer(cfg, i, dtype, quant, dp)
+                                    for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
 
@@ -48,13 +49,13 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None,
                  tp: int = 1, ep: bool = False, dp: int = 1):
         nn.Module.__init__(self)
-        check_splittable(cfg, tp, ep, dp)       # DeepSeek: -tp 1 only, for now
+        check_splittable(cfg, tp, ep, dp)       # DeepSeek: -tp 1 only, for now; -dp N --ep splits the experts
         self.config, self.tp, self.ep, self.dp = cfg, tp, ep, dp
-        self.model = DeepseekModel(cfg, dtype, quant, max_positions or cfg.max_position_embeddings)
+        self.model = DeepseekModel(cfg, dtype, quant, max_positions or cfg.max_position_embeddings, dp)
         # lm_head stays unquantized: it decides the argmax.
         self.lm_head = None if cfg.tie_word_embeddings else make_linear(cfg.hidden_size, cfg.vocab_size, False,
                                                                         dtype, "none")
-        self.mtp = nn.ModuleList(MTPLayer(cfg, cfg.num_hidden_layers + i, dtype, quant)
+        self.mtp = nn.ModuleList(MTPLayer(cfg, cfg.num_hidden_layers + i, dtype, quant, dp)
                                  for i in range(cfg.deepseek.num_nextn_predict_layers))
 
     @classmethod

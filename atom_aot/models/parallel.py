@@ -76,8 +76,6 @@ def check_attention_data_parallel(cfg: ModelConfig, tp: int, ep: bool, dp: int) 
                         f"not both, in this version")
     if cfg.num_experts and cfg.num_experts % dp:
         problems.append(f"num_experts {cfg.num_experts} is not a multiple of dp (each rank holds E/dp experts)")
-    if cfg.deepseek is not None:
-        problems.append("DeepSeek models (MLA and DeepSeek MoE) are not spread over ranks yet")
     if problems:
         raise ValueError(f"this model does not run with data-parallel attention over dp={dp} ranks: "
                          f"{'; '.join(problems)}")
