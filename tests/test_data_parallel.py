@@ -128,3 +128,83 @@ def test_replica_heartbeats_add_up_counts_and_speculation_counters():
     assert total.steps == 10 and total.stats.core.num_running == 5 and total.stats.core.kv_blocks_free == 8
     assert total.stats.core.spec == SpecCounters("ngram", 2, 4, [4, 3], [3, 1])
     assert _summed([beat(1, 1, None), beat(1, 1, None)]).stats.core.spec is None
+
+
+class TestPrefixRouting:
+    def test_a_known_prefix_goes_back_to_its_engine(self):
+        from atom_aot.server.prefix_routing import PrefixRouter
+        router = PrefixRouter(2, block_size=4)
+        shared = list(range(10, 22))                               # three full blocks
+        assert router.choose(shared + [1], [0, 0]) == 0
+        assert router.choose(list(range(50, 62)), [1, 0]) == 1     # unknown: the least loaded
+        assert router.choose(shared + [2, 3], [3, 0]) == 0          # known: its engine, though busier
+        assert router.choose(shared[:8] + [99] * 4, [1, 0]) == 0    # two of its blocks: still there
+        assert router.routed_by_prefix == 2
+
+    def test_an_engine_much_busier_than_the_least_loaded_is_passed_over(self):
+        from atom_aot.server.prefix_routing import PrefixRouter
+        router = PrefixRouter(2, block_size=4, slack=2)
+        prompt = list(range(16))
+        assert router.choose(prompt, [0, 0]) == 0
+        assert router.choose(prompt, [2, 0]) == 0
+        assert router.choose(prompt, [3, 0]) == 1                   # more than `slack` over: the idle one
+        assert router.choose(prompt, [3, 3]) == 1                   # and the prefix now lives there too
+
+    def test_memory_is_bounded_oldest_first(self):
+        from atom_aot.server.prefix_routing import PrefixRouter
+        router = PrefixRouter(2, block_size=2, max_entries=4)
+        router.choose([1, 2, 3, 4], [0, 0])
+        router.choose([5, 6, 7, 8, 9, 10, 11, 12], [0, 1])            # 4 blocks: the first two go
+        assert len(router.owner) == 4
+        assert router.choose([1, 2, 3, 4], [1, 0]) == 1            # forgotten: least loaded
+
+    def test_the_client_routes_a_call_by_its_first_prompt(self):
+        from atom_aot.server.prefix_routing import PrefixRouter
+        replicas = [FakeReplica(), FakeReplica()]
+        client = DataParallelClient(replicas)
+        client.router = PrefixRouter(2, block_size=2)
+        news = [NewRequest("a", [7, 8, 9, 10], SamplingParams(), 0.0)]
+        asyncio.run(client.call(AddRequests(news)))
+        asyncio.run(client.call(AddRequests([NewRequest("b", [1, 2], SamplingParams(), 0.0)])))
+        asyncio.run(client.call(AddRequests([NewRequest("c", [7, 8, 9, 10, 11], SamplingParams(), 0.0)])))
+        assert replicas[0].added == ["a", "c"] and replicas[1].added == ["b"]
+
+
+@pytest.mark.parametrize("routing, expected_hits", [("prefix", 3 * 4 * 4), ("load", 3 * 4 * 4 - 2 * 4)])
+def test_prefix_routing_keeps_each_prefix_where_it_is_cached(tiny_llama_eager_artifact, tmp_path, routing,
+                                                             expected_hits):
+    """Four 64-token prefixes (4 blocks each) are seeded by long requests started 0.1 s apart, so each is
+    routed while the others run: two on each replica. Then three follow-ups per prefix, one at a time.
+    Routed by load, every follow-up goes to replica 0 (both idle: the first), so the first follow-up of
+    each prefix seeded on replica 1 misses its 4 blocks; routed by prefix, every follow-up finds them.
+    The counts are the replicas' prefix-cache hits, summed in /metrics."""
+    from test_server_support import metric
+    from atom_aot.artifact.reader import Artifact
+    server = ServerProcess(tiny_llama_eager_artifact, tmp_path, "-dp", "2", "--dp-routing", routing,
+                           api_key=None).wait_healthy()
+    try:
+        model = Artifact.open(tiny_llama_eager_artifact).manifest.model.name
+        prefixes = [[(p * 37 + i) % 200 + 3 for i in range(64)] for p in range(4)]
+
+        def complete(prompt, max_tokens=2):
+            body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+            assert httpx.post(f"{server.url}/v1/completions", json=body, timeout=120).status_code == 200
+        with ThreadPoolExecutor(4) as pool:
+            seeds = []
+            for prefix in prefixes:
+                seeds.append(pool.submit(complete, prefix + [250, 251, 252], 300))
+                time.sleep(0.1)
+            [seed.result() for seed in seeds]
+        hits_before = _hits(server, metric)
+        for k in range(3):
+            for p, prefix in enumerate(prefixes):
+                complete(prefix + [240 + k, p + 3, 7])
+        assert _hits(server, metric) - hits_before == expected_hits
+    finally:
+        server.stop()
+
+
+def _hits(server, metric) -> float:
+    """The replicas' prefix-cache hits once their heartbeats have caught up (sent when they go idle)."""
+    time.sleep(1.0)
+    return metric(httpx.get(f"{server.url}/metrics").text, "atom_prefix_cache_hits_total")

@@ -40,7 +40,12 @@ def add_server_arguments(p: argparse.ArgumentParser, underscore_aliases: bool = 
     http.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for the engine")
     http.add_argument("-dp", "--data-parallel-size", dest="data_parallel_size", type=int, default=1,
                       help="engine processes, each with a whole replica of the model (its tensor-parallel ranks "
-                           "included); requests go to the one with the fewest in flight")
+                           "included); requests are routed by --dp-routing")
+    http.add_argument("--dp-routing", choices=("prefix", "load"), default="prefix",
+                      help="how requests are spread over data-parallel engines (-dp replicas, or the ranks of a "
+                           "data-parallel-attention artifact): prefix: to the engine given the longest prefix of the "
+                           "prompt before (its prefix cache holds it) unless it has 8 more requests in flight than "
+                           "the least-loaded one; load: to the one with the fewest in flight")
     add_arguments(p.add_argument_group("limits and timeouts"), ServerOptions, underscore_aliases=underscore_aliases)
     add_arguments(p.add_argument_group("engine"), RuntimeConfig, underscore_aliases=underscore_aliases)
 

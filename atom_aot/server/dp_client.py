@@ -1,8 +1,10 @@
 """Data parallelism: N engine processes, each with a whole replica of the model, behind one front end.
 
 `DataParallelClient` has `EngineClient`'s interface, so the server runs on it unchanged. It sends
-each API call's requests (`AddRequests`) to the replica with the fewest requests in flight, and an
-abort to whichever replica runs each request; their outputs come back through the one router. A
+each API call's requests (`AddRequests`) to the replica holding the longest known prefix of its
+prompt unless that one is much busier (`--dp-routing prefix`, the default: prefix_routing.py), or to
+the replica with the fewest requests in flight (`--dp-routing load`), and an abort to whichever
+replica runs each request; their outputs come back through the one router. A
 replica that dies takes the server down, as a single engine's death does. Calls other than adding
 requests (profiling) go to every replica; the first one's answer is returned.
 
@@ -29,6 +31,9 @@ from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.outputs import CoreOutput, CoreStats
 from atom_aot.server.engine_client import EngineClient, EngineStatus
 from atom_aot.server.messages import Abort, AddRequests, EngineInfo, EngineRequest, EngineStats, Heartbeat, Wake
+from atom_aot.server.prefix_routing import PrefixRouter
+
+ROUTINGS = ("prefix", "load")
 
 R = TypeVar("R")
 
@@ -45,19 +50,26 @@ def engine_client(args, config: RuntimeConfig, manifest: Manifest) -> "EngineCli
         leader = RankPlace.local_leader(layout.world_size)
         ranks = [EngineClient(args.artifact, config, args.torch_profiler_dir, args.log_level)
                  for _ in range(layout.world_size)]
-        return DataParallelClient(ranks, rank_places=[leader.peer(r) for r in range(layout.world_size)])
+        return DataParallelClient(ranks, rank_places=[leader.peer(r) for r in range(layout.world_size)],
+                                  routing=args.dp_routing)
     replicas = [EngineClient(args.artifact, config, args.torch_profiler_dir, args.log_level)
                 for _ in range(args.data_parallel_size)]
     if len(replicas) == 1:
         return replicas[0]
-    return DataParallelClient(replicas, None if manifest.target.arch == "cpu" else manifest.layout.world_size)
+    return DataParallelClient(replicas, None if manifest.target.arch == "cpu" else manifest.layout.world_size,
+                              routing=args.dp_routing)
 
 
 class DataParallelClient:
     def __init__(self, replicas: list[EngineClient], gpus_per_replica: int | None = None,
-                 rank_places: list[RankPlace] | None = None):
+                 rank_places: list[RankPlace] | None = None, routing: str = "prefix"):
         """`gpus_per_replica`: GPUs each replica takes (None on the CPU, where replicas share the cores).
-        `rank_places`: the replicas are the ranks of one data-parallel-attention world, placed so."""
+        `rank_places`: the replicas are the ranks of one data-parallel-attention world, placed so.
+        `routing`: "prefix" (prefix-cache-aware, once the engines' block size is known) or "load"."""
+        if routing not in ROUTINGS:
+            raise ValueError(f"--dp-routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
+        self.routing = routing
+        self.router: PrefixRouter | None = None
         self.replicas = replicas
         self.gpus_per_replica = gpus_per_replica
         self.rank_places = rank_places
@@ -81,6 +93,8 @@ class DataParallelClient:
                 starting.append(asyncio.ensure_future(replica.start(timeout)))
                 await asyncio.sleep(0)      # runs start() up to its first wait: the process is spawned by then
         infos = await asyncio.gather(*starting)
+        if self.routing == "prefix":
+            self.router = PrefixRouter(len(self.replicas), infos[0].block_size)
         for i, replica in enumerate(self.replicas):
             replica.listen(self._outputs_of(i), lambda: self._on_death())
         self._exit_watch = [asyncio.ensure_future(self._watch_exit(replica)) for replica in self.replicas]
@@ -114,7 +128,7 @@ class DataParallelClient:
         if not isinstance(request, AddRequests):
             results = await asyncio.gather(*(replica.call(request, timeout) for replica in self.replicas))
             return results[0]
-        i = self.least_loaded()
+        i = self.route(request)
         ids = {new.request_id for new in request.requests}
         self.in_flight[i] |= ids
         if self.rank_places is not None:
@@ -126,6 +140,12 @@ class DataParallelClient:
         except BaseException:
             self.in_flight[i] -= ids
             raise
+
+    def route(self, request: AddRequests) -> int:
+        """The replica for a call's requests (one call's requests stay together: n > 1 shares a prompt)."""
+        if self.router is None or not request.requests:
+            return self.least_loaded()
+        return self.router.choose(request.requests[0].prompt_token_ids, [len(ids) for ids in self.in_flight])
 
     def least_loaded(self) -> int:
         """The replica with the fewest requests in flight (the first of equals)."""
