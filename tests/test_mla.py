@@ -91,3 +91,25 @@ class TestYarn:
         assert yarn_softmax_scale(192 ** -0.5, self.SCALING) == yarn_apply_mscale(self.SCALING, 192 ** -0.5)
         assert yarn_softmax_scale(0.1, {}) == 0.1
         assert math.isclose(yarn_softmax_scale(1.0, self.SCALING), (0.1 * 0.8 * math.log(40) + 1) ** 2)
+
+
+def test_an_fp8_latent_cache_stores_scaled_values_and_reads_them_back():
+    """With kv_scale (c_kv, k_pe) an e4m3 cache holds clamp(x / scale); the op then attends over exactly
+    what a float32 cache holding those dequantized latents gives, and close to the unquantized result."""
+    rand, _, w_uk, w_uv = random_mla(6, torch.float32)
+    block_size, blocks = 4, torch.tensor([[3, 1, 0]], dtype=torch.int32)
+    n = 10
+    slots = torch.tensor([blocks[0, t // block_size] * block_size + t % block_size for t in range(n)], dtype=torch.int64)
+    q_nope, q_pe, c_kv, k_pe = rand(n, H, NOPE), rand(n, H, ROPE), rand(n, RANK), rand(n, ROPE) * 5
+    kv_scale = torch.tensor([c_kv.abs().max() / 448, k_pe.abs().max() / 448])
+    args = (slots, blocks, torch.tensor([n], dtype=torch.int32), torch.tensor([0, n], dtype=torch.int32), w_uk, w_uv, 0.2)
+    fp8 = torch.zeros(1, 1, 4, block_size, 1, RANK + ROPE, dtype=torch.float8_e4m3fn)
+    out = mla_attention(q_nope, q_pe, c_kv, k_pe, fp8, 0, *args, kv_scale)
+    stored = fp8[0, 0].flatten(0, 1)[slots, 0].float()
+    torch.testing.assert_close(stored[:, :RANK], (c_kv / kv_scale[0]).to(torch.float8_e4m3fn).float())
+    dequantized = torch.cat([stored[:, :RANK] * kv_scale[0], stored[:, RANK:] * kv_scale[1]], dim=-1)
+    f32 = torch.zeros(1, 1, 4, block_size, 1, RANK + ROPE)
+    expected = mla_attention(q_nope, q_pe, dequantized[:, :RANK], dequantized[:, RANK:], f32, 0, *args)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    exact = mla_attention(q_nope, q_pe, c_kv, k_pe, torch.zeros_like(f32), 0, *args)
+    assert (out - exact).norm() / exact.norm() < 0.05

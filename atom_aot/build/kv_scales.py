@@ -4,7 +4,9 @@ Checkpoints spell them `self_attn.k_scale` / `v_scale` (compressed-tensors, HF f
 (one for both, older fp8) or `self_attn.{k,v}_proj.output_scale`; each becomes one slot of the runtime's
 `self_attn.kv_scale` [2]. Without them the build runs the model eagerly on CALIBRATION_TEXTS with a
 cache in the model dtype and takes amax(|k|) / 448 and amax(|v|) / 448 per layer from what was written
-(keys after QK-norm and rope, exactly what the cache stores).
+(keys after QK-norm and rope, exactly what the cache stores). A latent (MLA) cache has one vector per
+token: its two scales are those of c_kv and of k_pe (ops/mla.py). A cache layer the calibration does
+not write (an MTP layer's) takes the largest scale of the others.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import torch
 
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
 from atom_aot.models import ModelConfig
+from atom_aot.models.kv_layout import KVCacheLayout
 from atom_aot.models.step_inputs import StepInputs
 from atom_aot.ops.fp8 import FP8_MAX
 
@@ -57,8 +60,9 @@ def checkpoint_has_kv_scales(files: list[Path]) -> bool:
 
 
 def prefill_inputs(cfg: ModelConfig, prompts: list[list[int]], kv_dtype: torch.dtype, device, block_size: int = 16,
-                   logits: str = "last") -> StepInputs:
-    """The prompts in one step from an empty cache; logits for each prompt's last token or for `all` tokens."""
+                   logits: str = "last", layout: KVCacheLayout | None = None) -> StepInputs:
+    """The prompts in one step from an empty cache; logits for each prompt's last token or for `all` tokens.
+    `layout`: the model's cache layout (default: the dense one, per-head k and v)."""
     lengths = [len(p) for p in prompts]
     max_blocks = -(-max(lengths) // block_size)
     block_tables = torch.arange(len(prompts) * max_blocks).view(len(prompts), max_blocks)
@@ -67,8 +71,8 @@ def prefill_inputs(cfg: ModelConfig, prompts: list[list[int]], kv_dtype: torch.d
     starts = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     inputs = StepInputs(
         input_ids=torch.tensor([t for p in prompts for t in p]), positions=positions,
-        kv_cache=torch.zeros(cfg.num_hidden_layers, 2, block_tables.numel(), block_size, cfg.num_key_value_heads,
-                             cfg.head_dim, dtype=kv_dtype),
+        kv_cache=torch.zeros((layout or KVCacheLayout(cfg.num_hidden_layers, 2, cfg.num_key_value_heads, cfg.head_dim)
+                              ).shape(block_tables.numel(), block_size), dtype=kv_dtype),
         slot_mapping=block_tables[rows, positions // block_size] * block_size + positions % block_size,
         block_tables=block_tables.int(), seq_lens=torch.tensor(lengths, dtype=torch.int32),
         query_start_loc=starts.int(),
@@ -81,13 +85,22 @@ def calibrate_kv_scales(model, prompts: list[list[int]]) -> dict[str, torch.Tens
     device = next(model.parameters()).device
     dtype = model.model.embed_tokens.weight.dtype
     model.use_kernels(PhaseTuning({"attention": BackendChoice("reference"), "fp8_linear": BackendChoice("aten"),
-                                   "int8_linear": BackendChoice("aten"), "int4_linear": BackendChoice("aten")}))
-    inputs = prefill_inputs(model.config, prompts, dtype, device)
+                                   "int8_linear": BackendChoice("aten"), "int4_linear": BackendChoice("aten"),
+                                   "mla_attention": BackendChoice("reference"), "moe": BackendChoice("reference")}))
+    layout = model.kv_cache_layout(model.config)
+    inputs = prefill_inputs(model.config, prompts, dtype, device, layout=layout)
     with torch.no_grad():
         model(inputs)
-    amax = inputs.kv_cache.float().abs().amax(dim=(2, 3, 4, 5))          # [L, 2]: written slots; the rest is 0
+    cache = inputs.kv_cache.float().abs()                                 # written slots; the rest is 0
+    if layout.parts == 2:
+        amax = cache.amax(dim=(2, 3, 4, 5))                               # [L, 2]: k, v
+    else:                                                                 # [L, 2]: c_kv, k_pe of each latent
+        rank = model.config.deepseek.kv_lora_rank
+        amax = torch.stack([cache[..., :rank].amax(dim=(1, 2, 3, 4, 5)), cache[..., rank:].amax(dim=(1, 2, 3, 4, 5))], 1)
+    unwritten = amax.amax(dim=1) == 0
+    amax[unwritten] = amax[~unwritten].amax(dim=0)
     scales = (amax / FP8_MAX).clamp(min=1e-8).cpu()
-    return {f"model.layers.{i}.self_attn.kv_scale": scales[i].clone() for i in range(scales.shape[0])}
+    return {model.kv_scale_name(i): scales[i].clone() for i in range(scales.shape[0])}
 
 
 def calibration_prompts(tokenizer_dir: Path, max_len: int) -> list[list[int]]:

@@ -80,9 +80,6 @@ def plan(model: str | None, config: BuildConfig) -> tuple[ModelSource, ModelConf
         raise BuildError(f"{model_config.architecture} with quantized linears ({linear_quant.scheme}) is not "
                          f"supported yet (quantized linears are wired into the dense and MoE decoders, not MLA): build it from a "
                          f"bf16 checkpoint without --quant")
-    if config.kv_torch_dtype.itemsize == 1 and "mla_attention" in model_class(model_config.architecture).ATTENTION_OPS:
-        raise BuildError(f"{model_config.architecture}: an FP8 latent (MLA) cache has no scales yet: build with "
-                         f"--kv-cache-dtype auto")
     if config.tensor_parallel_size > 1 and linear_quant.scheme == "fp8-block":
         raise BuildError("block-scaled FP8 (128x128 weight blocks) is not sharded over tensor-parallel ranks yet: "
                          "build this checkpoint with -tp 1")

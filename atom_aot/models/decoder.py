@@ -154,6 +154,11 @@ class DecoderForCausalLM(nn.Module):
         """Per-head keys and values for every layer (atom_aot/ops/attention.py)."""
         return KVCacheLayout(cfg.num_hidden_layers, 2, cfg.num_key_value_heads, cfg.head_dim)
 
+    @staticmethod
+    def kv_scale_name(cache_layer: int) -> str:
+        """The `kv_scale` buffer of the attention writing cache layer `cache_layer` (an fp8 cache's scales)."""
+        return f"model.layers.{cache_layer}.self_attn.kv_scale"
+
     def mtp_step(self) -> nn.Module | None:
         """The multi-token-prediction step module the build compiles as the `mtp` package (dense families: none)."""
         return None

@@ -64,6 +64,13 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
         ds = cfg.deepseek
         return KVCacheLayout(cfg.num_hidden_layers + ds.num_nextn_predict_layers, 1, 1, ds.latent_dim)
 
+    def kv_scale_name(self, cache_layer: int) -> str:
+        """Cache layers past the decoder's are the MTP layers' (kv_cache_layout)."""
+        layers = self.config.num_hidden_layers
+        if cache_layer < layers:
+            return super().kv_scale_name(cache_layer)
+        return f"mtp.{cache_layer - layers}.block.self_attn.kv_scale"
+
     def use_kernels(self, row: PhaseTuning) -> "DeepseekV3ForCausalLM":
         mla = make_backend("mla_attention", row.op("mla_attention"))
         for layer in [*self.model.layers, *(m.block for m in self.mtp)]:

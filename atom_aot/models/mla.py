@@ -43,6 +43,8 @@ class MLAAttention(nn.Module):
         self.w_uv = nn.Parameter(torch.empty(self.num_heads, ds.kv_lora_rank, ds.v_head_dim, dtype=dtype))
         self.o_proj = make_linear(self.num_heads * ds.v_head_dim, hidden, cfg.attention_bias, dtype, quant)
         self.scale = yarn_softmax_scale(ds.qk_head_dim ** -0.5, cfg.rope_scaling_dict)
+        # an fp8 latent cache's (c_kv, k_pe) scales (ops/mla.py); ones, and unused, for any other cache
+        self.register_buffer("kv_scale", torch.ones(2, dtype=torch.float32))
         # the reference backend until the model's use_kernels sets the phase's choice
         self.mla_backend: MLABackend = make_backend("mla_attention", BackendChoice("reference"))
 
@@ -55,6 +57,8 @@ class MLAAttention(nn.Module):
         q = self.query(x).unflatten(-1, (self.num_heads, self.nope + self.rope))     # [T, H, nope + rope]
         q_nope, q_pe = q.split([self.nope, self.rope], dim=-1)
         c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope], dim=-1)  # [T, r], [T, rope]
+        kv_scale = self.kv_scale if attn.kv_cache.element_size() == 1 else None   # only an fp8 cache is scaled
         o = self.mla_backend(MLAArgs(self.layer, q_nope, q_pe, self.kv_a_layernorm(c_kv), k_pe, positions,
-                                     rotary.cos_sin_cache, self.w_uk, self.w_uv, self.scale, attn))  # [T, H, v]
+                                     rotary.cos_sin_cache, self.w_uk, self.w_uv, self.scale, attn,
+                                     kv_scale))                                            # [T, H, v]
         return self.o_proj(o.flatten(-2))

@@ -17,18 +17,23 @@ Two equal ways to attend (equal up to float rounding; tests/test_mla.py checks i
   absorbed (decode): fold W_UK into the query (q_lat = q_nope @ W_UK: [H, r]), attend over the
     latents themselves, then apply W_UV to the latent output; reads only the cache, never k/v.
 The reference runs the absorbed form for sequences computing one token and the naive one else.
+
+An FP8 (e4m3) cache comes with the layer's `kv_scale` [2] float32: c_kv is stored as clamp(c_kv /
+kv_scale[0]) and k_pe as clamp(k_pe / kv_scale[1]) (two scales: the normalized latent and the roped
+rope part have different ranges), and read back multiplied by them (as ops/attention.py's per-head
+cache does with its k and v scales).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from atom_aot.ops.attention import LIBRARY
+from atom_aot.ops.attention import LIBRARY, from_cache, to_cache
 
 LIBRARY.define(
     "mla_attention(Tensor q_nope, Tensor q_pe, Tensor c_kv, Tensor k_pe, Tensor(a!) kv_cache, int layer, "
     "Tensor slot_mapping, Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, Tensor w_uk, "
-    "Tensor w_uv, float scale) -> Tensor")
+    "Tensor w_uv, float scale, Tensor? kv_scale=None) -> Tensor")
 
 
 def mla_attention_reference(
@@ -45,15 +50,17 @@ def mla_attention_reference(
     w_uk: torch.Tensor,           # [H, nope, r]
     w_uv: torch.Tensor,           # [H, r, v]
     scale: float,
+    kv_scale: torch.Tensor | None = None,   # [2] float32 (c_kv, k_pe) for an fp8 cache
 ) -> torch.Tensor:                # [T, H, v]
-    write_latent_cache(kv_cache[layer], c_kv, k_pe, slot_mapping)
+    write_latent_cache(kv_cache[layer], c_kv, k_pe, slot_mapping, kv_scale)
     out = q_nope.new_empty(q_nope.shape[0], q_nope.shape[1], w_uv.shape[2])
     starts, lens = query_start_loc.tolist(), seq_lens.tolist()
     for b, context_len in enumerate(lens):
         first, last = starts[b], starts[b + 1]
         if last == first:
             continue
-        latent = gather_latent(kv_cache[layer], block_tables[b], context_len).to(q_nope.dtype)
+        latent = read_latent(gather_latent(kv_cache[layer], block_tables[b], context_len), q_nope.dtype,
+                             w_uk.shape[2], kv_scale)
         attend = mla_decode_absorbed if last - first == 1 else mla_prefill_naive
         out[first:last] = attend(q_nope[first:last], q_pe[first:last], latent, w_uk, w_uv, scale)
     return out
@@ -63,12 +70,13 @@ for _key in ("CPU", "CUDA"):     # the CUDA entry serves GPU arches until a fast
     LIBRARY.impl("mla_attention", mla_attention_reference, _key)
 
 
-LIBRARY.define("mla_cache_write(Tensor c_kv, Tensor k_pe, Tensor(a!) kv_cache, int layer, Tensor slot_mapping) -> ()")
+LIBRARY.define("mla_cache_write(Tensor c_kv, Tensor k_pe, Tensor(a!) kv_cache, int layer, Tensor slot_mapping, "
+               "Tensor? kv_scale=None) -> ()")
 
 
-def mla_cache_write_impl(c_kv, k_pe, kv_cache, layer, slot_mapping) -> None:
+def mla_cache_write_impl(c_kv, k_pe, kv_cache, layer, slot_mapping, kv_scale=None) -> None:
     """The latent-cache write alone, for backends whose attention kernel only reads the cache."""
-    write_latent_cache(kv_cache[layer], c_kv, k_pe, slot_mapping)
+    write_latent_cache(kv_cache[layer], c_kv, k_pe, slot_mapping, kv_scale)
 
 
 for _key in ("CPU", "CUDA"):
@@ -76,13 +84,13 @@ for _key in ("CPU", "CUDA"):
 
 
 @torch.library.register_fake("atom::mla_cache_write", lib=LIBRARY)
-def _(c_kv, k_pe, kv_cache, layer, slot_mapping):
+def _(c_kv, k_pe, kv_cache, layer, slot_mapping, kv_scale=None):
     return None
 
 
 @torch.library.register_fake("atom::mla_attention", lib=LIBRARY)
 def _(q_nope, q_pe, c_kv, k_pe, kv_cache, layer, slot_mapping, block_tables, seq_lens, query_start_loc, w_uk,
-      w_uv, scale):
+      w_uv, scale, kv_scale=None):
     return q_nope.new_empty(q_nope.shape[0], q_nope.shape[1], w_uv.shape[2])
 
 
@@ -91,12 +99,14 @@ mla_cache_write = torch.ops.atom.mla_cache_write
 
 
 def write_latent_cache(kv_layer: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor,
-                       slot_mapping: torch.Tensor) -> None:
+                       slot_mapping: torch.Tensor, kv_scale: torch.Tensor | None = None) -> None:
     """Scatter each new token's [c_kv | k_pe] into its slot; padded tokens (slot -1) are dropped."""
     _, num_blocks, block_size, _, width = kv_layer.shape
     flat = kv_layer.view(num_blocks * block_size, width)
     valid = slot_mapping >= 0
-    rows = torch.cat([c_kv[valid], k_pe[valid]], dim=-1).to(kv_layer.dtype)   # [T', r + rope]
+    c_scale, pe_scale = (None, None) if kv_scale is None else (kv_scale[0], kv_scale[1])
+    rows = torch.cat([to_cache(c_kv[valid], kv_layer.dtype, c_scale),
+                      to_cache(k_pe[valid], kv_layer.dtype, pe_scale)], dim=-1)          # [T', r + rope]
     if kv_layer.element_size() == 1:   # index_copy_ has no float8 kernel: move the bytes instead
         flat, rows = flat.view(torch.uint8), rows.view(torch.uint8)
     flat.index_copy_(0, slot_mapping[valid], rows)
@@ -107,6 +117,15 @@ def gather_latent(kv_layer: torch.Tensor, block_table: torch.Tensor, context_len
     block_size = kv_layer.shape[2]
     blocks = block_table[:-(-context_len // block_size)].long()
     return kv_layer[0, blocks].flatten(0, 1)[:context_len, 0]
+
+
+def read_latent(latent: torch.Tensor, dtype: torch.dtype, rank: int,
+                kv_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Cached latents [L, r + rope] in `dtype`: an fp8 cache's c_kv and k_pe times their scales."""
+    if kv_scale is None:
+        return latent.to(dtype)
+    return torch.cat([from_cache(latent[:, :rank], dtype, kv_scale[0]),
+                      from_cache(latent[:, rank:], dtype, kv_scale[1])], dim=-1)
 
 
 def causal_mask(n_q: int, context_len: int, device) -> torch.Tensor:

@@ -28,6 +28,7 @@ class MLAArgs:
     w_uv: torch.Tensor             # [H, r, v]
     scale: float
     inputs: AttentionInputs
+    kv_scale: torch.Tensor | None = None   # [2] float32 (c_kv, k_pe) when the cache is fp8 (ops/mla.py)
 
 
 class MLABackend(Protocol):
@@ -52,13 +53,16 @@ class ReferenceMLA:
         step = args.inputs
         return mla_attention(args.q_nope, q_pe, args.c_kv, k_pe, step.kv_cache, args.layer, step.slot_mapping,
                              step.block_tables, step.seq_lens, step.query_start_loc, args.w_uk, args.w_uv,
-                             args.scale)
+                             args.scale, args.kv_scale)
 
 
 class TritonMLA:
     """The decode phase only (one new token per sequence, token row b = sequence b; the build names
     it in the decode row alone): rope and the cache write in torch, W_UK folded into the query, the
-    Triton kernel over the latent cache, then W_UV on the latent output."""
+    Triton kernel over the latent cache, then W_UV on the latent output. An fp8 cache's scales are
+    folded outside the kernel, which widens the stored bytes: q_lat times the c_kv scale and q_pe
+    times the k_pe scale give the scores of the scaled latents, and the latent output is times the
+    c_kv scale."""
 
     def __init__(self, choice: BackendChoice):
         import atom_aot.ops.triton  # noqa: F401  (registers atom_triton::*)
@@ -68,9 +72,14 @@ class TritonMLA:
     def __call__(self, args: MLAArgs) -> torch.Tensor:
         q_pe, k_pe = roped(args)
         step = args.inputs
-        mla_cache_write(args.c_kv, k_pe, step.kv_cache, args.layer, step.slot_mapping)
+        mla_cache_write(args.c_kv, k_pe, step.kv_cache, args.layer, step.slot_mapping, args.kv_scale)
         q_lat = torch.bmm(args.q_nope.transpose(0, 1), args.w_uk).transpose(0, 1)        # [T, H, r]
+        if args.kv_scale is not None:
+            q_lat = (q_lat.float() * args.kv_scale[0]).to(q_lat.dtype)
+            q_pe = (q_pe.float() * args.kv_scale[1]).to(q_pe.dtype)
         q = torch.cat([q_lat, q_pe], dim=-1)                                               # [T, H, r + rope]
         o_lat = torch.ops.atom_triton.mla_decode(q, step.kv_cache, args.layer, step.block_tables, step.seq_lens,
                                                  args.scale, args.w_uk.shape[2], *self.kernel_args)
+        if args.kv_scale is not None:
+            o_lat = (o_lat.float() * args.kv_scale[0]).to(o_lat.dtype)
         return torch.bmm(o_lat.transpose(0, 1), args.w_uv).transpose(0, 1)              # [T, H, v]
