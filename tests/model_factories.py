@@ -25,10 +25,11 @@ def randomize(model, seed: int):
     return model
 
 
-def tiny_model(seed: int = 0, **overrides):
-    """A float32 model whose weights are drawn from `seed` (norm weights near 1)."""
+def tiny_model(seed: int = 0, quant: str = "none", **overrides):
+    """A float32 model whose weights are drawn from `seed` (norm weights near 1); `quant`: its linear scheme
+    (quantized parameters drawn like the rest: for tests of shapes and graphs, not of numerics)."""
     cfg = ModelConfig.from_hf_dict({**TINY_QWEN3, **overrides})
-    model = randomize(model_class(cfg.architecture)(cfg, torch.float32), seed)
+    model = randomize(model_class(cfg.architecture)(cfg, torch.float32, quant), seed)
     with torch.no_grad():
         model.model.rotary.cos_sin_cache.copy_(rope_cos_sin_cache(cfg.head_dim, cfg.rope_theta, {},
                                                                   cfg.max_position_embeddings))

@@ -47,3 +47,17 @@ def one_layer_qwen3_moe():
     for p in whole.parameters():
         torch.nn.init.normal_(p, std=0.2)
     return cfg, whole
+
+
+def fp8_experts(w13: torch.Tensor, w2: torch.Tensor):
+    """The stacks in e4m3 with per-row scales, as `--quant fp8` stores them: (w13, w13_scale, w2, w2_scale)."""
+    from atom_aot.ops.fp8 import quantize_weight_per_channel
+
+    def quantized(stack):
+        q, scale = quantize_weight_per_channel(stack.flatten(0, 1).float())
+        return q.view(stack.shape), scale.view(stack.shape[:2])
+    return (*quantized(w13), *quantized(w2))
+
+
+def dequantized(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return q.double() * scale.double()[:, :, None]

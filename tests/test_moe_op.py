@@ -93,3 +93,18 @@ class TestBackendChoice:
     def test_malformed_params_refused(self, params):
         with pytest.raises(ArtifactError, match="Rebuild the artifact"):
             bucket_table(BackendChoice("triton", params))
+
+
+def test_fp8_experts_are_their_dequantized_weights():
+    """e4m3 stacks with per-row scales: the reference equals the float64 naive form over the dequantized
+    weights (the products are scaled, not the weights: the same function), and stays near the bf16 experts."""
+    from moe_checks import dequantized, fp8_experts, naive_moe, random_problem
+    from atom_aot.ops.moe import fused_moe_reference
+    x, w13, w2, weights, ids = random_problem(11, 6, 3, hidden=40, inter=24, seed=9)
+    q13, s13, q2, s2 = fp8_experts(w13, w2)
+    assert q13.dtype == torch.float8_e4m3fn and s13.shape == (6, 48) and s2.shape == (6, 40)
+    got = fused_moe_reference(x, q13, q2, weights, ids, s13, s2)
+    expected = naive_moe(x, dequantized(q13, s13), dequantized(q2, s2), weights, ids)
+    assert ((got.double() - expected).norm() / expected.norm()).item() < 1e-5
+    exact = naive_moe(x, w13, w2, weights, ids)
+    assert ((got.double() - exact).norm() / exact.norm()).item() < 0.05

@@ -99,3 +99,49 @@ def test_a_compiled_ep2_artifact_shares_one_package_and_matches_tp1(tmp_path, bu
     art = build_artifact(model, compile="aoti", tensor_parallel_size=2, enable_expert_parallel=True)
     assert len(Artifact.open(art).manifest.compiled.packages) == 1
     assert greedy(art) == greedy(build_artifact(model, compile="none"))
+
+
+def test_fp8_experts_are_stored_e4m3_with_row_scales(tmp_path, build_artifact):
+    """--quant fp8 on a MoE model: every expert stack in e4m3 with per-row scales (not only the attention
+    linears), close to the unquantized artifact; a TP-2 --ep fp8 artifact serves too (its greedy tokens are
+    not compared: row-parallel fp8 linears quantize each rank's half-row activations with their own scales)."""
+    from safetensors.torch import load_file
+    architecture, overrides = FAMILIES["qwen3moe-8x3-dense1"]
+    model = make_tiny_model(tmp_path / "qwen3moe-fp8", architecture, seed=8, **overrides)
+    fp8 = build_artifact(model, compile="none", quant="fp8")
+    weights = load_file(str(Artifact.open(fp8).member_path("weights/rank0.safetensors")))
+    assert weights["model.layers.0.mlp.experts.w13"].dtype == torch.float8_e4m3fn
+    assert weights["model.layers.0.mlp.experts.w13_scale"].shape == (8, 64)
+    assert weights["model.layers.0.mlp.experts.w2_scale"].shape == (8, weights["model.norm.weight"].shape[0])
+    expected = greedy(fp8)
+    assert sum(a[0] == b[0] for a, b in zip(expected, greedy(build_artifact(model, compile="none")))) >= 4
+    ep2 = greedy(build_artifact(model, compile="none", quant="fp8", tensor_parallel_size=2, enable_expert_parallel=True))
+    assert [len(tokens) for tokens in ep2] == [len(tokens) for tokens in expected]
+
+
+@pytest.mark.parametrize("ep", [False, True])
+def test_fp8_expert_shards_add_up_to_the_whole_layer(ep):
+    """The fp8 experts' scales split with their rows (TP: gate/up halves, w2's whole; EP: whole experts):
+    the ranks' partial sums are the one-rank fp8 layer's output."""
+    from atom_aot.build.weights import quantize_weights
+    from atom_aot.distributed import collectives
+    cfg, whole = one_layer_qwen3_moe()
+    with torch.device("meta"):
+        one_rank = model_class(cfg.architecture)(cfg, torch.float32, "fp8")
+    state = dict(quantize_weights(whole.state_dict(), one_rank.state_dict(), "fp8"))
+    one_rank.load_state_dict(state, assign=True)
+    assert one_rank.model.layers[0].mlp.experts.w2.dtype == torch.float8_e4m3fn
+    hidden = torch.randn(7, 32)
+    expected = one_rank.model.layers[0].mlp(hidden)
+    partial_sums = []
+    collectives._groups.pop(collectives.TP_GROUP, None)
+    collectives.register_stand_in()
+    try:
+        for rank in range(2):
+            with torch.device("meta"):
+                part = model_class(cfg.architecture)(cfg, torch.float32, "fp8", tp=2, ep=ep)
+            part.load_state_dict(shard_state_dict(state, cfg, 2, rank, ep), assign=True)
+            partial_sums.append(part.model.layers[0].mlp(hidden))
+    finally:
+        collectives._groups.pop(collectives.TP_GROUP, None)
+    torch.testing.assert_close(partial_sums[0] + partial_sums[1], expected, rtol=1e-5, atol=1e-5)

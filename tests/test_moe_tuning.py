@@ -31,8 +31,10 @@ class TestTuning:
         assert moe_row.op("moe") == BackendChoice("reference")
         assert "moe" not in tune_kernels(cpu, ModelConfig.from_hf_dict(TINY_QWEN3), 128).for_phase(Phase.MIXED).ops
 
-    def test_each_bucket_keeps_its_fastest_candidate(self, monkeypatch):
-        """Timings are scripted (no GPU here): the kernels really run, the choice follows the times."""
+    @pytest.mark.parametrize("quant", ["none", "fp8"])
+    def test_each_bucket_keeps_its_fastest_candidate(self, monkeypatch, quant):
+        """Timings are scripted (no GPU here): the kernels really run (on e4m3 experts for --quant fp8), the
+        choice follows the times."""
         candidates = (triton_moe.MoEConfig(16, 16, 32, 1, 2, 1), triton_moe.MoEConfig(32, 16, 16, 2, 4, 2))
         monkeypatch.setattr(triton_moe, "CANDIDATE_CONFIGS", candidates)
         monkeypatch.setattr(triton_moe, "TOKEN_BUCKETS", (1, 4))
@@ -43,7 +45,8 @@ class TestTuning:
             assert fn().isfinite().all()
             return next(times), True
         monkeypatch.setattr("atom_aot.ops.triton.timing.measure_ms", scripted)
-        choice, measured = _tune_moe(ModelConfig.from_hf_dict(MOE), SimpleNamespace(torch_dtype=torch.float32), DEVICE)
+        choice, measured = _tune_moe(ModelConfig.from_hf_dict(MOE), SimpleNamespace(torch_dtype=torch.float32,
+                                                                                     quant=quant), DEVICE)
         assert choice == BackendChoice("triton", {"fused_moe@1": candidates[1].as_args(),
                                                   "fused_moe@4": candidates[0].as_args()})
         assert set(measured) == {1, 9} and measured[9] == {c.as_args(): t for c, t in zip(candidates, (1.0, 3.0))}
@@ -69,7 +72,7 @@ class TestTuning:
             return 5.0, True
         monkeypatch.setattr("atom_aot.ops.triton.timing.measure_ms", scripted)
         with caplog.at_level("INFO", logger="atom_aot"):
-            choice, measured = _tune_moe(ModelConfig.from_hf_dict(MOE), SimpleNamespace(torch_dtype=torch.float32),
+            choice, measured = _tune_moe(ModelConfig.from_hf_dict(MOE), SimpleNamespace(torch_dtype=torch.float32, quant="none"),
                                          DEVICE)
         assert choice.params == {"fused_moe@1": fits.as_args(), "fused_moe@4": fits.as_args()}
         assert measured[9] == {too_big.as_args(): None, fits.as_args(): 5.0}

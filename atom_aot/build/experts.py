@@ -40,6 +40,11 @@ class ExpertStacker:
         target = f"{match['block']}.{param}"
         if target not in self.expected:
             return False
+        if tensor.element_size() == 1 and self.expected[target].element_size() != 1:
+            raise ValueError(f"{name} is stored quantized ({str(tensor.dtype).removeprefix('torch.')}), and this "
+                             f"model keeps its experts in {str(self.expected[target].dtype).removeprefix('torch.')}: "
+                             f"quantized expert weights are read from checkpoints of no scheme yet (atom-build "
+                             f"--quant fp8 quantizes a bf16 checkpoint's experts itself)")
         stack, arrived = self.filling.get(target) or self._start(target, param, tensor.device)
         expert = int(match["expert"])
         rows = stack.shape[1] // self.num_parts[param]

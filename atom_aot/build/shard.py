@@ -18,6 +18,7 @@ ROW_PARALLEL = ("o_proj", "down_proj")          # input columns of the weight sp
 VOCAB_PARALLEL = ("embed_tokens", "lm_head")    # vocabulary rows split, padded to a multiple of tp
 VOCAB_START = "model.embed_tokens.vocab_start"
 EXPERT_START = "expert_start"                   # under --ep, each MoE layer's first expert on the rank
+EXPERT_STACKS = ("w13", "w2", "w13_scale", "w2_scale")   # the stacks, and fp8 experts' per-row scales
 
 
 def shard_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, tp: int, rank: int,
@@ -38,7 +39,7 @@ def shard_tensors(tensors: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig,
     out = {}
     for name, tensor in tensors:
         module, param = name.split(".")[-2:]
-        if module == "experts" and param in ("w13", "w2"):
+        if module == "experts" and param in EXPERT_STACKS:
             out.update(_expert_part(name, tensor, tp, rank, ep, tp * dp))
             continue
         if tp == 1:
@@ -61,16 +62,19 @@ def shard_tensors(tensors: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig,
 
 def _expert_part(name: str, stacked: torch.Tensor, tp: int, rank: int, ep: bool,
                  ranks: int) -> dict[str, torch.Tensor]:
-    """Rank's part of a stacked expert weight (w13 [E, 2I, H] = [gate; up] per expert, w2 [E, H, I]):
-    experts [r*E/ranks, (r+1)*E/ranks) whole under `ep` (and where they start), else every expert's
-    width columns r of tp (w13: of gate and of up, kept [gate_r; up_r]; w2: its input columns)."""
+    """Rank's part of a stacked expert weight (w13 [E, 2I, H] = [gate; up] per expert, w2 [E, H, I]) or of
+    fp8 experts' row scales (w13_scale [E, 2I], w2_scale [E, H]): experts [r*E/ranks, (r+1)*E/ranks) whole
+    under `ep` (and where they start), else every expert's width columns r of tp (w13 and its scales: of
+    gate and of up, kept [gate_r; up_r]; w2: its input columns, its scales whole)."""
     if ep:
         count = stacked.shape[0] // ranks
         start = name.rsplit(".", 1)[0] + "." + EXPERT_START
         return {name: stacked[rank * count:(rank + 1) * count].contiguous().clone(),
                 start: torch.tensor(rank * count, dtype=torch.int64)}
-    if name.endswith("w13"):
+    if name.endswith(("w13", "w13_scale")):
         part = torch.cat([half.chunk(tp, dim=1)[rank] for half in stacked.chunk(2, dim=1)], dim=1)
+    elif name.endswith("w2_scale"):
+        part = stacked
     else:
         part = stacked.chunk(tp, dim=2)[rank]
     return {name: part.contiguous().clone()}

@@ -105,7 +105,7 @@ def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int) -> T
     moe_ops, moe_kernels = {}, {}
     if cfg.num_experts:
         moe_ops["moe"], measurements["moe"] = _tune_moe(cfg, config)
-        moe_kernels["moe"] = "triton atom_triton::fused_moe (sort by expert, grouped GEMMs; config per token bucket)"
+        moe_kernels["moe"] = moe_kernel_label(config)
     rope, decode = _best(measurements["rope_cache"]), _best(measurements["decode"])
     chosen = AttentionConfig(*decode)
     decode_splits = {str(batch): split_count(batch, cfg.num_key_value_heads, chosen.target_programs, chosen.max_splits)
@@ -188,21 +188,34 @@ def _ms_unless_too_big(fn, config) -> float | None:
         return None
 
 
+def moe_kernel_label(config: BuildConfig) -> str:
+    from atom_aot.models.moe import experts_in_fp8
+    stored = "; e4m3 experts, per-row scales, bf16 activations" if experts_in_fp8(config.quant) else ""
+    return f"triton atom_triton::fused_moe (sort by expert, grouped GEMMs; config per token bucket{stored})"
+
+
 def _tune_moe(cfg: ModelConfig, config: BuildConfig, dev: str = "cuda") -> tuple[BackendChoice, dict]:
     """Per token-count bucket, the fastest candidate on one layer of the model's experts (random weights,
-    softmax top-k routing of random logits); timed at each bucket's first token count, the last at
-    PREFILL_MOE_TOKENS. Returns the `triton` choice and the timings."""
+    in e4m3 with row scales where the model's experts are; softmax top-k routing of random logits); timed at
+    each bucket's first token count, the last at PREFILL_MOE_TOKENS. Returns the `triton` choice and the timings."""
+    from atom_aot.models.moe import experts_in_fp8
+    from atom_aot.ops.fp8 import quantize_weight_per_channel
     from atom_aot.ops.moe import softmax_topk
     from atom_aot.ops.triton.fused_moe import CANDIDATE_CONFIGS, TOKEN_BUCKETS
     dt, experts, hidden = config.torch_dtype, cfg.num_experts, cfg.hidden_size
     w13 = torch.randn(experts, 2 * cfg.moe_intermediate_size, hidden, device=dev, dtype=dt) * hidden ** -0.5
     w2 = torch.randn(experts, hidden, cfg.moe_intermediate_size, device=dev, dtype=dt) * cfg.moe_intermediate_size ** -0.5
+    scales = (None, None)
+    if experts_in_fp8(config.quant):
+        (w13, s13), (w2, s2) = ((q.view(w.shape), s.view(w.shape[:2]))
+                                for w in (w13, w2) for q, s in [quantize_weight_per_channel(w.flatten(0, 1))])
+        scales = (s13, s2)
     op, params, times = torch.ops.atom_triton.fused_moe, {}, {}
     for first in TOKEN_BUCKETS:
         tokens = PREFILL_MOE_TOKENS if first == TOKEN_BUCKETS[-1] else first
         x = torch.randn(tokens, hidden, device=dev, dtype=dt)
         weights, ids = softmax_topk(torch.randn(tokens, experts, device=dev), cfg.num_experts_per_tok, True)
-        row = {c.as_args(): _ms_unless_too_big(lambda: op(x, w13, w2, weights, ids, [1, *c.as_args()]), c)
+        row = {c.as_args(): _ms_unless_too_big(lambda: op(x, w13, w2, weights, ids, [1, *c.as_args()], *scales), c)
                for c in CANDIDATE_CONFIGS}
         params[f"fused_moe@{first}"] = min((c for c in row if row[c] is not None), key=row.get)
         times[tokens] = row

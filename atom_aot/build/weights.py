@@ -158,5 +158,9 @@ def _quantized(tensors: Iterable[tuple[str, torch.Tensor]], expected: dict,
             weight, scale = quantize(tensor)                        # [out, in] e4m3 | int8, [out]
             yield name, weight
             yield scale_name, scale
+        elif name.endswith((".experts.w13", ".experts.w2")) and name + "_scale" in expected:
+            weight, scale = quantize(tensor.flatten(0, 1))          # every expert's rows: [E * out, in], [E * out]
+            yield name, weight.view(tensor.shape)
+            yield name + "_scale", scale.view(tensor.shape[:2])
         else:
             yield name, tensor

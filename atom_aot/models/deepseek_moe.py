@@ -57,7 +57,7 @@ class DeepseekMoE(nn.Module):
         self.config, self.dp = cfg, dp
         self.gate = DeepseekRouter(cfg, dtype)
         self.experts = MoEExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype,
-                                  ep=dp > 1, dp=dp)
+                                  ep=dp > 1, dp=dp, quant=quant)
         shared = cfg.moe_intermediate_size * cfg.deepseek.n_shared_experts
         self.shared_experts = GatedMLP(cfg, dtype, quant, intermediate_size=shared) if shared else None
 

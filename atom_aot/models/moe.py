@@ -30,16 +30,23 @@ class MoEExperts(nn.Module):
     E/tp whole experts: the router's ids are then mapped to local ids, with -1 for an expert of
     another rank, which the op skips. Either way the rank's output is a partial sum, all-reduced here;
     with data-parallel attention (`dp` ranks, each holding E/dp experts) SparseMoeBlock reduce-scatters it.
+
+    With the `fp8` linear scheme the stacks are e4m3 with one float32 scale per row (`w13_scale`,
+    `w2_scale`; ops/moe.py); other schemes keep the experts in the model dtype.
     """
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, dtype: torch.dtype,
-                 tp: int = 1, ep: bool = False, dp: int = 1):
+                 tp: int = 1, ep: bool = False, dp: int = 1, quant: str = "none"):
         super().__init__()
         self.tp, self.ep, self.dp = tp, ep, dp
         local_experts, width = ((num_experts // (tp * dp), intermediate_size) if ep
                                 else (num_experts, intermediate_size // tp))
-        self.w13 = nn.Parameter(torch.empty(local_experts, 2 * width, hidden_size, dtype=dtype))
-        self.w2 = nn.Parameter(torch.empty(local_experts, hidden_size, width, dtype=dtype))
+        fp8 = experts_in_fp8(quant)
+        stored = torch.float8_e4m3fn if fp8 else dtype
+        self.w13 = nn.Parameter(torch.empty(local_experts, 2 * width, hidden_size, dtype=stored), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(local_experts, hidden_size, width, dtype=stored), requires_grad=False)
+        self.w13_scale = nn.Parameter(torch.empty(local_experts, 2 * width), requires_grad=False) if fp8 else None
+        self.w2_scale = nn.Parameter(torch.empty(local_experts, hidden_size), requires_grad=False) if fp8 else None
         if ep:   # rank * E/ranks: a weight, not a constant, so the ranks' graphs are the same
             self.register_buffer("expert_start", torch.empty((), dtype=torch.int64))
         # the reference backend until use_moe_kernels sets the phase's choice
@@ -51,8 +58,13 @@ class MoEExperts(nn.Module):
             local = topk_ids - self.expert_start                                    # [T, k]
             mine = (local >= 0) & (local < self.w13.shape[0])
             topk_ids = torch.where(mine, local, -1).to(torch.int32)
-        partial = self.moe_backend(hidden, self.w13, self.w2, topk_weights, topk_ids)
+        partial = self.moe_backend(hidden, self.w13, self.w2, topk_weights, topk_ids, self.w13_scale, self.w2_scale)
         return partial if self.dp > 1 else reduce_partial_sums(partial, self.tp)
+
+
+def experts_in_fp8(quant: str) -> bool:
+    """Whether a model of linear scheme `quant` stores its experts in e4m3 (per-row scales, weight-only)."""
+    return quant == "fp8"
 
 
 class SparseMoeBlock(nn.Module):
@@ -64,11 +76,12 @@ class SparseMoeBlock(nn.Module):
     all-gather / reduce-scatter dispatch: dense, no token counts to exchange, CUDA-graph friendly)."""
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, renormalize: bool, tp: int = 1, ep: bool = False,
-                 dp: int = 1):
+                 dp: int = 1, quant: str = "none"):
         super().__init__()
         self.top_k, self.renormalize, self.dp = cfg.num_experts_per_tok, renormalize, dp
         self.gate = Linear(cfg.hidden_size, cfg.num_experts, False, dtype)
-        self.experts = MoEExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype, tp, ep, dp)
+        self.experts = MoEExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype, tp, ep, dp,
+                                  quant)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.dp > 1:
@@ -111,7 +124,7 @@ class MoEForCausalLM(DecoderForCausalLM):
 
     def make_mlp(self, layer: int, dtype: torch.dtype, quant: str) -> nn.Module:
         if self.config.is_moe_layer(layer):
-            return SparseMoeBlock(self.config, dtype, self.routing_renormalizes(), self.tp, self.ep, self.dp)
+            return SparseMoeBlock(self.config, dtype, self.routing_renormalizes(), self.tp, self.ep, self.dp, quant)
         return super().make_mlp(layer, dtype, quant)
 
     def use_kernels(self, row: PhaseTuning) -> "MoEForCausalLM":

@@ -13,6 +13,11 @@ registers its kernel for it). Expert weights are stacked per layer:
 
 An id < 0 means "this expert is not on this rank" (expert parallelism masks remote experts so):
 that slot contributes nothing.
+
+FP8 experts (`--quant fp8`): w13 and w2 in e4m3 with one float32 scale per output row,
+`w13_scale [E, 2I]` and `w2_scale [E, H]` (weight-only: the activations stay in the model dtype, the
+rows' products are scaled after each GEMM; what pays at decode, where the experts' weight bytes bound
+the step).
 """
 from __future__ import annotations
 
@@ -22,7 +27,8 @@ import torch.nn.functional as F
 # A fragment of the `atom` namespace that atom_aot/ops/attention.py defines; registered through the
 # dispatcher directly for the same reason (custom_op's wrapper imports torch._dynamo on first call).
 LIBRARY = torch.library.Library("atom", "FRAGMENT")
-LIBRARY.define("fused_moe(Tensor hidden, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids) -> Tensor")
+LIBRARY.define("fused_moe(Tensor hidden, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids, "
+               "Tensor? w13_scale=None, Tensor? w2_scale=None) -> Tensor")
 
 
 def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,6 +50,8 @@ def fused_moe_reference(
     w2: torch.Tensor,             # [E, H, I]
     topk_weights: torch.Tensor,   # [T, k] float32
     topk_ids: torch.Tensor,       # [T, k] int32, < 0: not on this rank
+    w13_scale: torch.Tensor | None = None,   # [E, 2I] float32: w13 in e4m3, scaled per row
+    w2_scale: torch.Tensor | None = None,    # [E, H] float32
 ) -> torch.Tensor:
     """Expert by expert in plain torch; the weighted sum accumulates in float32, then casts to hidden's dtype."""
     out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)   # [T, H]
@@ -51,17 +59,25 @@ def fused_moe_reference(
         tokens, slots = torch.where(topk_ids == expert)                  # [n] each
         if tokens.numel() == 0:
             continue
-        gate, up = F.linear(hidden[tokens], w13[expert]).chunk(2, dim=-1)   # [n, I] each
-        y = F.linear(F.silu(gate) * up, w2[expert])                          # [n, H]
+        gate, up = expert_linear(hidden[tokens], w13, w13_scale, expert).chunk(2, dim=-1)   # [n, I] each
+        y = expert_linear(F.silu(gate) * up, w2, w2_scale, expert)                         # [n, H]
         out.index_add_(0, tokens, y.float() * topk_weights[tokens, slots, None])
     return out.to(hidden.dtype)
+
+
+def expert_linear(x: torch.Tensor, stacked: torch.Tensor, scale: torch.Tensor | None, expert: int) -> torch.Tensor:
+    """x [n, cols] times one expert's [rows, cols] weight: an e4m3 stack is widened (exact in bf16) and its
+    row scales applied to the product, in float32, as the Triton kernel does."""
+    if scale is None:
+        return F.linear(x, stacked[expert])
+    return (F.linear(x, stacked[expert].to(x.dtype)).float() * scale[expert]).to(x.dtype)
 
 
 LIBRARY.impl("fused_moe", fused_moe_reference, "CPU")
 
 
 @torch.library.register_fake("atom::fused_moe", lib=LIBRARY)
-def _(hidden, w13, w2, topk_weights, topk_ids):
+def _(hidden, w13, w2, topk_weights, topk_ids, w13_scale=None, w2_scale=None):
     return torch.empty_like(hidden)
 
 

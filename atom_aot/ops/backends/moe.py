@@ -21,10 +21,12 @@ NUM_LAUNCH_PARAMS = 6        # BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, nu
 
 
 class MoEBackend(Protocol):
-    """(hidden [T, H], w13 [E, 2I, H], w2 [E, H, I], topk_weights [T, k] f32, topk_ids [T, k] i32) -> [T, H]."""
+    """(hidden [T, H], w13 [E, 2I, H], w2 [E, H, I], topk_weights [T, k] f32, topk_ids [T, k] i32) -> [T, H];
+    fp8 experts pass their row scales w13_scale [E, 2I] and w2_scale [E, H] (ops/moe.py)."""
 
     def __call__(self, hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                 topk_ids: torch.Tensor) -> torch.Tensor: ...
+                 topk_ids: torch.Tensor, w13_scale: torch.Tensor | None = None,
+                 w2_scale: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
 class ReferenceMoE:
@@ -33,8 +35,8 @@ class ReferenceMoE:
         from atom_aot.ops.moe import fused_moe
         self.op = fused_moe
 
-    def __call__(self, hidden, w13, w2, topk_weights, topk_ids):
-        return self.op(hidden, w13, w2, topk_weights, topk_ids)
+    def __call__(self, hidden, w13, w2, topk_weights, topk_ids, w13_scale=None, w2_scale=None):
+        return self.op(hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)
 
 
 def bucket_table(choice: BackendChoice) -> tuple[int, ...]:
@@ -66,5 +68,5 @@ class TritonMoE:
         import atom_aot.ops.triton  # noqa: F401  (registers atom_triton::*)
         self.op = torch.ops.atom_triton.fused_moe
 
-    def __call__(self, hidden, w13, w2, topk_weights, topk_ids):
-        return self.op(hidden, w13, w2, topk_weights, topk_ids, self.table)
+    def __call__(self, hidden, w13, w2, topk_weights, topk_ids, w13_scale=None, w2_scale=None):
+        return self.op(hidden, w13, w2, topk_weights, topk_ids, self.table, w13_scale, w2_scale)

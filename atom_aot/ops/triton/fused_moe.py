@@ -14,6 +14,10 @@ Four steps, none of which reads a tensor value on the host (so a CUDA graph capt
 4. combine: out[t] = sum over slots of per_slot in float32 (slots with id < 0 skipped), cast (torch;
    Inductor compiles it into one kernel).
 
+FP8 experts (e4m3 w13 / w2 with per-row scales, ops/moe.py): each weight tile is widened to the
+activations' dtype in registers (exact) and the tile's fp32 products are scaled by their rows' scales
+once, after the K loop (a row scale factors out of the sum): half the weight bytes, the same MMAs.
+
 Each expert has ceil(count / BLOCK_M) row tiles, so the tiles number at most
 min(T*k, cdiv(T*k + E*(BLOCK_M - 1), BLOCK_M)): the grid's static bound; programs past the last tile return.
 
@@ -111,10 +115,10 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
 
 @triton.jit
 def moe_gate_up_kernel(
-    x_ptr, w13_ptr, inter_ptr, order_ptr, offsets_ptr, num_m_tiles, N, K, top_k,
-    stride_xt, stride_we, stride_wn, stride_it,
+    x_ptr, w13_ptr, inter_ptr, order_ptr, offsets_ptr, scale_ptr, num_m_tiles, N, K, top_k,
+    stride_xt, stride_we, stride_wn, stride_it, stride_se,
     E: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, IEEE: tl.constexpr,
+    GROUP_M: tl.constexpr, IEEE: tl.constexpr, SCALED: tl.constexpr,
 ):
     """inter[r, n] = SiLU(x[tok(r)] . w13[e, n]) * (x[tok(r)] . w13[e, N + n]) for the tile's rows r of expert e."""
     expert, rows, row_ok, cols, col_ok = _tile(offsets_ptr, num_m_tiles, N, E, E_PAD, BLOCK_M, BLOCK_N, GROUP_M)
@@ -129,10 +133,14 @@ def moe_gate_up_kernel(
     for k0 in range(0, K, BLOCK_K):
         k_ok = ks + k0 < K
         a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        g = tl.load(g_ptrs + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        u = tl.load(g_ptrs + N * stride_wn + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        g = tl.load(g_ptrs + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0).to(a.dtype)
+        u = tl.load(g_ptrs + N * stride_wn + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0).to(a.dtype)
         gate = _dot(a, g, gate, IEEE)
         up = _dot(a, u, up, IEEE)
+    if SCALED:      # e4m3 weights: the rows' scales, once per tile
+        scales = scale_ptr + expert.to(tl.int64) * stride_se + cols
+        gate = gate * tl.load(scales, mask=col_ok, other=0.0)[None, :]
+        up = up * tl.load(scales + N, mask=col_ok, other=0.0)[None, :]
     h = gate * tl.sigmoid(gate) * up
     tl.store(inter_ptr + rows.to(tl.int64)[:, None] * stride_it + cols[None, :],
              h.to(inter_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
@@ -140,10 +148,10 @@ def moe_gate_up_kernel(
 
 @triton.jit
 def moe_down_kernel(
-    inter_ptr, w2_ptr, out_ptr, order_ptr, offsets_ptr, weights_ptr, num_m_tiles, N, K,
-    stride_it, stride_we, stride_wn, stride_ot,
+    inter_ptr, w2_ptr, out_ptr, order_ptr, offsets_ptr, weights_ptr, scale_ptr, num_m_tiles, N, K,
+    stride_it, stride_we, stride_wn, stride_ot, stride_se,
     E: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, IEEE: tl.constexpr,
+    GROUP_M: tl.constexpr, IEEE: tl.constexpr, SCALED: tl.constexpr,
 ):
     """per_slot[a(r), n] = weight[a(r)] * (inter[r] . w2[e, n]) for the tile's rows r, a(r) their assignment."""
     expert, rows, row_ok, cols, col_ok = _tile(offsets_ptr, num_m_tiles, N, E, E_PAD, BLOCK_M, BLOCK_N, GROUP_M)
@@ -157,8 +165,10 @@ def moe_down_kernel(
     for k0 in range(0, K, BLOCK_K):
         k_ok = ks + k0 < K
         a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        b = tl.load(b_ptrs + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0).to(a.dtype)
         acc = _dot(a, b, acc, IEEE)
+    if SCALED:
+        acc = acc * tl.load(scale_ptr + expert.to(tl.int64) * stride_se + cols, mask=col_ok, other=0.0)[None, :]
     weight = tl.load(weights_ptr + assignment, mask=row_ok, other=0.0)   # float32
     tl.store(out_ptr + assignment.to(tl.int64)[:, None] * stride_ot + cols[None, :],
              (acc * weight[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
@@ -210,9 +220,16 @@ def launch_fused_moe(
     topk_weights: torch.Tensor,   # [T, k] float32
     topk_ids: torch.Tensor,       # [T, k] int32, < 0: not on this rank
     table: list[int],             # per bucket: first token count, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages
+    w13_scale: torch.Tensor | None = None,   # [E, 2I] float32 when w13 is e4m3
+    w2_scale: torch.Tensor | None = None,    # [E, H] float32 when w2 is e4m3
 ) -> torch.Tensor:
     for name, t in (("hidden", hidden), ("w13", w13), ("w2", w2)):
         check_last_dim_contiguous(name, t)
+    if (w13_scale is None) != (w2_scale is None):
+        raise ValueError("fused_moe: w13_scale and w2_scale come together (fp8 experts) or not at all")
+    scaled = w13_scale is not None
+    s13 = w13_scale.contiguous() if scaled else w13     # not read unless SCALED
+    s2 = w2_scale.contiguous() if scaled else w2
     num_tokens, hidden_size = hidden.shape
     num_experts, two_inter, _ = w13.shape
     inter_size, top_k = two_inter // 2, topk_ids.shape[1]
@@ -221,18 +238,18 @@ def launch_fused_moe(
     weights = topk_weights.to(torch.float32).contiguous().view(-1)                  # [T*k]
     inter = torch.empty((num_slots, inter_size), dtype=hidden.dtype, device=hidden.device)
     per_slot = torch.empty((num_slots, hidden_size), dtype=hidden.dtype, device=hidden.device)
-    common = dict(E=num_experts, E_PAD=next_pow2(num_experts), IEEE=hidden.dtype == torch.float32)
+    common = dict(E=num_experts, E_PAD=next_pow2(num_experts), IEEE=hidden.dtype == torch.float32, SCALED=scaled)
     for first, next_first, c in table_buckets(table):
         active = in_bucket(num_tokens, first, next_first)
         num_m_tiles = torch.sym_min(num_slots, (num_slots + num_experts * (c.block_m - 1) + c.block_m - 1) // c.block_m)
         tiles = dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
                      num_warps=c.num_warps, num_stages=c.num_stages, **common)
         wrap_triton(moe_gate_up_kernel)[(active * num_m_tiles * triton.cdiv(inter_size, c.block_n),)](
-            hidden, w13, inter, order, offsets, num_m_tiles, inter_size, hidden_size, top_k,
-            hidden.stride(0), w13.stride(0), w13.stride(1), inter.stride(0), **tiles)
+            hidden, w13, inter, order, offsets, s13, num_m_tiles, inter_size, hidden_size, top_k,
+            hidden.stride(0), w13.stride(0), w13.stride(1), inter.stride(0), s13.stride(0), **tiles)
         wrap_triton(moe_down_kernel)[(active * num_m_tiles * triton.cdiv(hidden_size, c.block_n),)](
-            inter, w2, per_slot, order, offsets, weights, num_m_tiles, hidden_size, inter_size,
-            inter.stride(0), w2.stride(0), w2.stride(1), per_slot.stride(0), **tiles)
+            inter, w2, per_slot, order, offsets, weights, s2, num_m_tiles, hidden_size, inter_size,
+            inter.stride(0), w2.stride(0), w2.stride(1), per_slot.stride(0), s2.stride(0), **tiles)
     kept = (topk_ids >= 0).unsqueeze(-1)                                            # [T, k, 1]
     per_slot = per_slot.view(num_tokens, top_k, hidden_size).float()
     return torch.where(kept, per_slot, 0.0).sum(dim=1).to(hidden.dtype)
@@ -240,5 +257,6 @@ def launch_fused_moe(
 
 @triton_op("atom_triton::fused_moe", mutates_args=())
 def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor, table: list[int]) -> torch.Tensor:
-    return launch_fused_moe(hidden, w13, w2, topk_weights, topk_ids, table)
+              topk_ids: torch.Tensor, table: list[int], w13_scale: torch.Tensor | None = None,
+              w2_scale: torch.Tensor | None = None) -> torch.Tensor:
+    return launch_fused_moe(hidden, w13, w2, topk_weights, topk_ids, table, w13_scale, w2_scale)
