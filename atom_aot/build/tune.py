@@ -207,9 +207,9 @@ def _tune_moe(cfg: ModelConfig, config: BuildConfig, dev: str = "cuda") -> tuple
     w2 = torch.randn(experts, hidden, cfg.moe_intermediate_size, device=dev, dtype=dt) * cfg.moe_intermediate_size ** -0.5
     scales = (None, None)
     if experts_in_fp8(config.quant):
-        (w13, s13), (w2, s2) = ((q.view(w.shape), s.view(w.shape[:2]))
-                                for w in (w13, w2) for q, s in [quantize_weight_per_channel(w.flatten(0, 1))])
-        scales = (s13, s2)
+        q13, s13 = quantize_weight_per_channel(w13.flatten(0, 1))
+        q2, s2 = quantize_weight_per_channel(w2.flatten(0, 1))
+        w13, w2, scales = q13.view(w13.shape), q2.view(w2.shape), (s13.view(w13.shape[:2]), s2.view(w2.shape[:2]))
     op, params, times = torch.ops.atom_triton.fused_moe, {}, {}
     for first in TOKEN_BUCKETS:
         tokens = PREFILL_MOE_TOKENS if first == TOKEN_BUCKETS[-1] else first
