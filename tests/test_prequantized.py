@@ -173,3 +173,31 @@ def test_a_quantized_lm_head_is_dequantized(tiny_dir, tmp_path, build_artifact):
     assert got["lm_head.weight"].dtype == torch.float32 and "lm_head.weight_scale" not in got
     assert torch.equal(got["lm_head.weight"], weight.float() * scale[:, None])
     assert ((got["lm_head.weight"] - original).norm() / original.norm()) < 0.04
+
+
+@pytest.mark.parametrize("fmt", ["fbgemm_fp8", "ct-channel-dynamic"])
+def test_a_per_channel_moe_checkpoint_loads_its_experts_as_quant_fp8_makes_them(fmt, tmp_path, build_artifact):
+    """Each expert's e4m3 weight and row scales, stacked as they stream in, bit for bit what `--quant fp8`
+    makes of the unquantized twin (the experts quantized per row either way)."""
+    from factories import make_tiny_model
+    moe = make_tiny_model(tmp_path / "moe", "Qwen3MoeForCausalLM", num_experts=4, num_experts_per_tok=2,
+                          moe_intermediate_size=32, norm_topk_prob=True)
+    ours = runtime_weights(build_artifact(moe, compile="none", quant="fp8"))
+    theirs = runtime_weights(build_artifact(write_prequantized(moe, tmp_path / fmt, fmt), compile="none"))
+    theirs = {name: t for name, t in theirs.items() if not name.endswith(".activation_scale_ub")}
+    assert sorted(ours) == sorted(theirs)
+    assert ours["model.layers.0.mlp.experts.w13"].dtype == torch.float8_e4m3fn
+    for name, tensor in ours.items():
+        other = theirs[name]
+        assert torch.equal(tensor.view(torch.uint8), other.view(torch.uint8)) if tensor.dtype.itemsize == 1 \
+            else torch.equal(tensor, other), name
+
+
+def test_a_block_scaled_moe_checkpoint_is_refused_by_name(tmp_path, build_artifact):
+    from factories import make_tiny_model
+    from atom_aot.errors import BuildError
+    moe = make_tiny_model(tmp_path / "moe", "Qwen3MoeForCausalLM", num_experts=4, num_experts_per_tok=2,
+                          moe_intermediate_size=128, hidden_size=128, num_attention_heads=4, head_dim=32,
+                          norm_topk_prob=True)
+    with pytest.raises((BuildError, ValueError), match="stored quantized"):
+        build_artifact(write_prequantized(moe, tmp_path / "block", "fp8-block"), compile="none")

@@ -7,6 +7,8 @@ stacked tensor is allocated once, in the runtime's dtype, when its first part ar
 is copied into its slice and dropped, so the build never holds a second copy of the experts.
 A checkpoint written from transformers 5's modules (scripts/make_random_model.py) already stores the
 stacked `<block>.experts.gate_up_proj [E, 2I, H]` and `down_proj [E, H, I]`: the same layout, taken whole.
+A pre-quantized checkpoint's per-expert `weight_scale` (per row, after prequantized.py's normalization)
+is stacked the same way into `w13_scale [E, 2I]` / `w2_scale [E, H]`, where the model has fp8 experts.
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import re
 
 import torch
 
-EXPERT_TENSOR = re.compile(r"(?P<block>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>[^.]+)\.weight")
+EXPERT_TENSOR = re.compile(r"(?P<block>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>[^.]+)\.(?P<leaf>weight|weight_scale)")
+STACK_SUFFIX = {"weight": "", "weight_scale": "_scale"}       # the stacked parameter of each per-expert leaf
 STACKED_TENSOR = re.compile(r"(?P<block>.+\.experts)\.(?P<proj>gate_up_proj|down_proj)")
 STACKED_NAMES = {"gate_up_proj": "w13", "down_proj": "w2"}     # transformers 5's stacked names -> ours
 
@@ -37,30 +40,35 @@ class ExpertStacker:
         if match is None or match["proj"] not in self.mapping:
             return False
         param, part = self.mapping[match["proj"]]
-        target = f"{match['block']}.{param}"
+        target = f"{match['block']}.{param}{STACK_SUFFIX[match['leaf']]}"
         if target not in self.expected:
             return False
         if tensor.element_size() == 1 and self.expected[target].element_size() != 1:
             raise ValueError(f"{name} is stored quantized ({str(tensor.dtype).removeprefix('torch.')}), and this "
                              f"model keeps its experts in {str(self.expected[target].dtype).removeprefix('torch.')}: "
-                             f"quantized expert weights are read from checkpoints of no scheme yet (atom-build "
-                             f"--quant fp8 quantizes a bf16 checkpoint's experts itself)")
-        stack, arrived = self.filling.get(target) or self._start(target, param, tensor.device)
+                             f"quantized experts are read only from fp8 checkpoints with per-row or per-tensor weight "
+                             f"scales and dynamic activations (fp8, fbgemm_fp8, compressed-tensors), not yet from "
+                             f"block-scaled (128x128) or static ones; atom-build --quant fp8 quantizes a bf16 "
+                             f"checkpoint's experts itself")
+        stack, arrived = self.filling.get(target) or self._start(target, param, tensor)
         expert = int(match["expert"])
         rows = stack.shape[1] // self.num_parts[param]
-        if expert >= stack.shape[0] or tuple(tensor.shape) != (rows, stack.shape[2]) or arrived[expert, part]:
+        if expert >= stack.shape[0] or tuple(tensor.shape) != (rows, *stack.shape[2:]) or arrived[expert, part]:
             raise ValueError(f"{name}: shape {tuple(tensor.shape)} does not fit expert {expert} of {target} "
-                             f"{tuple(stack.shape)} (expected [{rows}, {stack.shape[2]}] once per expert)")
+                             f"{tuple(stack.shape)} (expected {[rows, *stack.shape[2:]]} once per expert)")
         stack[expert, part * rows:(part + 1) * rows].copy_(tensor)
         arrived[expert, part] = True
         if bool(arrived.all()):
             self.complete[target] = self.filling.pop(target)[0]
         return True
 
-    def _start(self, target: str, param: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The stack goes where its parts come from (the device, when weights are drawn at load)."""
+    def _start(self, target: str, param: str, first: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stack goes where its parts come from (the device, when weights are drawn at load), in the
+        runtime's dtype; an e4m3 stack filled from unquantized parts stays in theirs until the build
+        quantizes it (build/weights.py), so nothing is rounded twice."""
         meta = self.expected[target]
-        entry = (torch.empty(meta.shape, dtype=meta.dtype, device=device),
+        dtype = first.dtype if meta.dtype.itemsize == 1 and first.dtype.itemsize != 1 else meta.dtype
+        entry = (torch.empty(meta.shape, dtype=dtype, device=first.device),
                  torch.zeros(meta.shape[0], self.num_parts[param], dtype=torch.bool))
         self.filling[target] = entry
         return entry

@@ -63,8 +63,10 @@ class MoEExperts(nn.Module):
 
 
 def experts_in_fp8(quant: str) -> bool:
-    """Whether a model of linear scheme `quant` stores its experts in e4m3 (per-row scales, weight-only)."""
-    return quant == "fp8"
+    """Whether a model of linear scheme `quant` stores its experts in e4m3 (per-row scales, weight-only):
+    `--quant fp8`, and per-row or per-tensor fp8 checkpoints with dynamic activations (fbgemm_fp8's bound on
+    activations concerns the linears only)."""
+    return quant in ("fp8", "fp8-ub")
 
 
 class SparseMoeBlock(nn.Module):
