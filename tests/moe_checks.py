@@ -61,3 +61,18 @@ def fp8_experts(w13: torch.Tensor, w2: torch.Tensor):
 
 def dequantized(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return q.double() * scale.double()[:, :, None]
+
+
+def block_fp8_experts(w13: torch.Tensor, w2: torch.Tensor):
+    """The stacks in e4m3 with 128x128 block scales, as block-scaled fp8 checkpoints store each expert."""
+    from atom_aot.ops.fp8 import quantize_weight_blocks
+
+    def quantized(stack):
+        parts = [quantize_weight_blocks(w.float()) for w in stack]
+        return torch.stack([q for q, _ in parts]), torch.stack([s for _, s in parts])
+    return (*quantized(w13), *quantized(w2))
+
+
+def block_dequantized(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    from atom_aot.ops.fp8 import dequantize_weight
+    return torch.stack([dequantize_weight(q[e], scale[e]) for e in range(q.shape[0])]).double()

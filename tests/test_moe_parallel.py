@@ -113,6 +113,8 @@ def test_fp8_experts_are_stored_e4m3_with_row_scales(tmp_path, build_artifact):
     assert weights["model.layers.0.mlp.experts.w13"].dtype == torch.float8_e4m3fn
     assert weights["model.layers.0.mlp.experts.w13_scale"].shape == (8, 64)
     assert weights["model.layers.0.mlp.experts.w2_scale"].shape == (8, weights["model.norm.weight"].shape[0])
+    from atom_aot.runtime.inspect import describe
+    assert "experts      e4m3, one scale per row, weight-only" in describe(Artifact.open(fp8))
     expected = greedy(fp8)          # accuracy: tests/test_moe_op.py (the op against float64, dequantized and exact)
     ep2 = greedy(build_artifact(model, compile="none", quant="fp8", tensor_parallel_size=2, enable_expert_parallel=True))
     assert [len(tokens) for tokens in ep2] == [len(tokens) for tokens in expected]

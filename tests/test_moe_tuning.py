@@ -45,8 +45,8 @@ class TestTuning:
             assert fn().isfinite().all()
             return next(times), True
         monkeypatch.setattr("atom_aot.ops.triton.timing.measure_ms", scripted)
-        choice, measured = _tune_moe(ModelConfig.from_hf_dict(MOE), SimpleNamespace(torch_dtype=torch.float32,
-                                                                                     quant=quant), DEVICE)
+        choice, measured = _tune_moe(ModelConfig.from_hf_dict(MOE), SimpleNamespace(torch_dtype=torch.float32),
+                                     DEVICE, linear_scheme=quant)
         assert choice == BackendChoice("triton", {"fused_moe@1": candidates[1].as_args(),
                                                   "fused_moe@4": candidates[0].as_args()})
         assert set(measured) == {1, 9} and measured[9] == {c.as_args(): t for c, t in zip(candidates, (1.0, 3.0))}
@@ -72,7 +72,7 @@ class TestTuning:
             return 5.0, True
         monkeypatch.setattr("atom_aot.ops.triton.timing.measure_ms", scripted)
         with caplog.at_level("INFO", logger="atom_aot"):
-            choice, measured = _tune_moe(ModelConfig.from_hf_dict(MOE), SimpleNamespace(torch_dtype=torch.float32, quant="none"),
+            choice, measured = _tune_moe(ModelConfig.from_hf_dict(MOE), SimpleNamespace(torch_dtype=torch.float32),
                                          DEVICE)
         assert choice.params == {"fused_moe@1": fits.as_args(), "fused_moe@4": fits.as_args()}
         assert measured[9] == {too_big.as_args(): None, fits.as_args(): 5.0}

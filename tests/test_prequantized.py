@@ -193,11 +193,35 @@ def test_a_per_channel_moe_checkpoint_loads_its_experts_as_quant_fp8_makes_them(
             else torch.equal(tensor, other), name
 
 
-def test_a_block_scaled_moe_checkpoint_is_refused_by_name(tmp_path, build_artifact):
+def test_a_block_scaled_moe_checkpoint_loads_its_experts_blocks_and_serves(tmp_path, build_artifact):
+    """128x128-block fp8 experts (as Qwen3-30B-A3B-FP8 and DeepSeek-V3 ship them): each expert's e4m3
+    weight and block scales stacked bit for bit, gate's blocks then up's; the artifact decodes."""
     from factories import make_tiny_model
-    from atom_aot.errors import BuildError
+    from atom_aot.entrypoints.llm import LLMEngine
+    from atom_aot.ops.fp8 import quantize_weight_blocks
+    from atom_aot.runtime.sampling_params import SamplingParams
     moe = make_tiny_model(tmp_path / "moe", "Qwen3MoeForCausalLM", num_experts=4, num_experts_per_tok=2,
-                          moe_intermediate_size=128, hidden_size=128, num_attention_heads=4, head_dim=32,
-                          norm_topk_prob=True)
-    with pytest.raises((BuildError, ValueError), match="stored quantized"):
-        build_artifact(write_prequantized(moe, tmp_path / "block", "fp8-block"), compile="none")
+                          moe_intermediate_size=128, hidden_size=128, num_attention_heads=4, num_key_value_heads=4,
+                          head_dim=32, norm_topk_prob=True)
+    artifact = build_artifact(write_prequantized(moe, tmp_path / "block", "fp8-block"), compile="none")
+    got = runtime_weights(artifact)
+    original = load_file(str(next(moe.glob("*.safetensors"))))
+    expert = "model.layers.1.mlp.experts"
+    gate, up = (quantize_weight_blocks(original[f"{expert}.2.{p}.weight"]) for p in ("gate_proj", "up_proj"))
+    assert got[f"{expert}.w13"].dtype == torch.float8_e4m3fn and got[f"{expert}.w13_scale"].shape == (4, 2, 1)
+    assert torch.equal(got[f"{expert}.w13"][2].view(torch.uint8), torch.cat([gate[0], up[0]]).view(torch.uint8))
+    assert torch.equal(got[f"{expert}.w13_scale"][2], torch.cat([gate[1], up[1]]))
+    engine = LLMEngine(str(artifact), num_kv_blocks=32, num_threads=1)
+    try:
+        out = engine.generate([[5, 6, 7, 8]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    finally:
+        engine.close()
+    assert len(out[0]["token_ids"]) == 4
+
+
+def test_a_static_fp8_moe_checkpoint_is_refused_by_name(tmp_path, build_artifact):
+    from factories import make_tiny_model
+    moe = make_tiny_model(tmp_path / "moe", "Qwen3MoeForCausalLM", num_experts=4, num_experts_per_tok=2,
+                          moe_intermediate_size=32, norm_topk_prob=True)
+    with pytest.raises(ValueError, match="stored quantized"):
+        build_artifact(write_prequantized(moe, tmp_path / "static", "ct-tensor-static"), compile="none")

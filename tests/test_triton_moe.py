@@ -89,3 +89,19 @@ def test_fp8_experts_match_the_reference(dtype):
     reference = fused_moe_reference(x.cpu(), q13.cpu(), q2.cpu(), weights.cpu(), ids.cpu(), s13.cpu(), s2.cpu())
     got = torch.ops.atom_triton.fused_moe(x, q13, q2, weights, ids, SMALL, s13, s2)
     assert got.dtype == dtype and rel_error(got.cpu(), reference) < TOL[dtype]
+
+
+def test_block_scaled_fp8_experts_match_the_reference():
+    """128x128 block scales (H = 256, I = 128): each K step's product scaled by its block's scales."""
+    from moe_checks import block_dequantized, block_fp8_experts, naive_moe
+    x, w13, w2, weights, ids = random_problem(9, 4, 2, hidden=256, inter=128, seed=12, device=DEVICE)
+    q13, s13, q2, s2 = (t.to(DEVICE) for t in block_fp8_experts(w13.cpu(), w2.cpu()))
+    assert s13.shape == (4, 2, 2) and s2.shape == (4, 2, 1)
+    reference = fused_moe_reference(x.cpu(), q13.cpu(), q2.cpu(), weights.cpu(), ids.cpu(), s13.cpu(), s2.cpu())
+    naive = naive_moe(x, block_dequantized(q13.cpu(), s13.cpu()), block_dequantized(q2.cpu(), s2.cpu()), weights, ids)
+    assert rel_error(reference.double(), naive) < 1e-6
+    table = [1, 16, 32, 64, 1, 2, 1]         # BLOCK_K 64: two steps per scale block
+    got = torch.ops.atom_triton.fused_moe(x, q13, q2, weights, ids, table, s13, s2)
+    assert rel_error(got.cpu(), reference) < TOL[torch.float32]
+    with pytest.raises(ValueError, match="BLOCK_K dividing 128"):
+        torch.ops.atom_triton.fused_moe(x, q13, q2, weights, ids, [1, 16, 32, 256, 1, 2, 1], s13, s2)

@@ -120,6 +120,8 @@ KV_CACHE_QUANT = ("none", "fp8")
 WEIGHT_ORIGINS = ("none", "build", "checkpoint")           # who quantized: nobody, atom-build --quant, the checkpoint
 KV_SCALE_ORIGINS = ("none", "checkpoint", "calibrated")    # where an fp8 KV cache's k/v scales come from
 DECODER_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+# linear scheme -> how a MoE model of that scheme stores its experts (e4m3, weight-only; models/moe.py)
+EXPERT_SCALES = {"fp8": "row", "fp8-ub": "row", "fp8-block": "block"}
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,14 @@ class Quantization:
     def groups(self) -> dict[str, str]:
         """Layer group -> its scheme: the decoder linears share one; lm_head and embeddings are never quantized."""
         return {**{group: self.weights for group in DECODER_LINEARS}, "lm_head": "none", "embed_tokens": "none"}
+
+    @property
+    def experts(self) -> str:
+        """How a MoE model's experts are stored under this scheme."""
+        scales = EXPERT_SCALES.get(self.weights)
+        if scales is None:
+            return "in the model dtype"
+        return f"e4m3, one scale per {'row' if scales == 'row' else '128x128 block'}, weight-only (bf16 activations)"
 
     @classmethod
     def of(cls, weights: str, kv_cache_dtype: str, **details) -> "Quantization":

@@ -63,7 +63,7 @@ def tune_kernels(config: BuildConfig, model_config: ModelConfig, max_model_len: 
             kernels[label] = f"{linear_scheme}: {text}"
         return Tuning(arch="cpu", measured=False, phases={Phase.MIXED: PhaseTuning(choices)},
                       kernels={**kernels, "norms/activations": "Inductor C++ (fused)", "sampling": "torch"})
-    tuning = _tune_triton(config, model_config, max_model_len)
+    tuning = _tune_triton(config, model_config, max_model_len, linear_scheme)
     return tuning if linear_scheme == "none" else _with_measured_linear(tuning, config, model_config, linear_scheme)
 
 
@@ -89,7 +89,7 @@ def _with_measured_linear(tuning: Tuning, config: BuildConfig, cfg: ModelConfig,
                   measurements_ms={**tuning.measurements_ms, op: timings})
 
 
-def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int) -> Tuning:
+def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int, linear_scheme: str = "none") -> Tuning:
     import atom_aot.ops.triton  # noqa: F401  (registers the ops)
     from atom_aot.ops.triton.paged_attention import CANDIDATE_CONFIGS as ATTENTION, AttentionConfig, split_count
     from atom_aot.ops.triton.rope_cache import CANDIDATE_CONFIGS as ROPE
@@ -104,8 +104,8 @@ def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int) -> T
         measurements["rope_cache"][tokens] = _time_rope(cfg, config, ROPE, tokens)
     moe_ops, moe_kernels = {}, {}
     if cfg.num_experts:
-        moe_ops["moe"], measurements["moe"] = _tune_moe(cfg, config)
-        moe_kernels["moe"] = moe_kernel_label(config)
+        moe_ops["moe"], measurements["moe"] = _tune_moe(cfg, config, linear_scheme=linear_scheme)
+        moe_kernels["moe"] = moe_kernel_label(linear_scheme)
     rope, decode = _best(measurements["rope_cache"]), _best(measurements["decode"])
     chosen = AttentionConfig(*decode)
     decode_splits = {str(batch): split_count(batch, cfg.num_key_value_heads, chosen.target_programs, chosen.max_splits)
@@ -188,35 +188,41 @@ def _ms_unless_too_big(fn, config) -> float | None:
         return None
 
 
-def moe_kernel_label(config: BuildConfig) -> str:
-    from atom_aot.models.moe import experts_in_fp8
-    stored = "; e4m3 experts, per-row scales, bf16 activations" if experts_in_fp8(config.quant) else ""
+def moe_kernel_label(linear_scheme: str) -> str:
+    from atom_aot.models.moe import expert_scales
+    scales = expert_scales(linear_scheme)
+    stored = f"; e4m3 experts, {scales} scales, bf16 activations" if scales else ""
     return f"triton atom_triton::fused_moe (sort by expert, grouped GEMMs; config per token bucket{stored})"
 
 
-def _tune_moe(cfg: ModelConfig, config: BuildConfig, dev: str = "cuda") -> tuple[BackendChoice, dict]:
+def _tune_moe(cfg: ModelConfig, config: BuildConfig, dev: str = "cuda",
+              linear_scheme: str = "none") -> tuple[BackendChoice, dict]:
     """Per token-count bucket, the fastest candidate on one layer of the model's experts (random weights,
     in e4m3 with row scales where the model's experts are; softmax top-k routing of random logits); timed at
     each bucket's first token count, the last at PREFILL_MOE_TOKENS. Returns the `triton` choice and the timings."""
-    from atom_aot.models.moe import experts_in_fp8
-    from atom_aot.ops.fp8 import quantize_weight_per_channel
+    from atom_aot.models.moe import expert_scales
+    from atom_aot.ops.fp8 import quantize_weight_blocks, quantize_weight_per_channel
     from atom_aot.ops.moe import softmax_topk
     from atom_aot.ops.triton.fused_moe import CANDIDATE_CONFIGS, TOKEN_BUCKETS
     dt, experts, hidden = config.torch_dtype, cfg.num_experts, cfg.hidden_size
     w13 = torch.randn(experts, 2 * cfg.moe_intermediate_size, hidden, device=dev, dtype=dt) * hidden ** -0.5
     w2 = torch.randn(experts, hidden, cfg.moe_intermediate_size, device=dev, dtype=dt) * cfg.moe_intermediate_size ** -0.5
-    scales = (None, None)
-    if experts_in_fp8(config.quant):
+    scales, candidates = (None, None), CANDIDATE_CONFIGS
+    if expert_scales(linear_scheme) == "row":
         q13, s13 = quantize_weight_per_channel(w13.flatten(0, 1))
         q2, s2 = quantize_weight_per_channel(w2.flatten(0, 1))
         w13, w2, scales = q13.view(w13.shape), q2.view(w2.shape), (s13.view(w13.shape[:2]), s2.view(w2.shape[:2]))
+    elif expert_scales(linear_scheme) == "block":      # each expert's 128x128 blocks; a K step inside one block
+        (w13, s13), (w2, s2) = ([torch.stack(t) for t in zip(*(quantize_weight_blocks(w) for w in stack))]
+                                for stack in (w13, w2))
+        scales, candidates = (s13, s2), tuple(c for c in CANDIDATE_CONFIGS if 128 % c.block_k == 0)
     op, params, times = torch.ops.atom_triton.fused_moe, {}, {}
     for first in TOKEN_BUCKETS:
         tokens = PREFILL_MOE_TOKENS if first == TOKEN_BUCKETS[-1] else first
         x = torch.randn(tokens, hidden, device=dev, dtype=dt)
         weights, ids = softmax_topk(torch.randn(tokens, experts, device=dev), cfg.num_experts_per_tok, True)
         row = {c.as_args(): _ms_unless_too_big(lambda: op(x, w13, w2, weights, ids, [1, *c.as_args()], *scales), c)
-               for c in CANDIDATE_CONFIGS}
+               for c in candidates}
         params[f"fused_moe@{first}"] = min((c for c in row if row[c] is not None), key=row.get)
         times[tokens] = row
     del w13, w2

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from atom_aot.artifact.manifest import EXPERT_SCALES
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
 from atom_aot.errors import BuildError
 from atom_aot.models.config import ModelConfig
@@ -20,6 +21,7 @@ from atom_aot.distributed.collectives import all_gather_rows, reduce_scatter_row
 from atom_aot.models.parallel import reduce_partial_sums
 from atom_aot.ops.backends import make_backend
 from atom_aot.ops.backends.moe import MoEBackend
+from atom_aot.ops.fp8 import BLOCK as FP8_BLOCK
 from atom_aot.ops.moe import softmax_topk
 
 
@@ -32,7 +34,8 @@ class MoEExperts(nn.Module):
     with data-parallel attention (`dp` ranks, each holding E/dp experts) SparseMoeBlock reduce-scatters it.
 
     With the `fp8` linear scheme the stacks are e4m3 with one float32 scale per row (`w13_scale`,
-    `w2_scale`; ops/moe.py); other schemes keep the experts in the model dtype.
+    `w2_scale`; ops/moe.py), with `fp8-block` (checkpoints) one per 128x128 block; other schemes keep the
+    experts in the model dtype.
     """
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, dtype: torch.dtype,
@@ -41,12 +44,20 @@ class MoEExperts(nn.Module):
         self.tp, self.ep, self.dp = tp, ep, dp
         local_experts, width = ((num_experts // (tp * dp), intermediate_size) if ep
                                 else (num_experts, intermediate_size // tp))
-        fp8 = experts_in_fp8(quant)
-        stored = torch.float8_e4m3fn if fp8 else dtype
+        scales = expert_scales(quant)
+        stored = torch.float8_e4m3fn if scales else dtype
         self.w13 = nn.Parameter(torch.empty(local_experts, 2 * width, hidden_size, dtype=stored), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(local_experts, hidden_size, width, dtype=stored), requires_grad=False)
-        self.w13_scale = nn.Parameter(torch.empty(local_experts, 2 * width), requires_grad=False) if fp8 else None
-        self.w2_scale = nn.Parameter(torch.empty(local_experts, hidden_size), requires_grad=False) if fp8 else None
+        if scales == "block" and width % FP8_BLOCK:
+            raise BuildError(f"block-scaled fp8 experts need an expert width that fills whole 128-row blocks (gate "
+                             f"and up are stacked), and this rank's is {width}")
+        shapes = {"row": ((2 * width,), (hidden_size,)),
+                  "block": ((2 * width // FP8_BLOCK, -(-hidden_size // FP8_BLOCK)),
+                            (-(-hidden_size // FP8_BLOCK), width // FP8_BLOCK))}.get(scales)
+        self.w13_scale = self.w2_scale = None
+        if shapes is not None:
+            self.w13_scale = nn.Parameter(torch.empty(local_experts, *shapes[0]), requires_grad=False)
+            self.w2_scale = nn.Parameter(torch.empty(local_experts, *shapes[1]), requires_grad=False)
         if ep:   # rank * E/ranks: a weight, not a constant, so the ranks' graphs are the same
             self.register_buffer("expert_start", torch.empty((), dtype=torch.int64))
         # the reference backend until use_moe_kernels sets the phase's choice
@@ -62,11 +73,12 @@ class MoEExperts(nn.Module):
         return partial if self.dp > 1 else reduce_partial_sums(partial, self.tp)
 
 
-def experts_in_fp8(quant: str) -> bool:
-    """Whether a model of linear scheme `quant` stores its experts in e4m3 (per-row scales, weight-only):
-    `--quant fp8`, and per-row or per-tensor fp8 checkpoints with dynamic activations (fbgemm_fp8's bound on
-    activations concerns the linears only)."""
-    return quant in ("fp8", "fp8-ub")
+def expert_scales(quant: str) -> str | None:
+    """How a model of linear scheme `quant` stores its experts: e4m3 with a scale per row ("row": `--quant
+    fp8`, and per-row or per-tensor fp8 checkpoints with dynamic activations; fbgemm_fp8's bound on
+    activations concerns the linears only) or per 128x128 block ("block": block-scaled checkpoints), both
+    weight-only; None: in the model dtype."""
+    return EXPERT_SCALES.get(quant)
 
 
 class SparseMoeBlock(nn.Module):

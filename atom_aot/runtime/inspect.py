@@ -13,6 +13,9 @@ KV_SCALE_ORIGINS = {"none": "no scales (1.0)", "checkpoint": "per-layer k/v scal
                     "calibrated": "per-layer k/v scales calibrated at build"}
 
 
+EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")     # config.json's, by family
+
+
 def quantization_rows(q: Quantization, kv_cache_dtype: str) -> list[tuple[str, str]]:
     """The weights' scheme with its origin, per layer group, and the KV cache's dtype with its scales' origin."""
     origin = WEIGHT_ORIGINS[q.weights_origin] + (f" {q.weights}" if q.weights_origin == "build" else "")
@@ -51,6 +54,7 @@ def describe(art: Artifact) -> str:
                    f"dp {layout.data_parallel_size} (world {layout.world_size})"),
         ("numerics", f"dtype {numerics.dtype}, kv cache {numerics.kv_cache_dtype}"),
         *quantization_rows(m.quantization, numerics.kv_cache_dtype),
+        *([("experts", m.quantization.experts)] if any(config.get(k) for k in EXPERT_COUNTS) else []),
         ("limits", f"max model len {numerics.max_model_len}, block size {numerics.block_size}"),
         ("compiled", "AOTInductor packages " + ", ".join(f"{p}: {v}" for p, v in m.compiled.packages.items())
                      if m.compiled.kind == "aotinductor"

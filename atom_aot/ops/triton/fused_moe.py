@@ -17,6 +17,8 @@ Four steps, none of which reads a tensor value on the host (so a CUDA graph capt
 FP8 experts (e4m3 w13 / w2 with per-row scales, ops/moe.py): each weight tile is widened to the
 activations' dtype in registers (exact) and the tile's fp32 products are scaled by their rows' scales
 once, after the K loop (a row scale factors out of the sum): half the weight bytes, the same MMAs.
+With 128x128 block scales (SCALES == 2) each K step's product is scaled by its block's scales before it
+is added (BLOCK_K divides 128, so a step stays inside one block).
 
 Each expert has ceil(count / BLOCK_M) row tiles, so the tiles number at most
 min(T*k, cdiv(T*k + E*(BLOCK_M - 1), BLOCK_M)): the grid's static bound; programs past the last tile return.
@@ -116,9 +118,9 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
 @triton.jit
 def moe_gate_up_kernel(
     x_ptr, w13_ptr, inter_ptr, order_ptr, offsets_ptr, scale_ptr, num_m_tiles, N, K, top_k,
-    stride_xt, stride_we, stride_wn, stride_it, stride_se,
+    stride_xt, stride_we, stride_wn, stride_it, stride_se, stride_sn,
     E: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, IEEE: tl.constexpr, SCALED: tl.constexpr,
+    GROUP_M: tl.constexpr, IEEE: tl.constexpr, SCALES: tl.constexpr,
 ):
     """inter[r, n] = SiLU(x[tok(r)] . w13[e, n]) * (x[tok(r)] . w13[e, N + n]) for the tile's rows r of expert e."""
     expert, rows, row_ok, cols, col_ok = _tile(offsets_ptr, num_m_tiles, N, E, E_PAD, BLOCK_M, BLOCK_N, GROUP_M)
@@ -135,9 +137,16 @@ def moe_gate_up_kernel(
         a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         g = tl.load(g_ptrs + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0).to(a.dtype)
         u = tl.load(g_ptrs + N * stride_wn + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0).to(a.dtype)
-        gate = _dot(a, g, gate, IEEE)
-        up = _dot(a, u, up, IEEE)
-    if SCALED:      # e4m3 weights: the rows' scales, once per tile
+        if SCALES == 2:     # 128x128 blocks: this K step's block scales, per column
+            blocks = scale_ptr + expert.to(tl.int64) * stride_se + k0 // 128
+            s_gate = tl.load(blocks + (cols // 128) * stride_sn, mask=col_ok, other=0.0)
+            s_up = tl.load(blocks + ((N + cols) // 128) * stride_sn, mask=col_ok, other=0.0)
+            gate += _dot(a, g, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE) * s_gate[None, :]
+            up += _dot(a, u, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE) * s_up[None, :]
+        else:
+            gate = _dot(a, g, gate, IEEE)
+            up = _dot(a, u, up, IEEE)
+    if SCALES == 1:     # e4m3 weights, per row: the rows' scales, once per tile
         scales = scale_ptr + expert.to(tl.int64) * stride_se + cols
         gate = gate * tl.load(scales, mask=col_ok, other=0.0)[None, :]
         up = up * tl.load(scales + N, mask=col_ok, other=0.0)[None, :]
@@ -149,9 +158,9 @@ def moe_gate_up_kernel(
 @triton.jit
 def moe_down_kernel(
     inter_ptr, w2_ptr, out_ptr, order_ptr, offsets_ptr, weights_ptr, scale_ptr, num_m_tiles, N, K,
-    stride_it, stride_we, stride_wn, stride_ot, stride_se,
+    stride_it, stride_we, stride_wn, stride_ot, stride_se, stride_sn,
     E: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, IEEE: tl.constexpr, SCALED: tl.constexpr,
+    GROUP_M: tl.constexpr, IEEE: tl.constexpr, SCALES: tl.constexpr,
 ):
     """per_slot[a(r), n] = weight[a(r)] * (inter[r] . w2[e, n]) for the tile's rows r, a(r) their assignment."""
     expert, rows, row_ok, cols, col_ok = _tile(offsets_ptr, num_m_tiles, N, E, E_PAD, BLOCK_M, BLOCK_N, GROUP_M)
@@ -166,8 +175,13 @@ def moe_down_kernel(
         k_ok = ks + k0 < K
         a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(b_ptrs + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0).to(a.dtype)
-        acc = _dot(a, b, acc, IEEE)
-    if SCALED:
+        if SCALES == 2:
+            s = tl.load(scale_ptr + expert.to(tl.int64) * stride_se + (cols // 128) * stride_sn + k0 // 128,
+                        mask=col_ok, other=0.0)
+            acc += _dot(a, b, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE) * s[None, :]
+        else:
+            acc = _dot(a, b, acc, IEEE)
+    if SCALES == 1:
         acc = acc * tl.load(scale_ptr + expert.to(tl.int64) * stride_se + cols, mask=col_ok, other=0.0)[None, :]
     weight = tl.load(weights_ptr + assignment, mask=row_ok, other=0.0)   # float32
     tl.store(out_ptr + assignment.to(tl.int64)[:, None] * stride_ot + cols[None, :],
@@ -227,9 +241,10 @@ def launch_fused_moe(
         check_last_dim_contiguous(name, t)
     if (w13_scale is None) != (w2_scale is None):
         raise ValueError("fused_moe: w13_scale and w2_scale come together (fp8 experts) or not at all")
-    scaled = w13_scale is not None
-    s13 = w13_scale.contiguous() if scaled else w13     # not read unless SCALED
-    s2 = w2_scale.contiguous() if scaled else w2
+    scales = 0 if w13_scale is None else 2 if w13_scale.dim() == 3 else 1    # none, per row, 128x128 blocks
+    s13 = w13_scale.contiguous() if scales else w13     # not read without scales
+    s2 = w2_scale.contiguous() if scales else w2
+    block_strides = (s13.stride(1), s2.stride(1)) if scales == 2 else (0, 0)
     num_tokens, hidden_size = hidden.shape
     num_experts, two_inter, _ = w13.shape
     inter_size, top_k = two_inter // 2, topk_ids.shape[1]
@@ -238,18 +253,21 @@ def launch_fused_moe(
     weights = topk_weights.to(torch.float32).contiguous().view(-1)                  # [T*k]
     inter = torch.empty((num_slots, inter_size), dtype=hidden.dtype, device=hidden.device)
     per_slot = torch.empty((num_slots, hidden_size), dtype=hidden.dtype, device=hidden.device)
-    common = dict(E=num_experts, E_PAD=next_pow2(num_experts), IEEE=hidden.dtype == torch.float32, SCALED=scaled)
+    common = dict(E=num_experts, E_PAD=next_pow2(num_experts), IEEE=hidden.dtype == torch.float32, SCALES=scales)
     for first, next_first, c in table_buckets(table):
+        if scales == 2 and 128 % c.block_k:
+            raise ValueError(f"fused_moe: block-scaled experts need BLOCK_K dividing 128 (a K step inside one "
+                             f"scale block), got {c}")
         active = in_bucket(num_tokens, first, next_first)
         num_m_tiles = torch.sym_min(num_slots, (num_slots + num_experts * (c.block_m - 1) + c.block_m - 1) // c.block_m)
         tiles = dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
                      num_warps=c.num_warps, num_stages=c.num_stages, **common)
         wrap_triton(moe_gate_up_kernel)[(active * num_m_tiles * triton.cdiv(inter_size, c.block_n),)](
             hidden, w13, inter, order, offsets, s13, num_m_tiles, inter_size, hidden_size, top_k,
-            hidden.stride(0), w13.stride(0), w13.stride(1), inter.stride(0), s13.stride(0), **tiles)
+            hidden.stride(0), w13.stride(0), w13.stride(1), inter.stride(0), s13.stride(0), block_strides[0], **tiles)
         wrap_triton(moe_down_kernel)[(active * num_m_tiles * triton.cdiv(hidden_size, c.block_n),)](
             inter, w2, per_slot, order, offsets, weights, s2, num_m_tiles, hidden_size, inter_size,
-            inter.stride(0), w2.stride(0), w2.stride(1), per_slot.stride(0), s2.stride(0), **tiles)
+            inter.stride(0), w2.stride(0), w2.stride(1), per_slot.stride(0), s2.stride(0), block_strides[1], **tiles)
     kept = (topk_ids >= 0).unsqueeze(-1)                                            # [T, k, 1]
     per_slot = per_slot.view(num_tokens, top_k, hidden_size).float()
     return torch.where(kept, per_slot, 0.0).sum(dim=1).to(hidden.dtype)
