@@ -119,6 +119,16 @@ def test_what_does_not_run_data_parallel_is_refused_by_name(moe_dir, tmp_path, d
         LLMEngine(str(dp2_artifact), **ENGINE)
 
 
+def _one_rank_texts(artifact, prompts: list[list[int]], max_tokens: list[int]) -> list[str]:
+    """Each prompt's greedy text from the one-rank artifact, alone in its batch."""
+    engine = LLMEngine(str(artifact), **ENGINE)
+    try:
+        return [engine.generate([p], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))[0]["text"]
+                for p, n in zip(prompts, max_tokens)]
+    finally:
+        engine.close()
+
+
 def _served_tokens(server: ServerProcess, model: str, prompts: list[list[int]], max_tokens: list[int]) -> list:
     def complete(i):
         body = {"model": model, "prompt": prompts[i], "max_tokens": max_tokens[i], "temperature": 0,
@@ -135,12 +145,7 @@ def test_dp2_serving_under_concurrent_load_equals_one_rank(dp2_artifact, moe_dir
     goes idle while the other still runs (padding-only steps)."""
     prompts = random_prompts(8, 300, seed=3)
     max_tokens = [2 + (5 * i) % 11 for i in range(len(prompts))]
-    one_rank = LLMEngine(str(build_artifact(moe_dir, compile="none")), **ENGINE)
-    try:
-        expected = [one_rank.generate([p], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))[0]["text"]
-                    for p, n in zip(prompts, max_tokens)]
-    finally:
-        one_rank.close()
+    expected = _one_rank_texts(build_artifact(moe_dir, compile="none"), prompts, max_tokens)
     server = ServerProcess(dp2_artifact, tmp_path, api_key=None).wait_healthy(timeout=300)
     try:
         model = Artifact.open(dp2_artifact).manifest.model.name
@@ -161,12 +166,7 @@ def test_deepseek_with_latent_attention_serves_dp2_equal_to_one_rank(build_artif
     model_dir = make_tiny_deepseek(tmp_path_factory.mktemp("attention-dp-deepseek") / "deepseek", seed=4)
     prompts = random_prompts(6, 300, seed=5)
     max_tokens = [3 + (4 * i) % 9 for i in range(len(prompts))]
-    one_rank = LLMEngine(str(build_artifact(model_dir, compile="none")), **ENGINE)
-    try:
-        expected = [one_rank.generate([p], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))[0]["text"]
-                    for p, n in zip(prompts, max_tokens)]
-    finally:
-        one_rank.close()
+    expected = _one_rank_texts(build_artifact(model_dir, compile="none"), prompts, max_tokens)
     dp2 = build_artifact(model_dir, compile="none", data_parallel_size=2, enable_expert_parallel=True)
     server = ServerProcess(dp2, tmp_path, api_key=None).wait_healthy(timeout=300)
     try:

@@ -48,20 +48,26 @@ def test_more_splits_than_key_blocks():
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
 
 
-def test_backend_decode_step_equals_reference_backend():
-    """A tiny DeepSeek model: prefill 3 sequences, then one decode step through the `triton` MLA backend and
-    through the `reference` one on copies of the same cache: equal logits."""
+def _decode_logits_both_backends(model, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prefill 3 sequences through `model` (its kernels as set), then one decode step through the `reference`
+    MLA backend and through the `triton` one on copies of the same cache: (reference logits, triton logits)."""
     from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
-    from deepseek_model import random_deepseek, step_of
-    model = random_deepseek()
-    cache = torch.zeros(model.kv_cache_layout(model.config).shape(12, 16))
+    from deepseek_model import step_of
     with torch.no_grad():
         model(step_of(cache, [[5, 6, 7, 8, 9], list(range(20, 40)), [3]], [0, 0, 0]))
         decode = [[11], [12], [13]]
         ref = model(step_of(cache.clone(), decode, [5, 20, 1]))
         triton_row = PhaseTuning({"mla_attention": BackendChoice("triton", {"mla_decode": (16, 16, 4, 2, 1 << 20, 2)}),
                                   "moe": BackendChoice("reference")})
-        got = model.use_kernels(triton_row)(step_of(cache.clone(), decode, [5, 20, 1]))
+        return ref, model.use_kernels(triton_row)(step_of(cache.clone(), decode, [5, 20, 1]))
+
+
+def test_backend_decode_step_equals_reference_backend():
+    """A tiny DeepSeek model: a decode step through the `triton` MLA backend and through the `reference` one:
+    equal logits."""
+    from deepseek_model import random_deepseek
+    model = random_deepseek()
+    ref, got = _decode_logits_both_backends(model, torch.zeros(model.kv_cache_layout(model.config).shape(12, 16)))
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
 
 
@@ -70,18 +76,12 @@ def test_backend_decode_step_on_an_fp8_cache_equals_reference_backend():
     scales into the query and the latent output, the reference dequantizes the cache; equal logits."""
     from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
     from atom_aot.build.kv_scales import calibrate_kv_scales
-    from deepseek_model import random_deepseek, step_of
+    from deepseek_model import random_deepseek
     model = random_deepseek(seed=1)
     scales = calibrate_kv_scales(model, [[5, 6, 7, 8, 9], list(range(20, 40))])
     assert len(scales) == 5 and all(s[0] != s[1] for s in scales.values())       # 4 layers + the MTP layer
     model.load_state_dict(scales, strict=False)
     model.use_kernels(PhaseTuning({"mla_attention": BackendChoice("reference"), "moe": BackendChoice("reference")}))
     cache = torch.zeros(model.kv_cache_layout(model.config).shape(12, 16), dtype=torch.float8_e4m3fn)
-    with torch.no_grad():
-        model(step_of(cache, [[5, 6, 7, 8, 9], list(range(20, 40)), [3]], [0, 0, 0]))
-        decode = [[11], [12], [13]]
-        ref = model(step_of(cache.clone(), decode, [5, 20, 1]))
-        triton_row = PhaseTuning({"mla_attention": BackendChoice("triton", {"mla_decode": (16, 16, 4, 2, 1 << 20, 2)}),
-                                  "moe": BackendChoice("reference")})
-        got = model.use_kernels(triton_row)(step_of(cache.clone(), decode, [5, 20, 1]))
+    ref, got = _decode_logits_both_backends(model, cache)
     torch.testing.assert_close(got, ref, rtol=1e-3, atol=1e-3)
