@@ -121,3 +121,33 @@ def make_copying_deepseek(out: Path, damp: float = 0.1) -> Path:
                                                       dim=1)})
     save_file(tensors, str(path), metadata={"format": "pt"})
     return out
+
+
+BLOCK_DEEPSEEK = dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=128, num_hidden_layers=2,
+                      first_k_dense_replace=1, num_attention_heads=2, num_key_value_heads=2, q_lora_rank=128,
+                      kv_lora_rank=128, qk_rope_head_dim=64, qk_nope_head_dim=64, v_head_dim=64)
+UNQUANTIZED = ("embed_tokens", "lm_head", "gate", "head")     # DeepSeek-V3's FP8 checkpoint keeps these bf16
+
+
+def write_block_fp8_deepseek(src: Path, dst: Path) -> Path:
+    """`src` (an unquantized tiny DeepSeek whose linears fill 128x128 blocks) saved as DeepSeek-V3 ships its
+    FP8 checkpoint: every linear weight in e4m3 with `weight_scale_inv` per 128x128 block (kv_b_proj, the
+    experts and the MTP layer's eh_proj included), the embeddings, lm_head, routers and norms as they were."""
+    import json
+    import shutil
+    from atom_aot.ops.fp8 import quantize_weight_blocks
+    shutil.copytree(src, dst)
+    tensors = {}
+    for name, t in load_file(str(src / "model.safetensors")).items():
+        module, _, leaf = name.rpartition(".")
+        if leaf == "weight" and t.dim() == 2 and module.rpartition(".")[2] not in UNQUANTIZED:
+            q, scale = quantize_weight_blocks(t)
+            tensors.update({name: q, f"{module}.weight_scale_inv": scale})
+        else:
+            tensors[name] = t
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                                     "weight_block_size": [128, 128]}
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst

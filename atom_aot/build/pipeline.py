@@ -70,16 +70,21 @@ def check_arch_present(arch: str) -> None:
                          f"or use --arch auto.")
 
 
+# the linear schemes a latent-attention (DeepSeek) model is built in: its experts are fp8 in these too
+MLA_LINEAR_SCHEMES = ("none", "fp8", "fp8-block")
+
+
 def plan(model: str | None, config: BuildConfig) -> tuple[ModelSource, ModelConfig, str, dict]:
     """Resolve the model and compute the build key, without building."""
     source = resolve_model(model, config.load_format, device_for_arch(config.arch).type)
     model_config = ModelConfig.from_hf_dict(source.config)
     model_class(model_config.architecture)          # fails early on an unsupported architecture
     linear_quant = resolve_quant_plan(source.config, config.quant)   # and on a quantization it cannot load
-    if linear_quant.scheme != "none" and "mla_attention" in model_class(model_config.architecture).ATTENTION_OPS:
-        raise BuildError(f"{model_config.architecture} with quantized linears ({linear_quant.scheme}) is not "
-                         f"supported yet (quantized linears are wired into the dense and MoE decoders, not MLA): build it from a "
-                         f"bf16 checkpoint without --quant")
+    if (linear_quant.scheme not in MLA_LINEAR_SCHEMES
+            and "mla_attention" in model_class(model_config.architecture).ATTENTION_OPS):
+        raise BuildError(f"{model_config.architecture} with {linear_quant.scheme} linears is not supported yet: "
+                         f"latent-attention models take {', '.join(MLA_LINEAR_SCHEMES[1:])} (a block-scaled fp8 "
+                         f"checkpoint as DeepSeek ships, or --quant fp8 on a bf16 one)")
     if config.tensor_parallel_size > 1 and linear_quant.scheme == "fp8-block":
         raise BuildError("block-scaled FP8 (128x128 weight blocks) is not sharded over tensor-parallel ranks yet: "
                          "build this checkpoint with -tp 1")

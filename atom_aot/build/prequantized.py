@@ -13,7 +13,8 @@ The FP8 and int8 weights are kept bit for bit; only the scales change shape:
   where a checkpoint stores them) are dropped; a nonzero one is refused by name.
 GPTQ / AWQ int4 checkpoints are repacked nibble for nibble by int4_checkpoint.py.
 lm_head stays in the model dtype (it decides the argmax): a checkpoint that quantized it anyway has it
-dequantized (weight x scale), the one tensor that is.
+dequantized (weight x scale). So does MLA's kv_b_proj, which the build splits into the per-head W_UK / W_UV
+that the absorbed decode multiplies in the model dtype (models/mla.py).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from atom_aot.ops.fp8 import dequantize_weight
 WEIGHT_SCALE_NAMES = ("weight_scale", "weight_scale_inv")
 ZERO_POINT_NAMES = ("weight_zero_point", "input_zero_point")
 STATIC_SCHEMES = ("fp8-static", "int8-static")     # the ones that read a checkpoint's input_scale
-UNQUANTIZED_MODULES = ("lm_head",)       # runs in the model dtype whatever the checkpoint did
+UNQUANTIZED_MODULES = ("lm_head", "kv_b_proj")    # run in the model dtype whatever the checkpoint did
 FP8_DTYPE = torch.float8_e4m3fn
 QUANTIZED_DTYPES = (FP8_DTYPE, torch.int8)
 
@@ -44,7 +45,7 @@ def normalize_checkpoint(tensors: dict[str, torch.Tensor], quant: CheckpointQuan
     out = {}
     for name, tensor in tensors.items():
         module, _, leaf = name.rpartition(".")
-        if module in UNQUANTIZED_MODULES:
+        if module.rpartition(".")[2] in UNQUANTIZED_MODULES:
             if leaf == "weight":
                 out[name] = _unquantized_weight(module, tensors, quant)
         elif leaf in WEIGHT_SCALE_NAMES:

@@ -13,6 +13,8 @@ own expert shapes (both phases carry the whole table: the op picks the bucket fr
 """
 from __future__ import annotations
 
+import functools
+
 import logging
 import math
 
@@ -49,7 +51,10 @@ def tune_kernels(config: BuildConfig, model_config: ModelConfig, max_model_len: 
     ops = model_class(model_config.architecture).ATTENTION_OPS
     if config.arch != "cpu" and "mla_attention" in ops:
         from atom_aot.build.tune_mla import tune_mla
-        return tune_mla(config, model_config, max_model_len, _best, _tune_moe)
+        tune_moe = functools.partial(_tune_moe, linear_scheme=linear_scheme)
+        tuning = tune_mla(config, model_config, max_model_len, _best, tune_moe)
+        tuning.kernels["moe"] = moe_kernel_label(linear_scheme)
+        return tuning if linear_scheme == "none" else _with_measured_linear(tuning, config, model_config, linear_scheme)
     if config.arch == "cpu":
         names = {"attention": "torch reference (atom::paged_attention)",
                  "mla_attention": "torch reference (atom::mla_attention)", "moe": "torch reference (atom::fused_moe)"}

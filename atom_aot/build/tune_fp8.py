@@ -33,7 +33,14 @@ SMALL_M_KERNELS = {"fp8_linear": "fp8_small_m", "int8_linear": "int8_small_m"}  
 
 
 def linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
-    """Layer group -> (N, K) of its weight."""
+    """Layer group -> (N, K) of its weight (a latent-attention model's own projections where it has them)."""
+    if cfg.deepseek is not None:
+        ds, heads = cfg.deepseek, cfg.num_attention_heads
+        q_in = ds.q_lora_rank or cfg.hidden_size
+        return {"q_b_proj": (heads * ds.qk_head_dim, q_in), "kv_a_proj_with_mqa": (ds.latent_dim, cfg.hidden_size),
+                "o_proj": (cfg.hidden_size, heads * ds.v_head_dim),
+                "gate_up_proj": (2 * cfg.intermediate_size, cfg.hidden_size),
+                "down_proj": (cfg.hidden_size, cfg.intermediate_size)}
     q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
     return {"qkv_proj": (q + 2 * kv, cfg.hidden_size), "o_proj": (cfg.hidden_size, q),
             "gate_up_proj": (2 * cfg.intermediate_size, cfg.hidden_size),
