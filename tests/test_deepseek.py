@@ -219,3 +219,16 @@ def test_quant_fp8_quantizes_a_deepseek_models_linears_and_experts(q_lora_dir, q
     assert "experts      e4m3, one scale per row" in describe(Artifact.open(fp8))
     got, expected = prefill_logits(fp8), prefill_logits(artifact)
     assert ((got - expected).norm() / expected.norm()).item() < 0.4
+
+
+@pytest.mark.parametrize("ep", [False, True])
+def test_tensor_parallel_deepseek_equals_one_rank(q_lora_dir, q_lora, build_artifact, ep):
+    """-tp 2 (gloo, ranks as processes): each rank 2 of the 4 heads (their query rows, W_UK / W_UV and o_proj
+    columns) over the whole latent cache, half of the dense and shared-expert widths, the routed experts split
+    in width or (--ep) 4 of 8 whole, the vocabulary split; the MTP layer's own embedding and head whole."""
+    artifact, prompts, _ = q_lora
+    _, expected = engine_greedy(artifact, prompts[:5])
+    tp2 = build_artifact(q_lora_dir, compile="none", tensor_parallel_size=2, enable_expert_parallel=ep)
+    engine, got = engine_greedy(tp2, prompts[:5])
+    engine.close()                       # its ranks and process group: the next parameter starts its own
+    assert got == expected

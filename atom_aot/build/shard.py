@@ -17,6 +17,9 @@ from atom_aot.models.parallel import local_kv_heads, vocab_shard_size
 ROW_PARALLEL = ("o_proj", "down_proj")          # input columns of the weight split; scales per output row kept
 VOCAB_PARALLEL = ("embed_tokens", "lm_head")    # vocabulary rows split, padded to a multiple of tp
 VOCAB_START = "model.embed_tokens.vocab_start"
+HEAD_ROWS = ("q_b_proj", "q_proj")          # latent attention's query projections: rows head by head
+PER_HEAD = ("w_uk", "w_uv")                 # its per-head up-projections [H, ...]
+WHOLE_PREFIX = "mtp."                       # the MTP layers' own embedding and head stay whole
 EXPERT_START = "expert_start"                   # under --ep, each MoE layer's first expert on the rank
 EXPERT_STACKS = ("w13", "w2", "w13_scale", "w2_scale")   # the stacks, and fp8 experts' per-row scales
 
@@ -46,11 +49,15 @@ def shard_tensors(tensors: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig,
             part = tensor
         elif module == "qkv_proj" and _per_row(tensor, cfg, module):
             part = _qkv_rows(tensor, cfg, tp, rank)
-        elif module == "gate_up_proj" and _per_row(tensor, cfg, module):
+        elif module in HEAD_ROWS and _per_row(tensor, cfg, module):
+            part = tensor.chunk(tp)[rank]                      # latent attention: this rank's heads' query rows
+        elif param in PER_HEAD:
+            part = tensor.chunk(tp)[rank]                      # W_UK / W_UV [H, ...]: this rank's heads
+        elif module == "gate_up_proj" and _per_row(tensor, cfg, module, name):
             part = torch.cat([half.chunk(tp)[rank] for half in tensor.chunk(2)])    # [gate_r; up_r]
         elif module in ROW_PARALLEL and param == "weight":
             part = tensor.chunk(tp, dim=1)[rank]
-        elif module in VOCAB_PARALLEL:
+        elif module in VOCAB_PARALLEL and not name.startswith(WHOLE_PREFIX):
             part = _vocab_rows(tensor, tp, rank)
         else:
             part = tensor
@@ -80,10 +87,15 @@ def _expert_part(name: str, stacked: torch.Tensor, tp: int, rank: int, ep: bool,
     return {name: part.contiguous().clone()}
 
 
-def _per_row(tensor: torch.Tensor, cfg: ModelConfig, module: str) -> bool:
+def _per_row(tensor: torch.Tensor, cfg: ModelConfig, module: str, name: str = "") -> bool:
     """Whether `tensor` has one entry per output row of `module` (a scalar scale has not)."""
-    rows = 2 * cfg.intermediate_size if module == "gate_up_proj" else \
-        (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+    if module == "gate_up_proj":
+        shared = ".shared_experts." in name          # DeepSeek's shared experts have their own width
+        rows = 2 * (cfg.moe_intermediate_size * cfg.deepseek.n_shared_experts if shared else cfg.intermediate_size)
+    elif module in HEAD_ROWS:
+        rows = cfg.num_attention_heads * cfg.deepseek.qk_head_dim
+    else:
+        rows = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
     return tensor.dim() >= 1 and tensor.shape[0] == rows
 
 

@@ -16,9 +16,11 @@ class DeepseekDecoderLayer(DecoderLayer):
     """The dense decoder layer's structure and forward with latent attention and, from
     `first_k_dense_replace` on, DeepSeek's MoE."""
 
-    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, quant: str, dp: int = 1):
+    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, quant: str, dp: int = 1, tp: int = 1,
+                 ep: bool = False):
         nn.Module.__init__(self)      # DecoderLayer's own __init__ builds the dense modules
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.self_attn = MLAAttention(cfg, layer, dtype, quant)
+        self.self_attn = MLAAttention(cfg, layer, dtype, quant, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.mlp = DeepseekMoE(cfg, dtype, quant, dp) if cfg.is_moe_layer(layer) else GatedMLP(cfg, dtype, quant)
+        self.mlp = (DeepseekMoE(cfg, dtype, quant, dp, tp, ep) if cfg.is_moe_layer(layer)
+                    else GatedMLP(cfg, dtype, quant, tp))

@@ -52,14 +52,16 @@ class DeepseekRouter(nn.Module):
 
 
 class DeepseekMoE(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str, dp: int = 1):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str, dp: int = 1, tp: int = 1, ep: bool = False):
+        """Over `tp` ranks the routed experts split like any MoE layer's (width, or whole under `ep`) and
+        the shared experts like a dense MLP; each all-reduces its partial sums."""
         super().__init__()
         self.config, self.dp = cfg, dp
         self.gate = DeepseekRouter(cfg, dtype)
         self.experts = MoEExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype,
-                                  ep=dp > 1, dp=dp, quant=quant)
+                                  tp=tp, ep=ep or dp > 1, dp=dp, quant=quant)
         shared = cfg.moe_intermediate_size * cfg.deepseek.n_shared_experts
-        self.shared_experts = GatedMLP(cfg, dtype, quant, intermediate_size=shared) if shared else None
+        self.shared_experts = GatedMLP(cfg, dtype, quant, tp, intermediate_size=shared) if shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = all_gather_rows(x, self.dp) if self.dp > 1 else x            # [dp * T, H]

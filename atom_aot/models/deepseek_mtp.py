@@ -26,13 +26,16 @@ class SharedHead(nn.Module):
 
 
 class MTPLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, cache_layer: int, dtype: torch.dtype, quant: str, dp: int = 1):
+    def __init__(self, cfg: ModelConfig, cache_layer: int, dtype: torch.dtype, quant: str, dp: int = 1, tp: int = 1,
+                 ep: bool = False):
+        """The block splits over `tp` ranks like a decoder layer; the embedding, eh_proj and shared head are
+        whole on every rank (build/shard.py leaves `mtp.*` outside the vocabulary split)."""
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
         self.enorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.hnorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.eh_proj = make_linear(2 * cfg.hidden_size, cfg.hidden_size, False, dtype, quant)
-        self.block = DeepseekDecoderLayer(cfg, cache_layer, dtype, quant, dp)
+        self.block = DeepseekDecoderLayer(cfg, cache_layer, dtype, quant, dp, tp, ep)
         self.shared_head = SharedHead(cfg, dtype)
 
     def forward(self, previous_hidden: torch.Tensor, inputs: StepInputs, rotary: RotaryEmbedding):

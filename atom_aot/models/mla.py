@@ -10,6 +10,7 @@ from torch import nn
 from atom_aot.artifact.tuning import BackendChoice
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.layers import RMSNorm, RotaryEmbedding, make_linear
+from atom_aot.models.parallel import reduce_partial_sums
 from atom_aot.ops.backends import make_backend
 from atom_aot.ops.backends.base import AttentionInputs
 from atom_aot.ops.backends.mla import MLAArgs, MLABackend
@@ -25,10 +26,13 @@ def split_kv_b_proj(weight: torch.Tensor, num_heads: int, nope: int) -> tuple[to
 
 
 class MLAAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, quant: str):
+    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, quant: str, tp: int = 1):
+        """With `tp` ranks (models/parallel.py) a rank holds 1/tp of the heads: their rows of q_b_proj (or
+        q_proj), their W_UK / W_UV and their input columns of o_proj (all-reduced); the latent projection
+        (kv_a) and the latent cache, which every head reads, are whole on every rank."""
         super().__init__()
         ds, hidden = cfg.deepseek, cfg.hidden_size
-        self.layer, self.num_heads = layer, cfg.num_attention_heads
+        self.layer, self.num_heads, self.tp = layer, cfg.num_attention_heads // tp, tp
         self.nope, self.rope, self.rank = ds.qk_nope_head_dim, ds.qk_rope_head_dim, ds.kv_lora_rank
         q_out = self.num_heads * ds.qk_head_dim
         if ds.q_lora_rank is None:
@@ -61,4 +65,4 @@ class MLAAttention(nn.Module):
         o = self.mla_backend(MLAArgs(self.layer, q_nope, q_pe, self.kv_a_layernorm(c_kv), k_pe, positions,
                                      rotary.cos_sin_cache, self.w_uk, self.w_uv, self.scale, attn,
                                      kv_scale))                                            # [T, H, v]
-        return self.o_proj(o.flatten(-2))
+        return reduce_partial_sums(self.o_proj(o.flatten(-2)), self.tp)

@@ -54,9 +54,11 @@ def check_splittable(cfg: ModelConfig, tp: int, ep: bool = False, dp: int = 1) -
               (cfg.num_experts and not ep and cfg.moe_intermediate_size % tp,
                f"moe_intermediate_size {cfg.moe_intermediate_size} is not a multiple of tp (try --ep)")]
     problems = [problem for failed, problem in checks if failed]
-    if tp > 1 and cfg.deepseek is not None:
-        problems.append("its latent attention (MLA) and DeepSeek MoE are not sharded over ranks yet: build "
-                        "DeepSeek models with -tp 1")
+    if cfg.deepseek is not None:       # latent attention: heads split, the latent whole (kv heads do not apply)
+        problems = [p for p in problems if "num_key_value_heads" not in p]
+        shared = cfg.moe_intermediate_size * cfg.deepseek.n_shared_experts
+        if shared % tp:
+            problems.append(f"the shared experts' width {shared} is not a multiple of tp")
     if problems:
         raise ValueError(f"this model does not split over tp={tp} tensor-parallel ranks: {'; '.join(problems)}. "
                          f"Build with a -tp that divides its {heads} attention heads.")
