@@ -232,3 +232,24 @@ def test_tensor_parallel_deepseek_equals_one_rank(q_lora_dir, q_lora, build_arti
     engine, got = engine_greedy(tp2, prompts[:5])
     engine.close()                       # its ranks and process group: the next parameter starts its own
     assert got == expected
+
+
+def test_a_block_fp8_deepseek_splits_over_tensor_parallel_ranks_on_block_boundaries(tmp_path, build_artifact):
+    """ATOM's DeepSeek-R1 example, small: a 128x128-block fp8 checkpoint over -tp 2, each rank's query rows,
+    o_proj columns, MLP and expert widths whole blocks (their block scales split with them): greedy output equal
+    to -tp 1's (1x128 activation groups fall on the same K blocks on either). A split that would cut a block
+    is refused, naming the width."""
+    from deepseek_factories import BLOCK_DEEPSEEK, write_block_fp8_deepseek
+    from atom_aot.errors import BuildError
+    shapes = dict(BLOCK_DEEPSEEK, qk_nope_head_dim=64, qk_rope_head_dim=64, v_head_dim=128, moe_intermediate_size=256)
+    checkpoint = write_block_fp8_deepseek(make_tiny_deepseek(tmp_path / "bf16", seed=13, **shapes), tmp_path / "fp8")
+    prompts = random_prompts(5, 300, seed=43)
+    one, expected = engine_greedy(build_artifact(checkpoint, compile="none"), prompts)
+    one.close()
+    engine, got = engine_greedy(build_artifact(checkpoint, compile="none", tensor_parallel_size=2), prompts)
+    engine.close()
+    assert got == expected
+    narrow = write_block_fp8_deepseek(make_tiny_deepseek(tmp_path / "narrow", seed=13, **BLOCK_DEEPSEEK),
+                                      tmp_path / "narrow-fp8")
+    with pytest.raises(BuildError, match="o_proj's input columns per rank .* is 64"):
+        build_artifact(narrow, compile="none", tensor_parallel_size=2)

@@ -47,7 +47,7 @@ from atom_aot.build.weights import build_meta_model, convert_state_dict
 from atom_aot.build.resume import StageCheckpoints, build_device_name
 from atom_aot.errors import ArtifactError, BuildError
 from atom_aot.models import ModelConfig, model_class
-from atom_aot.models.parallel import check_splittable, rank_shapes
+from atom_aot.models.parallel import block_split_problem, check_splittable, rank_shapes
 from atom_aot.models.quant_layers import INT4_SCHEMES
 from atom_aot.version import ARTIFACT_FORMAT_VERSION, __version__
 
@@ -86,8 +86,11 @@ def plan(model: str | None, config: BuildConfig) -> tuple[ModelSource, ModelConf
                          f"latent-attention models take {', '.join(MLA_LINEAR_SCHEMES[1:])} (a block-scaled fp8 "
                          f"checkpoint as DeepSeek ships, or --quant fp8 on a bf16 one)")
     if config.tensor_parallel_size > 1 and linear_quant.scheme == "fp8-block":
-        raise BuildError("block-scaled FP8 (128x128 weight blocks) is not sharded over tensor-parallel ranks yet: "
-                         "build this checkpoint with -tp 1")
+        problem = block_split_problem(model_config, config.tensor_parallel_size, config.enable_expert_parallel)
+        if problem:
+            raise BuildError(f"block-scaled FP8 (128x128 weight blocks) splits over -tp {config.tensor_parallel_size} "
+                             f"only where every rank's part is whole blocks: {problem}. Build this checkpoint with a "
+                             f"smaller -tp (or -tp 1, or -dp N --ep)")
     if linear_quant.scheme in INT4_SCHEMES:
         check_int4_model(model_config, config.tensor_parallel_size)
     try:

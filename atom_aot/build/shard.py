@@ -49,6 +49,8 @@ def shard_tensors(tensors: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig,
             part = tensor
         elif module == "qkv_proj" and _per_row(tensor, cfg, module):
             part = _qkv_rows(tensor, cfg, tp, rank)
+        elif param == "weight_scale" and tensor.dim() == 2:
+            part = _block_scale_part(tensor, module, name, cfg, tp, rank)
         elif module in HEAD_ROWS and _per_row(tensor, cfg, module):
             part = tensor.chunk(tp)[rank]                      # latent attention: this rank's heads' query rows
         elif param in PER_HEAD:
@@ -81,10 +83,26 @@ def _expert_part(name: str, stacked: torch.Tensor, tp: int, rank: int, ep: bool,
     if name.endswith(("w13", "w13_scale")):
         part = torch.cat([half.chunk(tp, dim=1)[rank] for half in stacked.chunk(2, dim=1)], dim=1)
     elif name.endswith("w2_scale"):
-        part = stacked
+        part = stacked.chunk(tp, dim=2)[rank] if stacked.dim() == 3 else stacked    # block scales: K blocks
     else:
         part = stacked.chunk(tp, dim=2)[rank]
     return {name: part.contiguous().clone()}
+
+
+def _block_scale_part(scale: torch.Tensor, module: str, name: str, cfg: ModelConfig, tp: int,
+                      rank: int) -> torch.Tensor:
+    """Rank's part of a linear's 128x128 block scales [N/128, K/128], where its weight splits on block
+    boundaries (pipeline.py checks block_split_problem first): rows for column-parallel linears, columns
+    for row-parallel ones, whole otherwise."""
+    if module in HEAD_ROWS:
+        return scale.chunk(tp)[rank]
+    if module == "gate_up_proj":
+        return torch.cat([half.chunk(tp)[rank] for half in scale.chunk(2)])
+    if module in ROW_PARALLEL:
+        return scale.chunk(tp, dim=1)[rank]
+    if module == "qkv_proj":
+        raise ValueError(f"{name}: block scales of a fused qkv are not split over ranks")
+    return scale
 
 
 def _per_row(tensor: torch.Tensor, cfg: ModelConfig, module: str, name: str = "") -> bool:
