@@ -225,3 +225,32 @@ def test_a_static_fp8_moe_checkpoint_is_refused_by_name(tmp_path, build_artifact
                           moe_intermediate_size=32, norm_topk_prob=True)
     with pytest.raises(ValueError, match="stored quantized"):
         build_artifact(write_prequantized(moe, tmp_path / "static", "ct-tensor-static"), compile="none")
+
+
+def test_a_block_scaled_dense_checkpoint_splits_over_tp_on_block_boundaries(tmp_path, build_artifact):
+    """Qwen3-FP8-style 128x128 blocks over -tp 2 (head_dim 128, one KV head replicated on both ranks): each rank's
+    q / k / v rows, o_proj columns and MLP width are whole blocks, the block scales split with them; greedy output
+    equal to -tp 1's. Heads of 32 rows would cut blocks: refused naming the width."""
+    from factories import make_tiny_model
+    from atom_aot.entrypoints.llm import LLMEngine
+    from atom_aot.errors import BuildError
+    from atom_aot.runtime.sampling_params import SamplingParams
+    from factories import random_prompts
+    model = make_tiny_model(tmp_path / "dense", hidden_size=256, intermediate_size=256, num_attention_heads=2,
+                            num_key_value_heads=1, head_dim=128)
+    checkpoint = write_prequantized(model, tmp_path / "block", "fp8-block")
+    prompts = random_prompts(4, 300, seed=7)
+
+    def greedy(artifact):
+        engine = LLMEngine(str(artifact), num_kv_blocks=64, num_threads=1)
+        try:
+            return [o["token_ids"] for o in engine.generate(prompts, SamplingParams(temperature=0, max_tokens=6,
+                                                                                    ignore_eos=True))]
+        finally:
+            engine.close()
+    assert greedy(build_artifact(checkpoint, compile="none", tensor_parallel_size=2)) == \
+        greedy(build_artifact(checkpoint, compile="none"))
+    narrow = write_prequantized(make_tiny_model(tmp_path / "narrow", hidden_size=128, intermediate_size=256,
+                                                num_attention_heads=4, num_key_value_heads=4), tmp_path / "nb", "fp8-block")
+    with pytest.raises(BuildError, match="query rows per rank .* is 64"):
+        build_artifact(narrow, compile="none", tensor_parallel_size=2)

@@ -20,6 +20,7 @@ VOCAB_START = "model.embed_tokens.vocab_start"
 HEAD_ROWS = ("q_b_proj", "q_proj")          # latent attention's query projections: rows head by head
 PER_HEAD = ("w_uk", "w_uv")                 # its per-head up-projections [H, ...]
 WHOLE_PREFIX = "mtp."                       # the MTP layers' own embedding and head stay whole
+BLOCK_ROWS = 128                            # rows per block of a block-scaled fp8 weight
 EXPERT_START = "expert_start"                   # under --ep, each MoE layer's first expert on the rank
 EXPERT_STACKS = ("w13", "w2", "w13_scale", "w2_scale")   # the stacks, and fp8 experts' per-row scales
 
@@ -100,8 +101,8 @@ def _block_scale_part(scale: torch.Tensor, module: str, name: str, cfg: ModelCon
         return torch.cat([half.chunk(tp)[rank] for half in scale.chunk(2)])
     if module in ROW_PARALLEL:
         return scale.chunk(tp, dim=1)[rank]
-    if module == "qkv_proj":
-        raise ValueError(f"{name}: block scales of a fused qkv are not split over ranks")
+    if module == "qkv_proj":        # [q | k | v] in blocks: a head is head_dim / 128 block rows
+        return _qkv_rows(scale, cfg, tp, rank, BLOCK_ROWS)
     return scale
 
 
@@ -117,14 +118,15 @@ def _per_row(tensor: torch.Tensor, cfg: ModelConfig, module: str, name: str = ""
     return tensor.dim() >= 1 and tensor.shape[0] == rows
 
 
-def _qkv_rows(tensor: torch.Tensor, cfg: ModelConfig, tp: int, rank: int) -> torch.Tensor:
-    """The rows of rank's query heads and of the KV heads they read (replicated when Hkv < tp)."""
+def _qkv_rows(tensor: torch.Tensor, cfg: ModelConfig, tp: int, rank: int, unit: int = 1) -> torch.Tensor:
+    """The rows of rank's query heads and of the KV heads they read (replicated when Hkv < tp); `unit`: weight
+    rows per tensor row (128 for block scales, whose rows are blocks: block_split_problem keeps the parts whole)."""
     d, heads, kv_heads = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-    q, k, v = tensor.split([heads * d, kv_heads * d, kv_heads * d])
+    q, k, v = tensor.split([heads * d // unit, kv_heads * d // unit, kv_heads * d // unit])
     q_per_rank, kv_per_rank = heads // tp, local_kv_heads(cfg, tp)
     first_kv = rank * kv_heads // tp if kv_heads >= tp else rank // (tp // kv_heads)
-    q_rows = slice(rank * q_per_rank * d, (rank + 1) * q_per_rank * d)
-    kv_rows = slice(first_kv * d, (first_kv + kv_per_rank) * d)
+    q_rows = slice(rank * q_per_rank * d // unit, (rank + 1) * q_per_rank * d // unit)
+    kv_rows = slice(first_kv * d // unit, (first_kv + kv_per_rank) * d // unit)
     return torch.cat([q[q_rows], k[kv_rows], v[kv_rows]])
 
 

@@ -85,16 +85,21 @@ def check_attention_data_parallel(cfg: ModelConfig, tp: int, ep: bool, dp: int) 
 
 def block_split_problem(cfg: ModelConfig, tp: int, ep: bool = False, block: int = 128) -> str | None:
     """Why a block-scaled fp8 model does not split over `tp` ranks on block boundaries (None: it does).
-    Each rank's rows of a column-parallel linear and columns of a row-parallel one must be whole blocks;
-    a dense model's fused qkv (KV heads possibly replicated) is not split so yet."""
+    Each rank's rows of a column-parallel linear and columns of a row-parallel one must be whole blocks
+    (a dense model's fused qkv: each of its q, k and v parts, a replicated KV head included)."""
+    heads = cfg.num_attention_heads
     if cfg.deepseek is None:
-        return "the fused qkv projection of a dense model is not split on block boundaries yet"
-    ds, heads = cfg.deepseek, cfg.num_attention_heads
-    widths = {"the query rows per rank (heads x qk_head_dim / tp)": heads * ds.qk_head_dim // tp,
-              "o_proj's input columns per rank (heads x v_head_dim / tp)": heads * ds.v_head_dim // tp,
-              "the dense MLP width per rank": cfg.intermediate_size // tp,
-              "the shared experts' width per rank": cfg.moe_intermediate_size * ds.n_shared_experts // tp}
-    if not ep:
+        widths = {"the query rows per rank (heads x head_dim / tp)": heads * cfg.head_dim // tp,
+                  "the key / value rows per rank (KV heads x head_dim)": local_kv_heads(cfg, tp) * cfg.head_dim,
+                  "o_proj's input columns per rank": heads * cfg.head_dim // tp,
+                  "the MLP width per rank": cfg.intermediate_size // tp}
+    else:
+        ds = cfg.deepseek
+        widths = {"the query rows per rank (heads x qk_head_dim / tp)": heads * ds.qk_head_dim // tp,
+                  "o_proj's input columns per rank (heads x v_head_dim / tp)": heads * ds.v_head_dim // tp,
+                  "the dense MLP width per rank": cfg.intermediate_size // tp,
+                  "the shared experts' width per rank": cfg.moe_intermediate_size * ds.n_shared_experts // tp}
+    if cfg.num_experts and not ep:
         widths["each routed expert's width per rank (try --ep)"] = cfg.moe_intermediate_size // tp
     misaligned = [f"{what} is {n}" for what, n in widths.items() if n % block]
     return f"{'; '.join(misaligned)}, not a multiple of {block}" if misaligned else None
