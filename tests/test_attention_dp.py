@@ -176,6 +176,41 @@ def test_deepseek_with_latent_attention_serves_dp2_equal_to_one_rank(build_artif
         server.stop()
 
 
+def test_dp2_under_preemption_chunked_prefill_streams_and_aborts(dp2_artifact, moe_dir, build_artifact, tmp_path):
+    """Each rank's KV pool holds fewer tokens than its requests need (preemption and recomputation on one rank
+    while the other steps), prompts longer than a step's token budget (chunked prefill: the ranks' steps differ
+    in size), a streamed request, and one abandoned mid-stream (its rank aborts it): the others' greedy texts
+    equal the one-rank artifact's, and the server keeps serving."""
+    prompts = random_prompts(10, 300, seed=17, lengths=(20, 90))
+    max_tokens = [10] * len(prompts)
+    expected = _one_rank_texts(build_artifact(moe_dir, compile="none"), prompts, max_tokens)
+    server = ServerProcess(dp2_artifact, tmp_path, api_key=None,
+                           runtime={"num_kv_blocks": 12, "max_num_batched_tokens": 48,
+                                    "max_model_len": 160}).wait_healthy(timeout=300)
+    try:
+        model = Artifact.open(dp2_artifact).manifest.model.name
+        body = {"model": model, "prompt": prompts[0], "max_tokens": 60, "temperature": 0, "ignore_eos": True,
+                "stream": True}
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=120) as abandoned:
+            assert abandoned.status_code == 200
+            next(abandoned.iter_lines())                      # it started; the client goes away
+        assert _served_tokens(server, model, prompts, max_tokens) == expected
+        streamed = []
+        body = {"model": model, "prompt": prompts[3], "max_tokens": 10, "temperature": 0, "ignore_eos": True,
+                "stream": True}
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=120) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    streamed.append(__import__("json").loads(line[6:])["choices"][0]["text"])
+        assert "".join(streamed) == expected[3]
+        from test_server_support import metric
+        time.sleep(1.0)                                       # the ranks' idle heartbeats carry their counters
+        assert metric(httpx.get(f"{server.url}/metrics").text, "atom_num_preemptions_total") > 0
+        assert server.proc.poll() is None
+    finally:
+        server.stop()
+
+
 def test_a_killed_rank_ends_the_server(dp2_artifact, tmp_path):
     server = ServerProcess(dp2_artifact, tmp_path, api_key=None).wait_healthy(timeout=300)
     try:
