@@ -182,7 +182,7 @@ def test_dp2_under_preemption_chunked_prefill_streams_and_aborts(dp2_artifact, m
     in size), a streamed request, and one abandoned mid-stream (its rank aborts it): the others' greedy texts
     equal the one-rank artifact's, and the server keeps serving."""
     prompts = random_prompts(10, 300, seed=17, lengths=(20, 90))
-    max_tokens = [10] * len(prompts)
+    max_tokens = [60] * len(prompts)       # 5 sequences per rank growing to 80-150 tokens: > 192 slots each
     expected = _one_rank_texts(build_artifact(moe_dir, compile="none"), prompts, max_tokens)
     server = ServerProcess(dp2_artifact, tmp_path, api_key=None,
                            runtime={"num_kv_blocks": 12, "max_num_batched_tokens": 48,
@@ -196,7 +196,7 @@ def test_dp2_under_preemption_chunked_prefill_streams_and_aborts(dp2_artifact, m
             next(abandoned.iter_lines())                      # it started; the client goes away
         assert _served_tokens(server, model, prompts, max_tokens) == expected
         streamed = []
-        body = {"model": model, "prompt": prompts[3], "max_tokens": 10, "temperature": 0, "ignore_eos": True,
+        body = {"model": model, "prompt": prompts[3], "max_tokens": 60, "temperature": 0, "ignore_eos": True,
                 "stream": True}
         with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=120) as response:
             for line in response.iter_lines():
