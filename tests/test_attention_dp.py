@@ -115,8 +115,11 @@ def test_what_does_not_run_data_parallel_is_refused_by_name(moe_dir, tmp_path, d
     dense = make_tiny_model(tmp_path / "dense", "Qwen3ForCausalLM")
     with pytest.raises(BuildError, match="has no experts"):
         plan(str(dense), BuildConfig(arch="cpu", data_parallel_size=2, enable_expert_parallel=True))
-    with pytest.raises(StartupError, match="Serve it with `atom-run"):
-        LLMEngine(str(dp2_artifact), **ENGINE)
+    from atom_aot.runtime.startup import load_and_start
+    with pytest.raises(StartupError, match="atom-run .* serve` and the offline LLMEngine start them"):
+        load_and_start(dp2_artifact, __import__("atom_aot.runtime.config", fromlist=["x"]).RuntimeConfig())
+    with pytest.raises(ValueError, match="torch_profiler_dir: the ranks"):
+        LLMEngine(str(dp2_artifact), torch_profiler_dir=str(tmp_path / "traces"), **ENGINE)
 
 
 def _one_rank_texts(artifact, prompts: list[list[int]], max_tokens: list[int]) -> list[str]:
@@ -157,6 +160,26 @@ def test_dp2_serving_under_concurrent_load_equals_one_rank(dp2_artifact, moe_dir
         assert server.proc.wait(30) == 0, server.log()
     finally:
         server.stop()
+
+
+def test_the_offline_engine_runs_the_ranks_as_engine_processes(dp2_artifact, moe_dir, build_artifact):
+    """LLMEngine on a -dp 2 artifact: its two ranks in engine processes (as the server runs them), a batch of
+    prompts spread over them, greedy texts equal to the one-rank artifact's; a prompt over the context is
+    refused as by any engine."""
+    from atom_aot.errors import ContextLengthError
+    prompts = random_prompts(6, 300, seed=23)
+    max_tokens = [4 + i for i in range(len(prompts))]
+    expected = _one_rank_texts(build_artifact(moe_dir, compile="none"), prompts, max_tokens)
+    engine = LLMEngine(str(dp2_artifact), **ENGINE)
+    try:
+        assert "2 data-parallel ranks" in engine.loaded.execution
+        params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
+        assert [out["text"] for out in engine.generate(prompts, params)] == expected
+        with pytest.raises(ContextLengthError):
+            engine.generate([list(range(3, 200)) * 5], SamplingParams(max_tokens=4))
+        assert [out["text"] for out in engine.generate(prompts[:2], params[:2])] == expected[:2]
+    finally:
+        engine.close()
 
 
 def test_deepseek_with_latent_attention_serves_dp2_equal_to_one_rank(build_artifact, tmp_path_factory, tmp_path):

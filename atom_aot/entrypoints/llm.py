@@ -17,7 +17,9 @@ from atom_aot.artifact.build_options import DECIDED_AT_SERVE_TIME, BuildOptions
 from atom_aot.config_flags import to_argv
 from atom_aot.runtime import profiler
 from atom_aot.runtime.config import RuntimeConfig
+from atom_aot.artifact.reader import Artifact
 from atom_aot.runtime.llm_engine import ArtifactEngine
+from atom_aot.runtime.startup import load_and_start
 
 log = logging.getLogger("atom_aot")
 
@@ -46,7 +48,14 @@ class LLMEngine(ArtifactEngine):
             log.info("artifact %s (%s)", result["path"], "cached" if result["cached"] else "built")
             artifact = result["path"]
         traces = torch_profiler_dir or profiler.dir_from_env()
-        super().__init__(artifact, config, profiler.TorchProfiler(traces, more=profiler.more_from_env()))
+        start = load_and_start
+        if Artifact.open(artifact).manifest.layout.attention_data_parallel:
+            if traces:
+                raise ValueError("torch_profiler_dir: the ranks of a data-parallel-attention artifact run in their own "
+                                 "processes, which the offline engine does not profile; profile them through "
+                                 "`atom-run ART serve --torch-profiler-dir`")
+            start = start_remote_ranks
+        super().__init__(artifact, config, profiler.TorchProfiler(traces, more=profiler.more_from_env()), start)
 
 
 def refuse_build_options(artifact: str | Path, build: dict) -> None:
@@ -69,3 +78,10 @@ def build_into_cache(model: str | None, build: dict, max_model_len: int | None) 
     cache_dir = Path(build.pop("cache_dir", None) or default_cache_dir())
     config = BuildConfig(arch=detect_arch(), max_model_len=max_model_len, **build)
     return build_cached(model, config, cache_dir)
+
+
+def start_remote_ranks(artifact_path, config: RuntimeConfig):
+    """The offline engine's core on a data-parallel-attention artifact: its ranks' engine processes."""
+    from atom_aot.entrypoints.dp_offline import RemoteRanks
+    ranks = RemoteRanks(artifact_path, config)
+    return ranks.loaded, ranks

@@ -36,9 +36,9 @@ def join_attention_dp(artifact_path, arch: str, world_size: int) -> RankGroup:
     if place is None:
         raise StartupError(
             f"{artifact_path} was built with data-parallel attention over {world_size} ranks (-dp {world_size} --ep): "
-            f"it runs as {world_size} engine cores, one per rank, each with its own requests. Serve it with "
-            f"`atom-run {artifact_path} serve`, which starts them and balances requests across them; the offline "
-            f"LLMEngine and `generate` run one engine core and cannot")
+            f"it runs as {world_size} engine cores, one per rank, each with its own requests, in processes placed by "
+            f"torchrun's variables: `atom-run {artifact_path} serve` and the offline LLMEngine start them and "
+            f"balance requests across them")
     if place.world_size != world_size:
         raise StartupError(f"WORLD_SIZE is {place.world_size}, but the artifact has {world_size} data-parallel ranks")
     return join(place, rank_device(arch, place.local_rank))

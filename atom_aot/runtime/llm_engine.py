@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.output_processor import OutputProcessor, RequestOutput, StreamCallback
@@ -19,14 +20,16 @@ from atom_aot.runtime.tokenizer import apply_chat_template, encode_prompt, load_
 
 class ArtifactEngine:
     def __init__(self, artifact_path: str | Path, config: RuntimeConfig,
-                 profiler: TorchProfiler | None = None):
+                 profiler: TorchProfiler | None = None, start: Callable = load_and_start):
+        """`start(artifact_path, config) -> (loaded, core)`: the in-process engine core (default), or another
+        with its interface (the ranks of a data-parallel-attention artifact: entrypoints/dp_offline.py)."""
         self.config = config
         self.profiler = profiler or TorchProfiler(None)
         self.artifact_path = Path(artifact_path)
         # The tokenizer (parsing tokenizer.json, ~0.5 s for large vocabularies) loads beside the model.
         with ThreadPoolExecutor(1) as pool:
             tokenizer = pool.submit(load_artifact_tokenizer, self.artifact_path)
-            self.loaded, self.core = load_and_start(self.artifact_path, self.config)
+            self.loaded, self.core = start(self.artifact_path, self.config)
             self.tokenizer, self.loaded.timings["tokenizer (overlapped)"] = tokenizer.result()
         self.output_processor = OutputProcessor(self.tokenizer, self._abort_stopped)
         self._request_ids = itertools.count()
