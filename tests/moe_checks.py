@@ -51,12 +51,8 @@ def one_layer_qwen3_moe():
 
 def fp8_experts(w13: torch.Tensor, w2: torch.Tensor):
     """The stacks in e4m3 with per-row scales, as `--quant fp8` stores them: (w13, w13_scale, w2, w2_scale)."""
-    from atom_aot.ops.fp8 import quantize_weight_per_channel
-
-    def quantized(stack):
-        q, scale = quantize_weight_per_channel(stack.flatten(0, 1).float())
-        return q.view(stack.shape), scale.view(stack.shape[:2])
-    return (*quantized(w13), *quantized(w2))
+    from atom_aot.ops.fp8 import quantize_expert_stack
+    return (*quantize_expert_stack(w13), *quantize_expert_stack(w2))
 
 
 def dequantized(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -65,12 +61,8 @@ def dequantized(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def block_fp8_experts(w13: torch.Tensor, w2: torch.Tensor):
     """The stacks in e4m3 with 128x128 block scales, as block-scaled fp8 checkpoints store each expert."""
-    from atom_aot.ops.fp8 import quantize_weight_blocks
-
-    def quantized(stack):
-        parts = [quantize_weight_blocks(w.float()) for w in stack]
-        return torch.stack([q for q, _ in parts]), torch.stack([s for _, s in parts])
-    return (*quantized(w13), *quantized(w2))
+    from atom_aot.ops.fp8 import quantize_expert_stack
+    return (*quantize_expert_stack(w13, blocks=True), *quantize_expert_stack(w2, blocks=True))
 
 
 def block_dequantized(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ import torch
 
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.parallel import local_kv_heads, vocab_shard_size
+from atom_aot.ops.fp8 import BLOCK as FP8_BLOCK
 
 ROW_PARALLEL = ("o_proj", "down_proj")          # input columns of the weight split; scales per output row kept
 VOCAB_PARALLEL = ("embed_tokens", "lm_head")    # vocabulary rows split, padded to a multiple of tp
@@ -20,7 +21,6 @@ VOCAB_START = "model.embed_tokens.vocab_start"
 HEAD_ROWS = ("q_b_proj", "q_proj")          # latent attention's query projections: rows head by head
 PER_HEAD = ("w_uk", "w_uv")                 # its per-head up-projections [H, ...]
 WHOLE_PREFIX = "mtp."                       # the MTP layers' own embedding and head stay whole
-BLOCK_ROWS = 128                            # rows per block of a block-scaled fp8 weight
 EXPERT_START = "expert_start"                   # under --ep, each MoE layer's first expert on the rank
 EXPERT_STACKS = ("w13", "w2", "w13_scale", "w2_scale")   # the stacks, and fp8 experts' per-row scales
 
@@ -52,10 +52,8 @@ def shard_tensors(tensors: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig,
             part = _qkv_rows(tensor, cfg, tp, rank)
         elif param == "weight_scale" and tensor.dim() == 2:
             part = _block_scale_part(tensor, module, name, cfg, tp, rank)
-        elif module in HEAD_ROWS and _per_row(tensor, cfg, module):
-            part = tensor.chunk(tp)[rank]                      # latent attention: this rank's heads' query rows
-        elif param in PER_HEAD:
-            part = tensor.chunk(tp)[rank]                      # W_UK / W_UV [H, ...]: this rank's heads
+        elif (module in HEAD_ROWS and _per_row(tensor, cfg, module)) or param in PER_HEAD:
+            part = tensor.chunk(tp)[rank]          # latent attention: this rank's heads' query rows, W_UK / W_UV
         elif module == "gate_up_proj" and _per_row(tensor, cfg, module, name):
             part = torch.cat([half.chunk(tp)[rank] for half in tensor.chunk(2)])    # [gate_r; up_r]
         elif module in ROW_PARALLEL and param == "weight":
@@ -102,7 +100,7 @@ def _block_scale_part(scale: torch.Tensor, module: str, name: str, cfg: ModelCon
     if module in ROW_PARALLEL:
         return scale.chunk(tp, dim=1)[rank]
     if module == "qkv_proj":        # [q | k | v] in blocks: a head is head_dim / 128 block rows
-        return _qkv_rows(scale, cfg, tp, rank, BLOCK_ROWS)
+        return _qkv_rows(scale, cfg, tp, rank, FP8_BLOCK)
     return scale
 
 

@@ -14,7 +14,6 @@ own expert shapes (both phases carry the whole table: the op picks the bucket fr
 from __future__ import annotations
 
 import functools
-
 import logging
 import math
 
@@ -52,8 +51,7 @@ def tune_kernels(config: BuildConfig, model_config: ModelConfig, max_model_len: 
     if config.arch != "cpu" and "mla_attention" in ops:
         from atom_aot.build.tune_mla import tune_mla
         tune_moe = functools.partial(_tune_moe, linear_scheme=linear_scheme)
-        tuning = tune_mla(config, model_config, max_model_len, _best, tune_moe)
-        tuning.kernels["moe"] = moe_kernel_label(linear_scheme)
+        tuning = tune_mla(config, model_config, max_model_len, _best, tune_moe, moe_kernel_label(linear_scheme))
         return tuning if linear_scheme == "none" else _with_measured_linear(tuning, config, model_config, linear_scheme)
     if config.arch == "cpu":
         names = {"attention": "torch reference (atom::paged_attention)",
@@ -206,21 +204,18 @@ def _tune_moe(cfg: ModelConfig, config: BuildConfig, dev: str = "cuda",
     in e4m3 with row scales where the model's experts are; softmax top-k routing of random logits); timed at
     each bucket's first token count, the last at PREFILL_MOE_TOKENS. Returns the `triton` choice and the timings."""
     from atom_aot.models.moe import expert_scales
-    from atom_aot.ops.fp8 import quantize_weight_blocks, quantize_weight_per_channel
+    from atom_aot.ops.fp8 import BLOCK, quantize_expert_stack
     from atom_aot.ops.moe import softmax_topk
     from atom_aot.ops.triton.fused_moe import CANDIDATE_CONFIGS, TOKEN_BUCKETS
     dt, experts, hidden = config.torch_dtype, cfg.num_experts, cfg.hidden_size
     w13 = torch.randn(experts, 2 * cfg.moe_intermediate_size, hidden, device=dev, dtype=dt) * hidden ** -0.5
     w2 = torch.randn(experts, hidden, cfg.moe_intermediate_size, device=dev, dtype=dt) * cfg.moe_intermediate_size ** -0.5
-    scales, candidates = (None, None), CANDIDATE_CONFIGS
-    if expert_scales(linear_scheme) == "row":
-        q13, s13 = quantize_weight_per_channel(w13.flatten(0, 1))
-        q2, s2 = quantize_weight_per_channel(w2.flatten(0, 1))
-        w13, w2, scales = q13.view(w13.shape), q2.view(w2.shape), (s13.view(w13.shape[:2]), s2.view(w2.shape[:2]))
-    elif expert_scales(linear_scheme) == "block":      # each expert's 128x128 blocks; a K step inside one block
-        (w13, s13), (w2, s2) = ([torch.stack(t) for t in zip(*(quantize_weight_blocks(w) for w in stack))]
-                                for stack in (w13, w2))
-        scales, candidates = (s13, s2), tuple(c for c in CANDIDATE_CONFIGS if 128 % c.block_k == 0)
+    scales, candidates, layout = (None, None), CANDIDATE_CONFIGS, expert_scales(linear_scheme)
+    if layout is not None:
+        (w13, s13), (w2, s2) = (quantize_expert_stack(w, blocks=layout == "block") for w in (w13, w2))
+        scales = (s13, s2)
+    if layout == "block":           # a K step inside one 128x128 block
+        candidates = tuple(c for c in CANDIDATE_CONFIGS if BLOCK % c.block_k == 0)
     op, params, times = torch.ops.atom_triton.fused_moe, {}, {}
     for first in TOKEN_BUCKETS:
         tokens = PREFILL_MOE_TOKENS if first == TOKEN_BUCKETS[-1] else first

@@ -14,9 +14,9 @@ from atom_aot.models import ModelConfig
 DECODE_BATCHES = (1, 8, 32, 128, 256)
 
 
-def tune_mla(config: BuildConfig, cfg: ModelConfig, max_model_len: int, best, tune_moe) -> Tuning:
+def tune_mla(config: BuildConfig, cfg: ModelConfig, max_model_len: int, best, tune_moe, moe_label: str) -> Tuning:
     """`best`: build/tune.py's pick of the config nearest every shape's fastest; `tune_moe`: its MoE
-    tuning (the experts op's config per token bucket, the same in both rows)."""
+    tuning (the experts op's config per token bucket, the same in both rows), described as `moe_label`."""
     import atom_aot.ops.triton  # noqa: F401  (registers the ops)
     from atom_aot.ops.triton.mla_decode import CANDIDATE_CONFIGS
     context = min(max_model_len - 1, 2048)
@@ -30,7 +30,7 @@ def tune_mla(config: BuildConfig, cfg: ModelConfig, max_model_len: int, best, tu
                 Phase.MIXED: PhaseTuning({"mla_attention": BackendChoice("reference"), "moe": moe})},
         kernels={"mla_attention": "decode: triton atom_triton::mla_decode (absorbed, split-K); "
                                   "mixed: torch reference atom::mla_attention (naive prefill)",
-                 "moe": "triton atom_triton::fused_moe (config per token bucket)",
+                 "moe": moe_label,
                  "gemm": "aten -> cuBLAS (Inductor extern call)",
                  "norms/activations": "Inductor-generated Triton (fused, compiled into the package)",
                  "sampling": "torch on the GPU"},

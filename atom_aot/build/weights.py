@@ -17,7 +17,7 @@ from atom_aot.build.prequantized import finish_fused, normalize_checkpoint
 from atom_aot.build.quant_config import CheckpointQuant
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.decoder import DecoderForCausalLM
-from atom_aot.ops.fp8 import quantize_weight_per_channel
+from atom_aot.ops.fp8 import quantize_expert_stack, quantize_weight_per_channel
 from atom_aot.ops.int8 import quantize_weight_int8
 from atom_aot.ops.rope import rope_cos_sin_cache
 
@@ -159,8 +159,8 @@ def _quantized(tensors: Iterable[tuple[str, torch.Tensor]], expected: dict,
             yield name, weight
             yield scale_name, scale
         elif name.endswith((".experts.w13", ".experts.w2")) and name + "_scale" in expected:
-            weight, scale = quantize(tensor.flatten(0, 1))          # every expert's rows: [E * out, in], [E * out]
-            yield name, weight.view(tensor.shape)
-            yield name + "_scale", scale.view(tensor.shape[:2])
+            weight, scale = quantize_expert_stack(tensor)           # fp8 experts only declare scales (models/moe.py)
+            yield name, weight
+            yield name + "_scale", scale
         else:
             yield name, tensor

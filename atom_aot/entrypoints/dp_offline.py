@@ -14,13 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from atom_aot.artifact.reader import Artifact
-from atom_aot.distributed.group import RankPlace
 from atom_aot.errors import ContextLengthError, RankStopped, RequestError
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.outputs import CoreOutput
 from atom_aot.runtime.sampling_params import SamplingParams
-from atom_aot.server.dp_client import DataParallelClient
-from atom_aot.server.engine_client import CallRejected, EngineClient
+from atom_aot.server.dp_client import attention_dp_client
+from atom_aot.server.engine_client import CallRejected
 from atom_aot.server.messages import Abort, AddRequests, NewRequest
 
 STEP_WAIT_S = 0.05        # how long `step` waits for the ranks' next outputs before returning none
@@ -39,9 +38,7 @@ class RemoteRanks:
 
     def __init__(self, artifact_path: str | Path, config: RuntimeConfig, log_level: str = "warning"):
         world = Artifact.open(artifact_path).manifest.layout.world_size
-        leader = RankPlace.local_leader(world)
-        ranks = [EngineClient(str(artifact_path), config, None, log_level) for _ in range(world)]
-        self.client = DataParallelClient(ranks, rank_places=[leader.peer(r) for r in range(world)])
+        self.client = attention_dp_client(str(artifact_path), config, world, None, log_level)
         self.outputs: queue.Queue[list[CoreOutput]] = queue.Queue()
         self.unfinished: set[str] = set()
         self.died = threading.Event()

@@ -13,10 +13,10 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from atom_aot.distributed.collectives import all_gather_rows, reduce_scatter_rows
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.decoder import GatedMLP
 from atom_aot.models.moe import MoEExperts
+from atom_aot.models.parallel import gather_ranks_tokens, scatter_token_sums
 
 
 def deepseek_topk(hidden: torch.Tensor, router: "DeepseekRouter", cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,9 +64,7 @@ class DeepseekMoE(nn.Module):
         self.shared_experts = GatedMLP(cfg, dtype, quant, tp, intermediate_size=shared) if shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        tokens = all_gather_rows(x, self.dp) if self.dp > 1 else x            # [dp * T, H]
+        tokens = gather_ranks_tokens(x, self.dp)                              # [dp * T, H]
         weights, ids = deepseek_topk(tokens, self.gate, self.config)
-        out = self.experts(tokens, weights, ids)
-        if self.dp > 1:
-            out = reduce_scatter_rows(out, self.dp)                            # [T, H]: this rank's tokens
+        out = scatter_token_sums(self.experts(tokens, weights, ids), self.dp)  # [T, H]: this rank's tokens
         return out if self.shared_experts is None else out + self.shared_experts(x)

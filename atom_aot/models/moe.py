@@ -17,8 +17,7 @@ from atom_aot.errors import BuildError
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.decoder import DecoderForCausalLM
 from atom_aot.models.layers import Linear
-from atom_aot.distributed.collectives import all_gather_rows, reduce_scatter_rows
-from atom_aot.models.parallel import reduce_partial_sums
+from atom_aot.models.parallel import gather_ranks_tokens, reduce_partial_sums, scatter_token_sums
 from atom_aot.ops.backends import make_backend
 from atom_aot.ops.backends.moe import MoEBackend
 from atom_aot.ops.fp8 import BLOCK as FP8_BLOCK
@@ -41,7 +40,7 @@ class MoEExperts(nn.Module):
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, dtype: torch.dtype,
                  tp: int = 1, ep: bool = False, dp: int = 1, quant: str = "none"):
         super().__init__()
-        self.tp, self.ep, self.dp = tp, ep, dp
+        self.tp, self.ep = tp, ep
         local_experts, width = ((num_experts // (tp * dp), intermediate_size) if ep
                                 else (num_experts, intermediate_size // tp))
         scales = expert_scales(quant)
@@ -70,7 +69,7 @@ class MoEExperts(nn.Module):
             mine = (local >= 0) & (local < self.w13.shape[0])
             topk_ids = torch.where(mine, local, -1).to(torch.int32)
         partial = self.moe_backend(hidden, self.w13, self.w2, topk_weights, topk_ids, self.w13_scale, self.w2_scale)
-        return partial if self.dp > 1 else reduce_partial_sums(partial, self.tp)
+        return reduce_partial_sums(partial, self.tp)         # tp is 1 under dp: the block reduce-scatters
 
 
 def expert_scales(quant: str) -> str | None:
@@ -98,11 +97,9 @@ class SparseMoeBlock(nn.Module):
                                   quant)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.dp > 1:
-            hidden = all_gather_rows(hidden, self.dp)                                 # [dp * T, H]
-        weights, ids = softmax_topk(self.gate(hidden), self.top_k, self.renormalize)   # [T, k] each
-        out = self.experts(hidden, weights, ids)
-        return reduce_scatter_rows(out, self.dp) if self.dp > 1 else out
+        hidden = gather_ranks_tokens(hidden, self.dp)                                 # [dp * T, H]
+        weights, ids = softmax_topk(self.gate(hidden), self.top_k, self.renormalize)   # [dp * T, k] each
+        return scatter_token_sums(self.experts(hidden, weights, ids), self.dp)
 
 
 def use_moe_kernels(model: nn.Module, choice: BackendChoice) -> None:

@@ -29,8 +29,9 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from atom_aot.distributed.collectives import all_gather_columns, all_reduce
+from atom_aot.distributed.collectives import all_gather_columns, all_gather_rows, all_reduce, reduce_scatter_rows
 from atom_aot.models.config import ModelConfig
+from atom_aot.ops.fp8 import BLOCK as FP8_BLOCK
 
 
 def check_splittable(cfg: ModelConfig, tp: int, ep: bool = False, dp: int = 1) -> None:
@@ -46,19 +47,18 @@ def check_splittable(cfg: ModelConfig, tp: int, ep: bool = False, dp: int = 1) -
     if ep and tp == 1:
         raise ValueError("--ep spreads the experts over the -tp ranks (or the -dp ranks of data-parallel "
                          "attention), and both are 1: give -tp N or -dp N with --ep")
+    latent = cfg.deepseek is not None       # latent attention: heads split, the latent whole (no KV heads)
     checks = [(heads % tp, f"num_attention_heads {heads} is not a multiple of tp"),
-              (kv % tp and tp % kv, f"num_key_value_heads {kv} neither divides nor is a multiple of tp"),
+              (not latent and kv % tp and tp % kv, f"num_key_value_heads {kv} neither divides nor is a multiple of tp"),
               (cfg.intermediate_size % tp, f"intermediate_size {cfg.intermediate_size} is not a multiple of tp"),
               (cfg.num_experts and ep and cfg.num_experts % tp,
                f"num_experts {cfg.num_experts} is not a multiple of tp (--ep gives each rank E/tp experts)"),
               (cfg.num_experts and not ep and cfg.moe_intermediate_size % tp,
                f"moe_intermediate_size {cfg.moe_intermediate_size} is not a multiple of tp (try --ep)")]
-    problems = [problem for failed, problem in checks if failed]
-    if cfg.deepseek is not None:       # latent attention: heads split, the latent whole (kv heads do not apply)
-        problems = [p for p in problems if "num_key_value_heads" not in p]
+    if latent:
         shared = cfg.moe_intermediate_size * cfg.deepseek.n_shared_experts
-        if shared % tp:
-            problems.append(f"the shared experts' width {shared} is not a multiple of tp")
+        checks.append((shared % tp, f"the shared experts' width {shared} is not a multiple of tp"))
+    problems = [problem for failed, problem in checks if failed]
     if problems:
         raise ValueError(f"this model does not split over tp={tp} tensor-parallel ranks: {'; '.join(problems)}. "
                          f"Build with a -tp that divides its {heads} attention heads.")
@@ -83,7 +83,7 @@ def check_attention_data_parallel(cfg: ModelConfig, tp: int, ep: bool, dp: int) 
                          f"{'; '.join(problems)}")
 
 
-def block_split_problem(cfg: ModelConfig, tp: int, ep: bool = False, block: int = 128) -> str | None:
+def block_split_problem(cfg: ModelConfig, tp: int, ep: bool = False, block: int = FP8_BLOCK) -> str | None:
     """Why a block-scaled fp8 model does not split over `tp` ranks on block boundaries (None: it does).
     Each rank's rows of a column-parallel linear and columns of a row-parallel one must be whole blocks
     (a dense model's fused qkv: each of its q, k and v parts, a replicated KV head included)."""
@@ -132,6 +132,16 @@ def vocab_shard_size(vocab_size: int, tp: int) -> int:
 def reduce_partial_sums(x: torch.Tensor, tp: int) -> torch.Tensor:
     """The output of a row-parallel linear: each rank's product is a partial sum of the whole."""
     return x if tp == 1 else all_reduce(x)
+
+
+def gather_ranks_tokens(x: torch.Tensor, dp: int) -> torch.Tensor:
+    """Data-parallel attention's expert layer input: every rank's [T, H] tokens, [dp * T, H] on each."""
+    return x if dp == 1 else all_gather_rows(x, dp)
+
+
+def scatter_token_sums(x: torch.Tensor, dp: int) -> torch.Tensor:
+    """Its output: each rank's [dp * T, H] partial sums added over the ranks, rank r keeping its own T rows."""
+    return x if dp == 1 else reduce_scatter_rows(x, dp)
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -71,6 +71,16 @@ def quantize_weight_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return q, scale
 
 
+def quantize_expert_stack(stack: torch.Tensor, blocks: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stacked expert weights [E, N, K] -> (q [E, N, K] e4m3, scale [E, N], or with `blocks` each expert's
+    128x128 block scales [E, ceil(N/128), K/128])."""
+    if blocks:
+        parts = [quantize_weight_blocks(w) for w in stack]
+        return torch.stack([q for q, _ in parts]), torch.stack([s for _, s in parts])
+    q, scale = quantize_weight_per_channel(stack.flatten(0, 1))          # every expert's rows at once
+    return q.view(stack.shape), scale.view(stack.shape[:2])
+
+
 def dequantize_weight(weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
     """The float32 weight [N, K] a quantized one stands for."""
     w = weight.float()

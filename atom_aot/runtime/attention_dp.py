@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from atom_aot.artifact.reader import Artifact
 from atom_aot.distributed.group import RankGroup, RankPlace, join, leave, rank_device
 from atom_aot.errors import RankStopped, StartupError
 from atom_aot.models.step_inputs import StepInputs, input_dtype
@@ -29,9 +30,12 @@ from atom_aot.runtime.scheduler import ScheduledBatch
 log = logging.getLogger("atom_aot")
 
 
-def join_attention_dp(artifact_path, arch: str, world_size: int) -> RankGroup:
+def join_attention_dp(artifact: Artifact) -> RankGroup:
     """This engine process's place among the artifact's data-parallel ranks (from torchrun's variables,
     which the server's front end sets for each engine process it starts)."""
+    from atom_aot.runtime.loader import check_target
+    check_target(artifact)                 # refuse before meeting the other ranks
+    artifact_path, world_size = artifact.path, artifact.manifest.layout.world_size
     place = RankPlace.from_env()
     if place is None:
         raise StartupError(
@@ -41,7 +45,7 @@ def join_attention_dp(artifact_path, arch: str, world_size: int) -> RankGroup:
             f"balance requests across them")
     if place.world_size != world_size:
         raise StartupError(f"WORLD_SIZE is {place.world_size}, but the artifact has {world_size} data-parallel ranks")
-    return join(place, rank_device(arch, place.local_rank))
+    return join(place, rank_device(artifact.manifest.target.arch, place.local_rank))
 
 
 def agree(values: list[int], group: RankGroup, op=dist.ReduceOp.MAX) -> list[int]:
@@ -98,10 +102,6 @@ class AlignedForwards:
         self.graph_sizes: list[int] | None = getattr(forwards.decode, "sizes", None)   # DecodeGraphs'
         self.steps_run = 0           # forwards run by this rank, padding-only steps included
 
-    @property
-    def mixed(self) -> Forward:
-        return self.forwards.mixed
-
     def for_batch(self, batch: ScheduledBatch) -> Forward:
         chosen = self.forwards.for_batch(batch)
         return lambda inputs: self._run(inputs, decode=chosen is self.forwards.decode and chosen is not None)
@@ -139,10 +139,6 @@ class Lockstep:
 
     def __init__(self, forwards: AlignedForwards):
         self.forwards = forwards
-
-    @property
-    def rank(self) -> int:
-        return self.forwards.group.rank
 
     def agree(self, busy: bool, stop: bool) -> tuple[bool, bool]:
         """(any rank has work, any rank stops)."""

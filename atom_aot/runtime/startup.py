@@ -18,7 +18,7 @@ from atom_aot.runtime.config import DEFAULT_CPU_KV_BYTES, RuntimeConfig
 from atom_aot.runtime.engine_core import EngineCore
 from atom_aot.runtime.forwards import Forwards
 from atom_aot.runtime.kv_cache import allocate_kv_cache, bytes_per_block
-from atom_aot.runtime.loader import LoadedArtifact, check_target, load_artifact
+from atom_aot.runtime.loader import LoadedArtifact, load_artifact
 from atom_aot.runtime.model_runner import ModelRunner
 from atom_aot.runtime.sampler import Sampler
 from atom_aot.runtime.scheduler import Scheduler, SchedulerConfig
@@ -171,37 +171,24 @@ def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig, ranks: Lead
 
 
 def load_and_start(artifact_path, config: RuntimeConfig) -> tuple[LoadedArtifact, EngineCore]:
+    """This process's engine core: rank 0 leading the other tensor-parallel ranks (if any), or one rank of a
+    data-parallel-attention artifact stepping with the others (runtime/attention_dp.py)."""
     TRITON.install()       # every load counts Triton JIT compilations (the runtime must do none)
     warn_if_torch_uncached()
     set_torch_threads(config.num_threads)
-    layout = Artifact.open(artifact_path).manifest.layout
-    if layout.attention_data_parallel:
-        return _load_and_start_dp_rank(artifact_path, config, layout.world_size)
-    ranks = start_other_ranks(artifact_path, config)
-    try:
-        loaded = load_artifact(artifact_path, enforce_eager=config.enforce_eager)
-        start = time.perf_counter()
-        core = start_engine_core(loaded, config, ranks)
-    except BaseException:
-        if ranks is not None:
-            ranks.close()
-        raise
-    loaded.timings["kv cache"] = time.perf_counter() - start - loaded.timings.get("graph capture", 0.0)
-    return loaded, core
-
-
-def _load_and_start_dp_rank(artifact_path, config: RuntimeConfig, world_size: int) -> tuple[LoadedArtifact, EngineCore]:
-    """This process as one engine core of a data-parallel-attention artifact: its rank's weights, its own KV
-    cache and scheduler, stepping with the other ranks (runtime/attention_dp.py)."""
     artifact = Artifact.open(artifact_path)
-    check_target(artifact)                     # refuse before meeting the other ranks
-    group = join_attention_dp(artifact_path, artifact.manifest.target.arch, world_size)
+    if artifact.manifest.layout.attention_data_parallel:
+        group = join_attention_dp(artifact)
+        rank, links, release = group.rank, {"dp_group": group}, leave
+    else:
+        ranks = start_other_ranks(artifact, config)
+        rank, links, release = 0, {"ranks": ranks}, ranks.close if ranks is not None else (lambda: None)
     try:
-        loaded = load_artifact(artifact_path, enforce_eager=config.enforce_eager, rank=group.rank)
+        loaded = load_artifact(artifact_path, enforce_eager=config.enforce_eager, rank=rank)
         start = time.perf_counter()
-        core = start_engine_core(loaded, config, dp_group=group)
+        core = start_engine_core(loaded, config, **links)
     except BaseException:
-        leave()
+        release()
         raise
     loaded.timings["kv cache"] = time.perf_counter() - start - loaded.timings.get("graph capture", 0.0)
     return loaded, core

@@ -45,12 +45,12 @@ class RankFailure(RuntimeError):
     """Another tensor-parallel rank died or stopped answering: the engine cannot go on."""
 
 
-def start_other_ranks(artifact_path: str | Path, config: RuntimeConfig) -> "LeadRank | None":
+def start_other_ranks(artifact: Artifact, config: RuntimeConfig) -> "LeadRank | None":
     """Rank 0's link to the other ranks of the artifact's layout (None for a one-rank artifact).
 
     Placed by torchrun's variables, this process must be rank 0 and the others are started
     elsewhere; otherwise ranks 1..N-1 are started here as child processes."""
-    artifact = Artifact.open(artifact_path)
+    artifact_path = artifact.path
     world = artifact.manifest.layout.world_size
     place = RankPlace.from_env()
     if world == 1:

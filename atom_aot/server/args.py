@@ -10,6 +10,7 @@ from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.profiler import dir_from_env
 from atom_aot.server.guards import DEFAULT_MAX_BODY_BYTES
 from atom_aot.server.options import ServerOptions
+from atom_aot.server.prefix_routing import ROUTINGS
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -41,7 +42,7 @@ def add_server_arguments(p: argparse.ArgumentParser, underscore_aliases: bool = 
     http.add_argument("-dp", "--data-parallel-size", dest="data_parallel_size", type=int, default=1,
                       help="engine processes, each with a whole replica of the model (its tensor-parallel ranks "
                            "included); requests are routed by --dp-routing")
-    http.add_argument("--dp-routing", choices=("prefix", "load"), default="prefix",
+    http.add_argument("--dp-routing", choices=ROUTINGS, default=ROUTINGS[0],
                       help="how requests are spread over data-parallel engines (-dp replicas, or the ranks of a "
                            "data-parallel-attention artifact): prefix: to the engine given the longest prefix of the "
                            "prompt before (its prefix cache holds it) unless it has 8 more requests in flight than "

@@ -31,9 +31,7 @@ from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.outputs import CoreOutput, CoreStats
 from atom_aot.server.engine_client import EngineClient, EngineStatus
 from atom_aot.server.messages import Abort, AddRequests, EngineInfo, EngineRequest, EngineStats, Heartbeat, Wake
-from atom_aot.server.prefix_routing import PrefixRouter
-
-ROUTINGS = ("prefix", "load")
+from atom_aot.server.prefix_routing import ROUTINGS, PrefixRouter
 
 R = TypeVar("R")
 
@@ -47,17 +45,23 @@ def engine_client(args, config: RuntimeConfig, manifest: Manifest) -> "EngineCli
             raise StartupError(f"-dp {args.data_parallel_size}: this artifact's {layout.world_size} ranks are already "
                                f"data-parallel engines (built with -dp {layout.data_parallel_size} --ep), and "
                                f"replicating the whole group is not supported yet: serve it without -dp")
-        leader = RankPlace.local_leader(layout.world_size)
-        ranks = [EngineClient(args.artifact, config, args.torch_profiler_dir, args.log_level)
-                 for _ in range(layout.world_size)]
-        return DataParallelClient(ranks, rank_places=[leader.peer(r) for r in range(layout.world_size)],
-                                  routing=args.dp_routing)
+        return attention_dp_client(args.artifact, config, layout.world_size, args.torch_profiler_dir,
+                                   args.log_level, args.dp_routing)
     replicas = [EngineClient(args.artifact, config, args.torch_profiler_dir, args.log_level)
                 for _ in range(args.data_parallel_size)]
     if len(replicas) == 1:
         return replicas[0]
     return DataParallelClient(replicas, None if manifest.target.arch == "cpu" else manifest.layout.world_size,
                               routing=args.dp_routing)
+
+
+def attention_dp_client(artifact_path: str, config: RuntimeConfig, world_size: int, profiler_dir: str | None,
+                        log_level: str, routing: str = "prefix") -> "DataParallelClient":
+    """The engine processes of a data-parallel-attention artifact's ranks, placed on this machine (rank r on
+    GPU r, meeting on a free port of 127.0.0.1), behind one client (the server's, and the offline engine's)."""
+    leader = RankPlace.local_leader(world_size)
+    ranks = [EngineClient(artifact_path, config, profiler_dir, log_level) for _ in range(world_size)]
+    return DataParallelClient(ranks, rank_places=[leader.peer(r) for r in range(world_size)], routing=routing)
 
 
 class DataParallelClient:

@@ -15,6 +15,7 @@ from collections import OrderedDict
 
 from atom_aot.runtime.block_manager import NO_HASH, chain_hash
 
+ROUTINGS = ("prefix", "load")    # --dp-routing: by known prefix (this module), or to the least-loaded engine
 MAX_PREFIX_BLOCKS = 256          # a prompt's first blocks hashed for routing (longer prefixes route alike)
 MAX_ENTRIES = 1 << 17            # remembered block hashes, over all engines
 DEFAULT_SLACK = 8                # requests in flight a cached prefix is worth over the least-loaded engine

@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
+from atom_aot.ops.fp8 import BLOCK as FP8_BLOCK
 from atom_aot.ops.triton._common import check_last_dim_contiguous, next_pow2
 
 
@@ -255,7 +256,7 @@ def launch_fused_moe(
     per_slot = torch.empty((num_slots, hidden_size), dtype=hidden.dtype, device=hidden.device)
     common = dict(E=num_experts, E_PAD=next_pow2(num_experts), IEEE=hidden.dtype == torch.float32, SCALES=scales)
     for first, next_first, c in table_buckets(table):
-        if scales == 2 and 128 % c.block_k:
+        if scales == 2 and FP8_BLOCK % c.block_k:
             raise ValueError(f"fused_moe: block-scaled experts need BLOCK_K dividing 128 (a K step inside one "
                              f"scale block), got {c}")
         active = in_bucket(num_tokens, first, next_first)
