@@ -208,3 +208,21 @@ def _hits(server, metric) -> float:
     """The replicas' prefix-cache hits once their heartbeats have caught up (sent when they go idle)."""
     time.sleep(1.0)
     return metric(httpx.get(f"{server.url}/metrics").text, "atom_prefix_cache_hits_total")
+
+
+def test_dp_routing_with_one_engine_is_refused_by_name(tiny_llama_eager_artifact):
+    from atom_aot.artifact.reader import Artifact
+    from atom_aot.errors import StartupError
+    from atom_aot.server.args import parse_args, runtime_config
+    from atom_aot.server.dp_client import engine_client
+    manifest = Artifact.open(tiny_llama_eager_artifact).manifest
+    args = parse_args([str(tiny_llama_eager_artifact), "--dp-routing", "load"])
+    with pytest.raises(StartupError, match="--dp-routing load: this server runs one engine"):
+        engine_client(args, runtime_config(args), manifest)
+    for argv, routing in ((["-dp", "2", "--dp-routing", "load"], "load"), (["-dp", "2"], "prefix")):
+        args = parse_args([str(tiny_llama_eager_artifact), *argv])
+        client = engine_client(args, runtime_config(args), manifest)
+        try:
+            assert client.routing == routing
+        finally:
+            asyncio.run(client.shutdown())           # never started: releases its sockets and folders

@@ -42,11 +42,12 @@ def add_server_arguments(p: argparse.ArgumentParser, underscore_aliases: bool = 
     http.add_argument("-dp", "--data-parallel-size", dest="data_parallel_size", type=int, default=1,
                       help="engine processes, each with a whole replica of the model (its tensor-parallel ranks "
                            "included); requests are routed by --dp-routing")
-    http.add_argument("--dp-routing", choices=ROUTINGS, default=ROUTINGS[0],
+    http.add_argument("--dp-routing", choices=ROUTINGS, default=None,
                       help="how requests are spread over data-parallel engines (-dp replicas, or the ranks of a "
                            "data-parallel-attention artifact): prefix: to the engine given the longest prefix of the "
                            "prompt before (its prefix cache holds it) unless it has 8 more requests in flight than "
-                           "the least-loaded one; load: to the one with the fewest in flight")
+                           "the least-loaded one (the default); load: to the one with the fewest in flight. Refused "
+                           "where there is one engine")
     add_arguments(p.add_argument_group("limits and timeouts"), ServerOptions, underscore_aliases=underscore_aliases)
     add_arguments(p.add_argument_group("engine"), RuntimeConfig, underscore_aliases=underscore_aliases)
 

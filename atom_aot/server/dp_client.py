@@ -46,13 +46,16 @@ def engine_client(args, config: RuntimeConfig, manifest: Manifest) -> "EngineCli
                                f"data-parallel engines (built with -dp {layout.data_parallel_size} --ep), and "
                                f"replicating the whole group is not supported yet: serve it without -dp")
         return attention_dp_client(args.artifact, config, layout.world_size, args.torch_profiler_dir,
-                                   args.log_level, args.dp_routing)
+                                   args.log_level, args.dp_routing or ROUTINGS[0])
+    if args.data_parallel_size == 1 and args.dp_routing is not None:
+        raise StartupError(f"--dp-routing {args.dp_routing}: this server runs one engine, so there is nothing to "
+                           f"route between; give -dp N (N > 1) or drop --dp-routing")
     replicas = [EngineClient(args.artifact, config, args.torch_profiler_dir, args.log_level)
                 for _ in range(args.data_parallel_size)]
     if len(replicas) == 1:
         return replicas[0]
     return DataParallelClient(replicas, None if manifest.target.arch == "cpu" else manifest.layout.world_size,
-                              routing=args.dp_routing)
+                              routing=args.dp_routing or ROUTINGS[0])
 
 
 def attention_dp_client(artifact_path: str, config: RuntimeConfig, world_size: int, profiler_dir: str | None,
