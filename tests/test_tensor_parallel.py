@@ -27,8 +27,10 @@ from atom_aot.artifact.phase import Phase
 from atom_aot.entrypoints.llm import LLMEngine
 from atom_aot.errors import BuildError
 from atom_aot.models import model_class
+from atom_aot.models.step_inputs import StepInputs
 from atom_aot.runtime.placement import placement_problem
 from atom_aot.runtime.sampling_params import SamplingParams
+from atom_aot.runtime.step_broadcast import SENT
 from atom_aot.runtime.tp_lead import RankFailure
 from model_factories import tiny_model
 
@@ -78,6 +80,29 @@ class TestShardStateDict:
         assert "atom.all_reduce" in graphs[0] and "atom.all_gather" in graphs[0]
 
 
+class TestStepBroadcast:
+    def test_packed_inputs_come_back_equal_and_each_starts_64_bytes_aligned(self):
+        from atom_aot.runtime.step_broadcast import pack, unpack
+        g = torch.Generator().manual_seed(3)
+        tokens, seqs, max_blocks, logits = 13, 5, 7, 3          # odd sizes: unpadded, every view would be misaligned
+        draw = lambda n, dtype: torch.randint(-1, 1000, (n,), generator=g).to(dtype)  # noqa: E731
+        kv_cache = torch.zeros(1, dtype=torch.bfloat16)
+        sent = StepInputs(input_ids=draw(tokens, torch.int64), positions=draw(tokens, torch.int64), kv_cache=kv_cache,
+                          slot_mapping=draw(tokens, torch.int64),
+                          block_tables=draw(seqs * max_blocks, torch.int32).view(seqs, max_blocks),
+                          seq_lens=draw(seqs, torch.int32), query_start_loc=draw(seqs + 1, torch.int32),
+                          logits_indices=draw(logits, torch.int64))
+        flat = pack(sent)
+        got = unpack(flat, {"num_tokens": tokens, "num_seqs": seqs, "num_seqs_plus_1": seqs + 1,
+                            "max_blocks_per_seq": max_blocks, "num_logits": logits}, kv_cache)
+        for name in SENT:
+            want, value = getattr(sent, name), getattr(got, name)
+            assert value.dtype == want.dtype and torch.equal(value, want), name
+            if value.dtype == torch.int64:                     # a view of the packed tensor, not a copy
+                assert value.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+                assert value.storage_offset() * value.element_size() % 64 == 0, name
+
+
 class TestBuild:
     def test_the_build_key_and_name_change_with_tp(self, tiny_llama_dir):
         keys = {tp: plan(str(tiny_llama_dir), BuildConfig(arch="cpu", tensor_parallel_size=tp))[2] for tp in (1, 2)}
@@ -118,6 +143,24 @@ def test_a_compiled_tp2_artifact_shares_one_package_and_matches_tp1(build_artifa
     assert "-tp2-" in art.name
     assert greedy_tokens(art) == greedy_tokens(build_artifact(tiny_qwen3_dir, compile="none"))
     assert build_artifact(tiny_qwen3_dir, compile="aoti", tensor_parallel_size=2) == art     # a cache hit
+
+
+def test_a_closing_lead_rank_frees_the_captured_cuda_graphs_before_it_leaves_the_process_group(monkeypatch):
+    """NCCL's communicator destroy waits forever on graphs that captured its collectives (pytorch#115388)."""
+    from atom_aot.runtime import cuda_graphs, tp_lead
+    events = []
+
+    class CapturedGraph:
+        def reset(self):
+            events.append("graph freed")
+    graph = CapturedGraph()
+    cuda_graphs._captured.add(graph)
+    monkeypatch.setattr(tp_lead, "leave", lambda: events.append("left the group"))
+    lead = tp_lead.LeadRank.__new__(tp_lead.LeadRank)
+    lead._closing, lead.failure, lead.children = False, "rank 1 exited", []     # no stop message to send
+    lead.close()
+    assert events == ["graph freed", "left the group"]
+    assert not list(cuda_graphs._captured)
 
 
 def test_a_killed_rank_ends_the_engine_with_an_error_naming_it(build_artifact, tiny_llama_dir):

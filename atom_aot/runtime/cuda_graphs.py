@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import weakref
 from typing import Callable
 
 import torch
@@ -99,6 +100,22 @@ class StaticDecodeInputs:
         return size
 
 
+# Every graph this process captured, so that a rank leaving its process group can free them first.
+_captured: "weakref.WeakSet[torch.cuda.CUDAGraph]" = weakref.WeakSet()
+
+
+def release_captured_graphs() -> None:
+    """Free every CUDA graph this process captured (they cannot be replayed after). NCCL's communicator
+    destroy waits forever on graphs that captured its collectives (pytorch/pytorch#115388): a TP-2 engine on
+    two H100s never exited (session 34). Call before leaving the process group."""
+    graphs = list(_captured)
+    if graphs and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    for graph in graphs:
+        graph.reset()
+    _captured.clear()
+
+
 class CudaGraphRecorder:
     """Captures calls as CUDA graphs that share one memory pool."""
 
@@ -111,6 +128,7 @@ class CudaGraphRecorder:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             output = call()
+        _captured.add(graph)
         self.pool = graph.pool()
         torch.cuda.synchronize()
 

@@ -42,11 +42,21 @@ def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_m
                                data_parallel_size)
     decode = CompiledModel(staging / package_member(Phase.DECODE), device).bind(weights)
     kv_cache = allocate_kv_cache(cfg, sizes[-1] + 1, block_size, getattr(torch, kv_dtype), device)
+    del weights                       # bound into the package: the loader's dict of them is not needed
     torch.cuda.synchronize()
+    # Cached free blocks (the load's, the draw's) are given back first: the capture could reuse them (the pool
+    # measured too small) or the allocator could release them under memory pressure mid-capture (a GPU shared
+    # with another process), making the difference negative (seen on a shared H100, session 34).
+    torch.cuda.empty_cache()
     before = torch.cuda.memory_reserved()
     graphs = DecodeGraphs(decode, kv_cache, tuple(sizes), -(-max_model_len // block_size))
     graphs.capture()
-    return GraphPlan(tuple(sizes), torch.cuda.memory_reserved() - before,
+    grown = torch.cuda.memory_reserved() - before
+    if grown < 0:
+        raise RuntimeError(f"the graph pool measured {grown} bytes: this process's reserved GPU memory shrank during "
+                           f"the capture (the allocator freed cached memory under pressure: is another process using "
+                           f"this GPU?); build on an idle GPU")
+    return GraphPlan(tuple(sizes), grown,
                      "pool_bytes: memory reserved by capturing every size into one pool (static inputs included)")
 
 

@@ -23,6 +23,14 @@ if TYPE_CHECKING:
 STEP, STOP = 0, 1
 SENT = tuple(name for name in StepInputs._fields if name != "kv_cache")
 HEADER_LEN = 6
+# Each input starts at a multiple of 8 int64 elements (64 bytes) of the packed tensor: the receiving ranks'
+# inputs are views of it, and a compiled package copies any input less aligned than it was compiled for (16
+# bytes) on every call ("Input 7 was compiled as 16-bytes aligned ..." on rank 1, H100 x2, session 34).
+ALIGN_ELEMENTS = 8
+
+
+def _padded(numel: int) -> int:
+    return -(-numel // ALIGN_ELEMENTS) * ALIGN_ELEMENTS
 
 
 def _sizes(header: list[int]) -> dict[str, int]:
@@ -32,14 +40,19 @@ def _sizes(header: list[int]) -> dict[str, int]:
 
 
 def pack(inputs: StepInputs) -> torch.Tensor:
-    """[sum of the sent inputs' sizes] int64: the sent inputs flattened, back to back."""
-    return torch.cat([getattr(inputs, name).flatten().to(torch.int64) for name in SENT])
+    """[sum of the sent inputs' padded sizes] int64: the sent inputs flattened, back to back, each padded
+    with zeros to a multiple of ALIGN_ELEMENTS."""
+    parts = [getattr(inputs, name).flatten().to(torch.int64) for name in SENT]
+    zeros = parts[0].new_zeros(ALIGN_ELEMENTS)
+    return torch.cat([piece for part in parts for piece in (part, zeros[:_padded(part.numel()) - part.numel()])])
 
 
 def unpack(flat: torch.Tensor, sizes: dict[str, int], kv_cache: torch.Tensor) -> StepInputs:
     shapes = {name: [sizes[dim] for dim in SPECS[name].dims] for name in SENT}
-    parts = flat.split([_numel(SPECS[name].dims, sizes) for name in SENT])
-    values = {name: part.view(shapes[name]).to(input_dtype(name, kv_cache.dtype)) for name, part in zip(SENT, parts)}
+    numels = [_numel(SPECS[name].dims, sizes) for name in SENT]
+    parts = flat.split([_padded(n) for n in numels])
+    values = {name: part[:n].view(shapes[name]).to(input_dtype(name, kv_cache.dtype))
+              for name, part, n in zip(SENT, parts, numels)}
     return StepInputs(kv_cache=kv_cache, **values)
 
 
@@ -74,7 +87,7 @@ class StepReceiver:
         if values[0] == STOP:
             return None
         sizes = _sizes(values)
-        flat = torch.empty(sum(_numel(SPECS[name].dims, sizes) for name in SENT), dtype=torch.int64,
+        flat = torch.empty(sum(_padded(_numel(SPECS[name].dims, sizes)) for name in SENT), dtype=torch.int64,
                            device=self.kv_cache.device)
         dist.broadcast(flat, src=0)
         return values[1], unpack(flat, sizes, self.kv_cache)

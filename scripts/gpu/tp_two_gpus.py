@@ -1,0 +1,239 @@
+"""Tensor parallelism on a machine of several GPUs (issue 23): what one GPU could not show.
+
+  python scripts/gpu/tp_two_gpus.py collectives --out FILE.json      # NCCL vs symmetric-memory all-reduce
+  python scripts/gpu/tp_two_gpus.py tiny --out FILE.json             # greedy TP-2 == TP-1, tiny fp32 models
+  python scripts/gpu/tp_two_gpus.py logits --tp1 ART --tp2 ART --out FILE.json
+
+collectives: two processes, one GPU each. For each message of a decoder layer's all-reduce (T tokens x
+hidden 4096, bf16) it times NCCL's all-reduce as the compiled graphs call it (`atom::all_reduce`, eager and
+replayed from a CUDA graph of 32 calls) and torch's symmetric-memory one-shot / two-shot all-reduce (P2P loads,
+no NVLink multicast), and NCCL's bus bandwidth on 1 GiB, the reference the issue names.
+tiny: tiny fp32 Llama (weights only, eager) and Qwen3 (AOTInductor-compiled, CUDA graphs) built for this GPU at
+-tp 1 and -tp 2; greedy tokens of 8 prompts compared.
+logits: first-token log-probabilities (top 20) and 32 greedy tokens of the same prompts from two artifacts
+of the same random weights (a -tp 1 and a -tp 2 build of one folder with --load-format dummy).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+HIDDEN = 4096                          # Llama-3.1-8B's hidden size: the all-reduced rows
+TOKENS = (1, 8, 32, 128, 256, 1024, 4096, 8192)
+CALLS_PER_GRAPH = 32
+
+
+def _time_cuda(fn, iters: int) -> float:
+    """Mean seconds per call of fn over iters calls (after a warm-up), by CUDA events."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
+
+
+_GRAPHS: list = []     # freed before the process group is destroyed (NCCL's destroy waits on them otherwise)
+
+
+def _graphed(fn) -> "callable":
+    """fn called CALLS_PER_GRAPH times, captured in one CUDA graph; returns the replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS_PER_GRAPH):
+            fn()
+    _GRAPHS.append(graph)
+    return graph.replay
+
+
+def _collectives_rank(rank: int, world: int, port: int, out_path: str) -> None:
+    import torch.distributed as dist
+    from atom_aot.distributed.collectives import all_reduce
+    from atom_aot.distributed.group import RankPlace, join
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    join(RankPlace(rank, world, "127.0.0.1", port, rank), device)
+    group = dist.group.WORLD
+    result: dict = {"world_size": world, "hidden": HIDDEN, "dtype": "bfloat16", "rows": []}
+    symm = None
+    if os.environ.get("ATOM_BENCH_SYMM_MEM") == "1":         # hung in session 34's first run: opt-in
+        import torch.distributed._symmetric_memory as symm
+    else:
+        result["symmetric_memory"] = "not run (ATOM_BENCH_SYMM_MEM=1 runs it)"
+    # correctness first: every path sums the ranks' tensors
+    x = torch.randn(64, HIDDEN, device=device, dtype=torch.bfloat16, generator=torch.Generator(device).manual_seed(rank))
+    parts = [torch.randn(64, HIDDEN, device=device, dtype=torch.bfloat16,
+                         generator=torch.Generator(device).manual_seed(r)) for r in range(world)]
+    expected = sum(p.double() for p in parts)
+    result["atom_all_reduce_max_err"] = (all_reduce(x).double() - expected).abs().max().item()
+    for tokens in TOKENS:
+        x = torch.randn(tokens, HIDDEN, device=device, dtype=torch.bfloat16)
+        nbytes = x.numel() * x.element_size()
+        iters = 200 if tokens <= 1024 else 50
+        row = {"tokens": tokens, "bytes": nbytes}
+        row["nccl_eager_us"] = _time_cuda(lambda: dist.all_reduce(x, group=group), iters) * 1e6
+        row["atom_all_reduce_eager_us"] = _time_cuda(lambda: all_reduce(x), iters) * 1e6
+        replay = _graphed(lambda: all_reduce(x))
+        row["atom_all_reduce_graph_us"] = _time_cuda(replay, max(iters // CALLS_PER_GRAPH, 5)) / CALLS_PER_GRAPH * 1e6
+        if symm is not None:
+            try:
+                buf = symm.empty(tokens, HIDDEN, device=device, dtype=torch.bfloat16)
+                symm.rendezvous(buf, group.group_name)
+                buf.copy_(x)
+                one = lambda: torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group.group_name)  # noqa: E731
+                row["symm_one_shot_eager_us"] = _time_cuda(one, iters) * 1e6
+                row["symm_one_shot_graph_us"] = _time_cuda(_graphed(one), max(iters // CALLS_PER_GRAPH, 5)) / CALLS_PER_GRAPH * 1e6
+                buf.copy_(parts[rank][:1].expand(tokens, HIDDEN))
+                got = torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group.group_name)
+                want = sum(p[:1].double() for p in parts).expand(tokens, HIDDEN)
+                row["symm_one_shot_max_err"] = (got.double() - want).abs().max().item()
+                if tokens * HIDDEN % (world * 8) == 0:
+                    two = lambda: torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", group.group_name)  # noqa: E731
+                    row["symm_two_shot_eager_us"] = _time_cuda(two, iters) * 1e6
+            except Exception as e:
+                row["symm_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        for key in [k for k in row if k.endswith("_us")]:
+            row[key.replace("_us", "_bus_GBps")] = round(2 * (world - 1) / world * nbytes / (row[key] * 1e-6) / 1e9, 1)
+            row[key] = round(row[key], 2)
+        result["rows"].append(row)
+    big = torch.randn(1 << 29, device=device, dtype=torch.bfloat16)     # 1 GiB
+    seconds = _time_cuda(lambda: dist.all_reduce(big, group=group), 10)
+    result["nccl_1GiB"] = {"ms": round(seconds * 1e3, 3),
+                           "bus_GBps": round(2 * (world - 1) / world * big.numel() * 2 / seconds / 1e9, 1)}
+    if rank == 0:
+        Path(out_path).write_text(json.dumps(result, indent=1))
+    torch.cuda.synchronize()
+    for graph in _GRAPHS:
+        graph.reset()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def collectives(out: dict, out_path: str) -> None:
+    import torch.multiprocessing as mp
+    from atom_aot.distributed.group import free_port
+    world = torch.cuda.device_count()
+    tmp = tempfile.mktemp(suffix=".json")
+    mp.spawn(_collectives_rank, args=(world, free_port(), tmp), nprocs=world, join=True)
+    out["collectives"] = json.loads(Path(tmp).read_text())
+
+
+def _greedy(artifact: Path, prompts: list[str], max_tokens: int) -> list[list[int]]:
+    from atom_aot import LLMEngine, SamplingParams
+    engine = LLMEngine(str(artifact), max_model_len=512, num_kv_blocks=512)   # not a share of a GPU others use
+    try:
+        outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+        return [o["token_ids"] for o in outs]
+    finally:
+        engine.close()
+
+
+def tiny(out: dict) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+    from factories import make_tiny_model
+    from atom_aot.arch import detect_arch
+    from atom_aot.build.config import BuildConfig
+    from atom_aot.build.pipeline import build
+    prompts = ["Hello world! How are", "The quick brown fox", "0123456789 + - * / =", "Paged attention stores",
+               "a b c d e f g", "Once upon a time", "def main():", "The capital of France is"]
+    results = {}
+    with tempfile.TemporaryDirectory() as work:
+        work = Path(work)
+        for architecture, compile_mode in (("LlamaForCausalLM", "none"), ("Qwen3ForCausalLM", "aoti")):
+            model = make_tiny_model(work / architecture, architecture)
+            tokens, seconds = {}, {}
+            for tp in (1, 2):
+                config = BuildConfig(arch=detect_arch(), dtype="float32", compile=compile_mode, tensor_parallel_size=tp)
+                t = time.perf_counter()
+                art = build(str(model), config, cache_dir=work / "cache", show_progress=False).path
+                seconds[f"build_tp{tp}_s"] = round(time.perf_counter() - t, 1)
+                tokens[tp] = _greedy(art, prompts, 24)
+            results[f"{architecture}_{compile_mode}"] = {
+                **seconds, "prompts": len(prompts), "tokens_each": 24,
+                "tp2_equals_tp1": tokens[1] == tokens[2],
+                "sequences_equal": sum(a == b for a, b in zip(tokens[1], tokens[2]))}
+    out["tiny_fp32_greedy"] = results
+
+
+def _first_token_logprobs(artifact: str, prompts: list[list[int]], greedy_tokens: int) -> tuple[list, list]:
+    """Per prompt: {token: logprob} of the first output position (top 20) and greedy_tokens greedy tokens."""
+    from atom_aot import LLMEngine, SamplingParams
+    engine = LLMEngine(artifact, max_model_len=1024, gpu_memory_utilization=0.85)
+    try:
+        tops: dict[str, dict] = {}
+        ids = engine.add_request(prompts, SamplingParams(temperature=0, max_tokens=1, logprobs=20, ignore_eos=True))
+        while not engine.is_finished():
+            for o in engine.step():
+                if o.logprobs:
+                    tops[o.request_id] = dict(o.logprobs[0].top)
+        greedy = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=greedy_tokens, ignore_eos=True))
+        return [tops[r] for r in ids], [g["token_ids"] for g in greedy]
+    finally:
+        engine.close()
+
+
+def logits(out: dict, tp1: str, tp2: str, vocab: int) -> None:
+    import random
+    rng = random.Random(7)
+    prompts = [[rng.randrange(100, vocab - 100) for _ in range(n)] for n in (16, 64, 128, 200, 256, 333, 512, 700)]
+    top1, greedy1 = _first_token_logprobs(tp1, prompts, 32)
+    top2, greedy2 = _first_token_logprobs(tp2, prompts, 32)
+    rows = []
+    for a, b, g1, g2 in zip(top1, top2, greedy1, greedy2):
+        shared = set(a) & set(b)
+        diffs = [abs(a[t] - b[t]) for t in shared]
+        same_prefix = next((i for i, (x, y) in enumerate(zip(g1, g2)) if x != y), len(g1))
+        rows.append({"top20_shared": len(shared), "max_abs_logprob_diff": round(max(diffs), 5),
+                     "mean_abs_logprob_diff": round(sum(diffs) / len(diffs), 5),
+                     "argmax_equal": max(a, key=a.get) == max(b, key=b.get),
+                     "greedy_tokens_equal_before_first_difference": same_prefix})
+    out["logits_tp2_vs_tp1"] = {"tp1": Path(tp1).name, "tp2": Path(tp2).name, "prompt_lengths": [len(p) for p in prompts],
+                                "rows": rows}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("what", choices=["collectives", "tiny", "logits"])
+    p.add_argument("--out", required=True)
+    p.add_argument("--tp1")
+    p.add_argument("--tp2")
+    p.add_argument("--vocab", type=int, default=128256, help="prompt token ids are drawn below this (logits)")
+    a = p.parse_args()
+    out = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "gpus": torch.cuda.device_count(), "torch": torch.__version__,
+           "nccl_env": {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "TORCH_SYMM", "NVSHMEM"))}}
+    t = time.perf_counter()
+    try:
+        if a.what == "collectives":
+            collectives(out, a.out)
+        elif a.what == "tiny":
+            tiny(out)
+        else:
+            logits(out, a.tp1, a.tp2, a.vocab)
+    except Exception as e:
+        import traceback
+        out["error"] = f"{type(e).__name__}: {e}"
+        out["traceback"] = traceback.format_exc()[-3000:]
+    out["seconds"] = round(time.perf_counter() - t, 1)
+    Path(a.out).write_text(json.dumps(out, indent=1))
+    print(json.dumps(out, indent=1)[-6000:])
+
+
+if __name__ == "__main__":
+    main()
