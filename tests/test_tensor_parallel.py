@@ -136,6 +136,51 @@ def test_greedy_output_of_tp2_and_tp4_equals_tp1(architecture, build_artifact, t
         assert greedy_tokens(build_artifact(model, compile="none", tensor_parallel_size=tp)) == expected, f"tp={tp}"
 
 
+FORKED_ENGINE = """
+import json, sys
+from atom_aot import LLMEngine, SamplingParams
+from atom_aot.runtime.rank_processes import ForkedRank
+engine = LLMEngine(sys.argv[1], num_kv_blocks=64, num_threads=1)
+children = engine.core.runner.forwards.mixed.lead.children
+outs = engine.generate(json.loads(sys.argv[2]), SamplingParams(max_tokens=6, ignore_eos=True))
+engine.close()
+print(json.dumps({"forked": [type(c) is ForkedRank for c in children], "exit": [c.wait(10) for c in children],
+                  "tokens": [o["token_ids"] for o in outs]}))
+"""
+
+
+def test_forked_ranks_give_the_same_greedy_output_and_exit_with_the_engine(build_artifact, tiny_llama_dir):
+    """The start GPU machines use (runtime/rank_processes.py), forced here on the CPU, from a fresh process as
+    on GPUs (this one has run process groups: it would spawn)."""
+    import json
+    import subprocess
+    import sys
+    expected = greedy_tokens(build_artifact(tiny_llama_dir, compile="none"))
+    art = build_artifact(tiny_llama_dir, compile="none", tensor_parallel_size=2)
+    out = subprocess.run([sys.executable, "-c", FORKED_ENGINE, str(art), json.dumps(PROMPTS)], capture_output=True,
+                         text=True, timeout=240, env={**os.environ, "ATOM_TP_WORKER_START": "fork"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"forked": [True], "exit": [0], "tokens": expected}
+
+
+@pytest.mark.parametrize("arch, cuda_context, threads, expected", [
+    ("cpu", False, 1, "spawn"), ("sm90", False, 1, "fork"), ("sm90", True, 1, "spawn"), ("sm90", False, 3, "spawn")])
+def test_ranks_are_forked_only_on_gpus_from_a_process_without_cuda_context_or_threads(monkeypatch, arch, cuda_context,
+                                                                                    threads, expected):
+    from atom_aot.runtime import rank_processes
+    monkeypatch.delenv("ATOM_TP_WORKER_START", raising=False)
+    monkeypatch.setattr(rank_processes.torch.cuda, "is_initialized", lambda: cuda_context)
+    monkeypatch.setattr(rank_processes.threading, "active_count", lambda: threads)
+    monkeypatch.setattr(rank_processes, "joined_before", lambda: False)
+    assert rank_processes.start_method(arch)[0] == expected
+    monkeypatch.setattr(rank_processes, "joined_before", lambda: True)
+    assert rank_processes.start_method(arch)[0] == "spawn"
+    monkeypatch.setenv("ATOM_TP_WORKER_START", "forkserver")
+    with pytest.raises(ValueError, match="ATOM_TP_WORKER_START='forkserver': it must be one of fork, spawn"):
+        rank_processes.start_method(arch)
+
+
 def test_a_compiled_tp2_artifact_shares_one_package_and_matches_tp1(build_artifact, tiny_qwen3_dir):
     art = build_artifact(tiny_qwen3_dir, compile="aoti", tensor_parallel_size=2)
     manifest = Artifact.open(art).manifest

@@ -90,8 +90,19 @@ def rank_device(arch: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
+_joined_before = False
+
+
+def joined_before() -> bool:
+    """Whether this process has joined a process group (its store's and gloo's native threads may live on
+    after it is destroyed: a fork copies locks they hold, runtime/rank_processes.py)."""
+    return _joined_before
+
+
 def join(place: RankPlace, device: torch.device) -> RankGroup:
     """Meet the other ranks (blocks until all arrive, at most COLLECTIVE_TIMEOUT)."""
+    global _joined_before
+    _joined_before = True
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=place.init_method,
                             rank=place.rank, world_size=place.world_size, timeout=COLLECTIVE_TIMEOUT,

@@ -2,8 +2,9 @@
 notices a rank that dies.
 
 Rank 0 is the engine: it schedules, sends each step's inputs to the others (step_broadcast.py),
-runs its part of the forward and samples. The other ranks are `atom-run ART worker` processes:
-started here on this machine, or by hand / torchrun on other nodes (docs/parallelism.md).
+runs its part of the forward and samples. The other ranks run `atom-run ART worker`'s loop: forked
+or started here on this machine (rank_processes.py), or by hand / torchrun on other nodes
+(docs/parallelism.md).
 
 A rank that dies must take the engine down with a clear error, never a hang: the next collective
 with it fails (its sockets closed), and rank 0 says which rank went and how. While the engine is
@@ -17,22 +18,19 @@ from __future__ import annotations
 import _thread
 import atexit
 import logging
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import torch.distributed as dist
 
 from atom_aot.artifact.reader import Artifact
-from atom_aot.config_flags import to_argv
 from atom_aot.distributed.group import RankGroup, RankPlace, agree_min, join, leave, rank_device
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.cuda_graphs import release_captured_graphs
 from atom_aot.runtime.forwards import Forwards
+from atom_aot.runtime.rank_processes import start_method, start_rank
 from atom_aot.runtime.step_broadcast import LeadingForward, StepSender
 
 log = logging.getLogger("atom_aot")
@@ -64,20 +62,24 @@ def start_other_ranks(artifact: Artifact, config: RuntimeConfig) -> "LeadRank | 
         raise RuntimeError("this process already has a torch.distributed process group (another tensor-parallel "
                            "engine?): close that engine first (LLMEngine.close())")
     from atom_aot.runtime.loader import check_target
-    check_target(artifact)                 # refuse before anything starts
-    children = [] if place is not None else None
-    if place is None:
-        place = RankPlace.local_leader(world)
-        children = [_start_worker(artifact_path, config, place.peer(rank)) for rank in range(1, world)]
-    device = rank_device(artifact.manifest.target.arch, place.local_rank)
-    return LeadRank(join(place, device), children)
-
-
-def _start_worker(artifact_path: str | Path, config: RuntimeConfig, place: RankPlace) -> subprocess.Popen:
-    env = {**os.environ, "MASTER_ADDR": place.master_addr, "MASTER_PORT": str(place.master_port),
-           "WORLD_SIZE": str(place.world_size), "RANK": str(place.rank), "LOCAL_RANK": str(place.local_rank)}
-    cmd = [sys.executable, "-m", "atom_aot.runtime.cli", str(artifact_path), "worker", *to_argv(config)]
-    return subprocess.Popen(cmd, env=env)
+    if place is not None:                  # the other ranks are started elsewhere
+        check_target(artifact)
+        return LeadRank(join(place, rank_device(artifact.manifest.target.arch, place.local_rank)), [])
+    place = RankPlace.local_leader(world)
+    method, why = start_method(artifact.manifest.target.arch)
+    if method == "spawn":
+        check_target(artifact)             # refuse before anything starts
+    log.info("tensor-parallel ranks 1..%d: %s (%s)", world - 1,
+             "forked from this process" if method == "fork" else "started as new processes", why)
+    children = [start_rank(artifact_path, config, place.peer(rank), method) for rank in range(1, world)]
+    if method == "fork":                   # checked after the fork: the check opens this process's CUDA context
+        try:
+            check_target(artifact)
+        except BaseException:
+            for child in children:
+                child.kill()
+            raise
+    return LeadRank(join(place, rank_device(artifact.manifest.target.arch, place.local_rank)), children)
 
 
 class LeadRank:
