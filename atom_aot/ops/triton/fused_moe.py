@@ -17,7 +17,7 @@ Four steps, none of which reads a tensor value on the host (so a CUDA graph capt
 FP8 experts (e4m3 w13 / w2 with per-row scales, ops/moe.py): each weight tile is widened to the
 activations' dtype in registers (exact) and the tile's fp32 products are scaled by their rows' scales
 once, after the K loop (a row scale factors out of the sum): half the weight bytes, the same MMAs.
-With 128x128 block scales (SCALES == 2) each K step's product is scaled by its block's scales before it
+With 128x128 block scales (SCALES == BLOCK_SCALES) each K step's product is scaled by its block's scales before it
 is added (BLOCK_K divides 128, so a step stays inside one block).
 
 Each expert has ceil(count / BLOCK_M) row tiles, so the tiles number at most
@@ -38,6 +38,11 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from atom_aot.ops.fp8 import BLOCK as FP8_BLOCK
+
+# The kernels' SCALES modes: how (whether) the expert weights are scaled.
+NO_SCALES = tl.constexpr(0)        # bf16 / fp32 experts
+ROW_SCALES = tl.constexpr(1)       # e4m3 experts, one scale per weight row
+BLOCK_SCALES = tl.constexpr(2)     # e4m3 experts, one scale per 128x128 block
 from atom_aot.ops.triton._common import check_last_dim_contiguous, next_pow2
 
 
@@ -138,7 +143,7 @@ def moe_gate_up_kernel(
         a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         g = tl.load(g_ptrs + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0).to(a.dtype)
         u = tl.load(g_ptrs + N * stride_wn + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0).to(a.dtype)
-        if SCALES == 2:     # 128x128 blocks: this K step's block scales, per column
+        if SCALES == BLOCK_SCALES:     # this K step's block scales, per column
             blocks = scale_ptr + expert.to(tl.int64) * stride_se + k0 // 128
             s_gate = tl.load(blocks + (cols // 128) * stride_sn, mask=col_ok, other=0.0)
             s_up = tl.load(blocks + ((N + cols) // 128) * stride_sn, mask=col_ok, other=0.0)
@@ -147,7 +152,7 @@ def moe_gate_up_kernel(
         else:
             gate = _dot(a, g, gate, IEEE)
             up = _dot(a, u, up, IEEE)
-    if SCALES == 1:     # e4m3 weights, per row: the rows' scales, once per tile
+    if SCALES == ROW_SCALES:       # the rows' scales, once per tile
         scales = scale_ptr + expert.to(tl.int64) * stride_se + cols
         gate = gate * tl.load(scales, mask=col_ok, other=0.0)[None, :]
         up = up * tl.load(scales + N, mask=col_ok, other=0.0)[None, :]
@@ -176,13 +181,13 @@ def moe_down_kernel(
         k_ok = ks + k0 < K
         a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(b_ptrs + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0).to(a.dtype)
-        if SCALES == 2:
+        if SCALES == BLOCK_SCALES:
             s = tl.load(scale_ptr + expert.to(tl.int64) * stride_se + (cols // 128) * stride_sn + k0 // 128,
                         mask=col_ok, other=0.0)
             acc += _dot(a, b, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE) * s[None, :]
         else:
             acc = _dot(a, b, acc, IEEE)
-    if SCALES == 1:
+    if SCALES == ROW_SCALES:
         acc = acc * tl.load(scale_ptr + expert.to(tl.int64) * stride_se + cols, mask=col_ok, other=0.0)[None, :]
     weight = tl.load(weights_ptr + assignment, mask=row_ok, other=0.0)   # float32
     tl.store(out_ptr + assignment.to(tl.int64)[:, None] * stride_ot + cols[None, :],
@@ -242,10 +247,10 @@ def launch_fused_moe(
         check_last_dim_contiguous(name, t)
     if (w13_scale is None) != (w2_scale is None):
         raise ValueError("fused_moe: w13_scale and w2_scale come together (fp8 experts) or not at all")
-    scales = 0 if w13_scale is None else 2 if w13_scale.dim() == 3 else 1    # none, per row, 128x128 blocks
-    s13 = w13_scale.contiguous() if scales else w13     # not read without scales
-    s2 = w2_scale.contiguous() if scales else w2
-    block_strides = (s13.stride(1), s2.stride(1)) if scales == 2 else (0, 0)
+    scales = (NO_SCALES if w13_scale is None else BLOCK_SCALES if w13_scale.dim() == 3 else ROW_SCALES).value
+    s13 = w13_scale.contiguous() if scales != NO_SCALES.value else w13     # not read without scales
+    s2 = w2_scale.contiguous() if scales != NO_SCALES.value else w2
+    block_strides = (s13.stride(1), s2.stride(1)) if scales == BLOCK_SCALES.value else (0, 0)
     num_tokens, hidden_size = hidden.shape
     num_experts, two_inter, _ = w13.shape
     inter_size, top_k = two_inter // 2, topk_ids.shape[1]
@@ -256,7 +261,7 @@ def launch_fused_moe(
     per_slot = torch.empty((num_slots, hidden_size), dtype=hidden.dtype, device=hidden.device)
     common = dict(E=num_experts, E_PAD=next_pow2(num_experts), IEEE=hidden.dtype == torch.float32, SCALES=scales)
     for first, next_first, c in table_buckets(table):
-        if scales == 2 and FP8_BLOCK % c.block_k:
+        if scales == BLOCK_SCALES.value and FP8_BLOCK % c.block_k:
             raise ValueError(f"fused_moe: block-scaled experts need BLOCK_K dividing 128 (a K step inside one "
                              f"scale block), got {c}")
         active = in_bucket(num_tokens, first, next_first)
