@@ -104,6 +104,21 @@ def _close(context: zmq.Context, *sockets: zmq.Socket) -> None:
     context.term()
 
 
+class Alone:
+    """The pace of an engine that steps on its own: it agrees with itself (attention_dp.Lockstep's interface)."""
+
+    @staticmethod
+    def agree(busy: bool, stop: bool) -> tuple[bool, bool]:
+        return busy, stop
+
+    @staticmethod
+    def step(step, has_work: bool) -> list:
+        return step() if has_work else []
+
+
+ALONE = Alone()
+
+
 class EngineLoop:
     def __init__(self, core: EngineCore, inbox: zmq.Socket, outbox: zmq.Socket, profiler: TorchProfiler):
         self.core = core
@@ -124,34 +139,21 @@ class EngineLoop:
             self._loop()
 
     def _loop(self) -> None:
+        """Take messages (waiting for them only while no engine the pace knows of has work), agree on whether
+        to step and whether to stop, step. An engine on its own agrees with itself; the ranks of a
+        data-parallel-attention artifact agree with each other (runtime/attention_dp.Lockstep): they leave
+        together, and step together while any of them has work."""
         self._heartbeat()                 # the first, right after Ready
-        if self.core.lockstep is not None:
-            self._lockstep_loop()
-            return
-        while self.running:
-            busy = self.core.has_unfinished()
-            self._intake(block=not busy)
-            if self.running and self.core.has_unfinished():
-                outputs = self.core.step()
-                self.steps += 1
-                if outputs:
-                    self.outbox.send(encode(Outputs(outputs)))
-            self._heartbeat(went_idle=busy and not self.core.has_unfinished())
-
-    def _lockstep_loop(self) -> None:
-        """The loop of one data-parallel-attention rank: the ranks leave it together, and step together
-        while any of them has work."""
-        lockstep, others_busy = self.core.lockstep, False
+        pace, anyone_busy = self.core.lockstep or ALONE, False
         while True:
             busy = self.core.has_unfinished()
-            self._intake(block=not busy and not others_busy)
-            any_busy, any_stop = lockstep.agree(self.core.has_unfinished(), not self.running)
-            if any_stop:
+            self._intake(block=not busy and not anyone_busy)
+            anyone_busy, anyone_stops = pace.agree(self.core.has_unfinished(), not self.running)
+            if anyone_stops:
                 self.running = False
                 return
-            others_busy = any_busy
-            if any_busy:
-                outputs = lockstep.step(self.core.step, self.core.has_unfinished())
+            if anyone_busy:
+                outputs = pace.step(self.core.step, self.core.has_unfinished())
                 self.steps += 1
                 if outputs:
                     self.outbox.send(encode(Outputs(outputs)))
