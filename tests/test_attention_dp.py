@@ -23,6 +23,7 @@ from atom_aot.build.shard import shard_state_dict
 from atom_aot.entrypoints.llm import LLMEngine
 from atom_aot.errors import BuildError, StartupError
 from atom_aot.models import model_class
+from atom_aot.models.parallel import Split
 from atom_aot.runtime.attention_dp import pad_to, padding_only
 from atom_aot.runtime.sampling_params import SamplingParams
 from factories import make_tiny_model, random_prompts
@@ -72,8 +73,8 @@ def test_the_ranks_expert_outputs_reduce_scattered_make_the_whole_layer():
     partial = []
     for rank in range(2):
         with torch.device("meta"):
-            part = model_class(cfg.architecture)(cfg, torch.float32, tp=1, ep=True, dp=2)
-        part.load_state_dict(shard_state_dict(whole.state_dict(), cfg, 1, rank, True, 2), assign=True)
+            part = model_class(cfg.architecture)(cfg, torch.float32, split=Split(ep=True, dp=2))
+        part.load_state_dict(shard_state_dict(whole.state_dict(), cfg, Split(ep=True, dp=2), rank), assign=True)
         partial.append(part.model.layers[0].mlp.experts(torch.cat(tokens), *_route(part, torch.cat(tokens))))
     torch.testing.assert_close(partial[0] + partial[1], expected, rtol=1e-5, atol=1e-5)
 

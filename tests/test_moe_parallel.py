@@ -14,7 +14,7 @@ from atom_aot.build.shard import shard_state_dict
 from atom_aot.entrypoints.llm import LLMEngine
 from atom_aot.errors import BuildError
 from atom_aot.models import ModelConfig, model_class
-from atom_aot.models.parallel import check_splittable, rank_shapes
+from atom_aot.models.parallel import Split, check_splittable, rank_shapes
 from atom_aot.runtime.sampling_params import SamplingParams
 from factories import make_tiny_model, random_prompts
 from moe_checks import one_layer_qwen3_moe
@@ -70,20 +70,20 @@ def test_a_rank_model_takes_its_expert_shard_and_the_shards_add_up(ep):
     try:
         for rank in range(2):
             with torch.device("meta"):
-                part = model_class(cfg.architecture)(cfg, torch.float32, tp=2, ep=ep)
-            part.load_state_dict(shard_state_dict(state, cfg, 2, rank, ep), assign=True)
+                part = model_class(cfg.architecture)(cfg, torch.float32, split=Split(2, ep))
+            part.load_state_dict(shard_state_dict(state, cfg, Split(2, ep), rank), assign=True)
             partial_sums.append(part.model.layers[0].mlp(hidden))
     finally:
         collectives._groups.pop(collectives.TP_GROUP, None)
     torch.testing.assert_close(partial_sums[0] + partial_sums[1], expected, rtol=1e-5, atol=1e-5)
-    local = rank_shapes(cfg, 2, ep)
+    local = rank_shapes(cfg, Split(2, ep))
     assert (local.num_experts, local.moe_intermediate_size) == ((3, 24) if ep else (6, 12))
 
 
 def test_what_does_not_split_is_refused_by_name(moe_dir, tmp_path):
     cfg = ModelConfig.from_hf_dict(__import__("json").loads((moe_dir / "config.json").read_text()))
     with pytest.raises(ValueError, match="num_experts .* is not a multiple of tp"):
-        check_splittable(cfg, 3 if cfg.num_experts % 3 else 5, ep=True)
+        check_splittable(cfg, Split(3 if cfg.num_experts % 3 else 5, ep=True))
     with pytest.raises(BuildError, match="both are 1"):
         plan(str(moe_dir), BuildConfig(arch="cpu", enable_expert_parallel=True))
     dense = make_tiny_model(tmp_path / "dense", "Qwen3ForCausalLM")
@@ -140,8 +140,8 @@ def test_fp8_expert_shards_add_up_to_the_whole_layer(ep):
     try:
         for rank in range(2):
             with torch.device("meta"):
-                part = model_class(cfg.architecture)(cfg, torch.float32, "fp8", tp=2, ep=ep)
-            part.load_state_dict(shard_state_dict(state, cfg, 2, rank, ep), assign=True)
+                part = model_class(cfg.architecture)(cfg, torch.float32, "fp8", split=Split(2, ep))
+            part.load_state_dict(shard_state_dict(state, cfg, Split(2, ep), rank), assign=True)
             partial_sums.append(part.model.layers[0].mlp(hidden))
     finally:
         collectives._groups.pop(collectives.TP_GROUP, None)

@@ -28,6 +28,7 @@ from atom_aot.entrypoints.llm import LLMEngine
 from atom_aot.errors import BuildError
 from atom_aot.models import model_class
 from atom_aot.models.step_inputs import StepInputs
+from atom_aot.models.parallel import Split
 from atom_aot.runtime.placement import placement_problem
 from atom_aot.runtime.sampling_params import SamplingParams
 from atom_aot.runtime.step_broadcast import SENT
@@ -49,8 +50,8 @@ def greedy_tokens(artifact) -> list[list[int]]:
 
 def rank_model(full, tp: int, rank: int):
     with torch.device("meta"):
-        model = model_class(full.config.architecture)(full.config, torch.float32, tp=tp)
-    model.load_state_dict(shard_state_dict(full.state_dict(), full.config, tp, rank), assign=True)
+        model = model_class(full.config.architecture)(full.config, torch.float32, split=Split(tp))
+    model.load_state_dict(shard_state_dict(full.state_dict(), full.config, Split(tp), rank), assign=True)
     return model.eval()
 
 
@@ -67,7 +68,7 @@ class TestShardStateDict:
         qkv = full.state_dict()["model.layers.0.self_attn.qkv_proj.weight"]
         d, q_rows = 32, 4 * 32
         for rank in range(4):
-            part = shard_state_dict(full.state_dict(), full.config, 4, rank)["model.layers.0.self_attn.qkv_proj.weight"]
+            part = shard_state_dict(full.state_dict(), full.config, Split(4), rank)["model.layers.0.self_attn.qkv_proj.weight"]
             kv_head = rank // 2
             assert torch.equal(part[:d], qkv[rank * d:(rank + 1) * d])
             assert torch.equal(part[d:2 * d], qkv[q_rows + kv_head * d:q_rows + (kv_head + 1) * d])

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from atom_aot.artifact.build_options import BuildOptions
+from atom_aot.models.parallel import Split
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,11 @@ class BuildConfig(BuildOptions):
     def torch_dtype(self) -> torch.dtype:
         name = self.dtype if self.dtype != "auto" else ("float32" if self.arch == "cpu" else "bfloat16")
         return getattr(torch, name)
+
+    @property
+    def split(self) -> Split:
+        """How each rank's model is cut from the whole (-tp, --ep, -dp)."""
+        return Split(self.tensor_parallel_size, self.enable_expert_parallel, self.data_parallel_size)
 
     @property
     def kv_torch_dtype(self) -> torch.dtype:

@@ -28,6 +28,7 @@ from atom_aot.artifact.build_options import LOAD_FORMATS  # noqa: F401  (the one
 from atom_aot.build.shard import shard_tensors
 from atom_aot.build.weights import build_meta_model, converted_tensors
 from atom_aot.models import ModelConfig, model_class
+from atom_aot.models.parallel import Split
 
 KV_SCALE = "self_attn.kv_scale"
 DEFAULT_STD = 0.02
@@ -99,8 +100,8 @@ def stored_at_load(state: dict[str, torch.Tensor], kv_scales: str) -> dict[str, 
     return {name: tensor for name, tensor in state.items() if name.endswith(KV_SCALE)}
 
 
-def draw_rank_state(config_dir: Path, dtype: torch.dtype, quant: str, max_positions: int, tp: int, ep: bool,
-                    rank: int, device: torch.device, dp: int = 1) -> dict[str, torch.Tensor]:
+def draw_rank_state(config_dir: Path, dtype: torch.dtype, quant: str, max_positions: int, split: Split, rank: int,
+                    device: torch.device) -> dict[str, torch.Tensor]:
     """Rank `rank`'s parameters as a --load-format dummy build of config_dir/config.json stores them, drawn and
     converted on `device` (random_tensors -> converted_tensors -> shard_tensors): one source tensor, or
     one layer's expert stack, at a time beside the rank's own weights."""
@@ -109,7 +110,7 @@ def draw_rank_state(config_dir: Path, dtype: torch.dtype, quant: str, max_positi
     model = build_meta_model(model_class(cfg.architecture), cfg, dtype, quant, max_positions)
     tensors = random_tensors(config_dir, config_dtype(hf_config), device=device, to_host=False)
     converted = converted_tensors(tensors, model, cfg, quant)
-    state = dict(converted) if tp * dp == 1 else shard_tensors(converted, cfg, tp, rank, ep, dp)
+    state = dict(converted) if split.world_size == 1 else shard_tensors(converted, cfg, split, rank)
     return {name: tensor.to(device) for name, tensor in state.items()}    # the small CPU-made ones too
 
 

@@ -44,7 +44,7 @@ def example_inputs(model: DecoderForCausalLM, kv_dtype: torch.dtype, block_size:
     values = dict(
         input_ids=torch.randint(0, cfg.vocab_size, (sum(counts),)),
         positions=positions,
-        kv_cache=torch.zeros(model.kv_cache_layout(rank_shapes(cfg, model.tp, model.ep, model.dp)).shape(num_blocks, block_size)),
+        kv_cache=torch.zeros(model.kv_cache_layout(rank_shapes(cfg, model.split)).shape(num_blocks, block_size)),
         slot_mapping=block_tables[rows, positions // block_size] * block_size + positions % block_size,
         block_tables=block_tables,
         seq_lens=torch.tensor(context),

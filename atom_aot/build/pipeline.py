@@ -47,7 +47,7 @@ from atom_aot.build.weights import build_meta_model, convert_state_dict
 from atom_aot.build.resume import StageCheckpoints, build_device_name
 from atom_aot.errors import ArtifactError, BuildError
 from atom_aot.models import ModelConfig, model_class
-from atom_aot.models.parallel import block_split_problem, check_splittable, rank_shapes
+from atom_aot.models.parallel import Split, block_split_problem, check_splittable, rank_shapes
 from atom_aot.models.quant_layers import INT4_SCHEMES
 from atom_aot.version import ARTIFACT_FORMAT_VERSION, __version__
 
@@ -86,7 +86,7 @@ def plan(model: str | None, config: BuildConfig) -> tuple[ModelSource, ModelConf
                          f"latent-attention models take {', '.join(MLA_LINEAR_SCHEMES[1:])} (a block-scaled fp8 "
                          f"checkpoint as DeepSeek ships, or --quant fp8 on a bf16 one)")
     if config.tensor_parallel_size > 1 and linear_quant.scheme == "fp8-block":
-        problem = block_split_problem(model_config, config.tensor_parallel_size, config.enable_expert_parallel)
+        problem = block_split_problem(model_config, config.split)
         if problem:
             raise BuildError(f"block-scaled FP8 (128x128 weight blocks) splits over -tp {config.tensor_parallel_size} "
                              f"only where every rank's part is whole blocks: {problem}. Build this checkpoint with a "
@@ -94,8 +94,7 @@ def plan(model: str | None, config: BuildConfig) -> tuple[ModelSource, ModelConf
     if linear_quant.scheme in INT4_SCHEMES:
         check_int4_model(model_config, config.tensor_parallel_size)
     try:
-        check_splittable(model_config, config.tensor_parallel_size, config.enable_expert_parallel,
-                         config.data_parallel_size)
+        check_splittable(model_config, config.split)
     except ValueError as e:
         raise BuildError(str(e)) from None
     inputs = key_inputs(source, config)
@@ -151,7 +150,6 @@ def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, co
     """Writes every member but the manifest; returns the phases compiled. Tuning and packages that an
     earlier, unfinished run of this build kept are reused (resume.py); what this run finishes is kept."""
     model_cls = model_class(model_config.architecture)
-    tp = config.tensor_parallel_size
     model = build_meta_model(model_cls, model_config, config.torch_dtype, quant.scheme, max_len)
     num_tensors = len(model.state_dict())
     (staging / TOKENIZER).mkdir()
@@ -165,17 +163,14 @@ def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, co
         (staging / layout.weights_member(0)).parent.mkdir()
         stored = partial(stored_at_load, kv_scales=quant.kv_scales) if drawn_at_load(config.load_format) else None
         if layout.world_size > 1:
-            model = build_meta_model(model_cls, model_config, config.torch_dtype, quant.scheme, max_len, tp,
-                                     config.enable_expert_parallel, config.data_parallel_size)
+            model = build_meta_model(model_cls, model_config, config.torch_dtype, quant.scheme, max_len, config.split)
             state = write_rank_weights(staging, layout, state, model, model_config, stored)
         else:
             save_file(stored(state) if stored else state, str(staging / layout.weights_member(0)))
     tuning = checkpoints.tuning()
     with progress.stage("tune" if tuning is None else "tune (resumed)"):
         if tuning is None:
-            tuning = tune_kernels(config, rank_shapes(model_config, tp, config.enable_expert_parallel,
-                                                      config.data_parallel_size), max_len,
-                                  quant.scheme)
+            tuning = tune_kernels(config, rank_shapes(model_config, config.split), max_len, quant.scheme)
             checkpoints.keep_tuning(tuning)
         (staging / TUNING).write_text(tuning.to_json())
     phases = []
@@ -203,8 +198,7 @@ def write_rank_weights(staging: Path, layout: Layout, state: dict, rank_model, m
     the same: models/parallel.py)."""
     expected = rank_model.state_dict()
     for rank in reversed(range(layout.world_size)):     # rank 0 last: its tensors are kept
-        rank_state = shard_state_dict(state, model_config, layout.tensor_parallel_size, rank,
-                                      layout.expert_parallel_size > 1, layout.data_parallel_size)
+        rank_state = shard_state_dict(state, model_config, Split.of(layout), rank)
         check_like(rank_state, expected, rank)
         save_file(stored(rank_state) if stored else rank_state, str(staging / layout.weights_member(rank)))
     return rank_state

@@ -12,7 +12,7 @@ from typing import Iterable
 import torch
 
 from atom_aot.models.config import ModelConfig
-from atom_aot.models.parallel import local_kv_heads, vocab_shard_size
+from atom_aot.models.parallel import Split, local_kv_heads, vocab_shard_size
 from atom_aot.ops.fp8 import BLOCK as FP8_BLOCK
 
 ROW_PARALLEL = ("o_proj", "down_proj")          # input columns of the weight split; scales per output row kept
@@ -25,14 +25,14 @@ EXPERT_START = "expert_start"                   # under --ep, each MoE layer's f
 EXPERT_STACKS = ("w13", "w2", "w13_scale", "w2_scale")   # the stacks, and fp8 experts' per-row scales
 
 
-def shard_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, tp: int, rank: int,
-                     ep: bool = False, dp: int = 1) -> dict[str, torch.Tensor]:
-    """Rank `rank`'s tensors of `state` (the tp = 1 model's), contiguous and owning their memory."""
-    return shard_tensors(state.items(), cfg, tp, rank, ep, dp)
+def shard_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, split: Split,
+                     rank: int) -> dict[str, torch.Tensor]:
+    """Rank `rank`'s tensors of `state` (the one-rank model's), contiguous and owning their memory."""
+    return shard_tensors(state.items(), cfg, split, rank)
 
 
-def shard_tensors(tensors: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig, tp: int, rank: int,
-                  ep: bool = False, dp: int = 1) -> dict[str, torch.Tensor]:
+def shard_tensors(tensors: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig, split: Split,
+                  rank: int) -> dict[str, torch.Tensor]:
     """shard_state_dict of a stream: each whole tensor can be dropped once its part is taken, so a caller
     that draws the model (weights drawn at load) holds the rank's part, not the whole model.
 
@@ -40,11 +40,12 @@ def shard_tensors(tensors: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig,
     stacked experts split each expert's width, or with `ep` hand out whole experts;
     anything else a rank holds whole (norms, the rotary table, scalar scales, the router). With
     data-parallel attention (`dp` ranks, tp 1) a rank holds everything whole but its E/dp experts."""
+    tp, ep = split.tp, split.ep
     out = {}
     for name, tensor in tensors:
         module, param = name.split(".")[-2:]
         if module == "experts" and param in EXPERT_STACKS:
-            out.update(_expert_part(name, tensor, tp, rank, ep, tp * dp))
+            out.update(_expert_part(name, tensor, tp, rank, ep, split.world_size))
             continue
         if tp == 1:
             part = tensor

@@ -17,6 +17,7 @@ from atom_aot.build.prequantized import finish_fused, normalize_checkpoint
 from atom_aot.build.quant_config import CheckpointQuant
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.decoder import DecoderForCausalLM
+from atom_aot.models.parallel import ONE_RANK, Split
 from atom_aot.ops.fp8 import quantize_expert_stack, quantize_weight_per_channel
 from atom_aot.ops.int8 import quantize_weight_int8
 from atom_aot.ops.rope import rope_cos_sin_cache
@@ -29,9 +30,9 @@ WEIGHT_QUANTIZERS = {"fp8": quantize_weight_per_channel, "int8": quantize_weight
 
 
 def build_meta_model(model_cls: type[DecoderForCausalLM], cfg: ModelConfig, dtype: torch.dtype, quant: str,
-                     max_positions: int, tp: int = 1, ep: bool = False, dp: int = 1) -> DecoderForCausalLM:
+                     max_positions: int, split: Split = ONE_RANK) -> DecoderForCausalLM:
     with torch.device("meta"):
-        return model_cls(cfg, dtype, quant, max_positions, tp, ep, dp)
+        return model_cls(cfg, dtype, quant, max_positions, split)
 
 
 def runtime_name(name: str, packed: dict[str, tuple[str, int]]) -> tuple[str, int | None]:

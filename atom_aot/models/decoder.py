@@ -16,7 +16,7 @@ from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.kv_layout import KVCacheLayout
 from atom_aot.models.layers import RMSNorm, RotaryEmbedding, make_linear
-from atom_aot.models.parallel import (check_splittable, local_kv_heads, make_embedding, reduce_partial_sums,
+from atom_aot.models.parallel import (ONE_RANK, Split, check_splittable, local_kv_heads, make_embedding, reduce_partial_sums,
                                       vocab_logits)
 from atom_aot.models.quant_layers import use_linear_kernels
 from atom_aot.models.step_inputs import StepInputs
@@ -125,15 +125,13 @@ class DecoderForCausalLM(nn.Module):
     MODULE_RENAMES: dict[str, str] = {}
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None,
-                 tp: int = 1, ep: bool = False, dp: int = 1):
-        """`tp`: tensor-parallel ranks; the module is one rank's part (models/parallel.py); `ep`: a family
-        with experts spreads them whole over the ranks instead of splitting each; `dp`: attention
-        data-parallel over dp ranks (tp 1, `ep`): the rank holds everything but E/dp experts."""
+                 split: Split = ONE_RANK):
+        """`split`: the module is one rank's part of the model cut that way (models/parallel.py)."""
         super().__init__()
-        check_splittable(cfg, tp, ep, dp)
-        self.config, self.tp, self.ep, self.dp = cfg, tp, ep, dp
+        check_splittable(cfg, split)
+        self.config, self.split = cfg, split
         self.model = DecoderModel(cfg, dtype, quant, self.qk_norm, max_positions or cfg.max_position_embeddings,
-                                  lambda layer: self.make_mlp(layer, dtype, quant), tp)
+                                  lambda layer: self.make_mlp(layer, dtype, quant), split.tp)
         # lm_head stays unquantized: it decides the argmax. It splits over the vocabulary like the embedding.
         vocab_rows = self.model.embed_tokens.weight.shape[0]
         self.lm_head = (None if cfg.tie_word_embeddings
@@ -141,7 +139,7 @@ class DecoderForCausalLM(nn.Module):
 
     def make_mlp(self, layer: int, dtype: torch.dtype, quant: str) -> nn.Module:
         """The feed-forward block of `layer` (a family with experts chooses per layer)."""
-        return GatedMLP(self.config, dtype, quant, self.tp)
+        return GatedMLP(self.config, dtype, quant, self.split.tp)
 
     @classmethod
     def adapt_checkpoint(cls, cfg: ModelConfig, tensors: Iterable[tuple[str, torch.Tensor]]
@@ -181,7 +179,7 @@ class DecoderForCausalLM(nn.Module):
         token of the step (what an MTP layer reads)."""
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.attention_inputs())   # [T, hidden]
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return vocab_logits(hidden[inputs.logits_indices], weight, self.config.vocab_size, self.tp), hidden
+        return vocab_logits(hidden[inputs.logits_indices], weight, self.config.vocab_size, self.split.tp), hidden
 
     def target_step(self) -> nn.Module:
         """The module the build exports as the mixed and decode packages: the model itself, or, for a

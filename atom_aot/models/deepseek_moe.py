@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.decoder import GatedMLP
 from atom_aot.models.moe import MoEExperts
-from atom_aot.models.parallel import gather_ranks_tokens, scatter_token_sums
+from atom_aot.models.parallel import ONE_RANK, Split, gather_ranks_tokens, scatter_token_sums
 
 
 def deepseek_topk(hidden: torch.Tensor, router: "DeepseekRouter", cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,16 +52,15 @@ class DeepseekRouter(nn.Module):
 
 
 class DeepseekMoE(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str, dp: int = 1, tp: int = 1, ep: bool = False):
-        """Over `tp` ranks the routed experts split like any MoE layer's (width, or whole under `ep`) and
-        the shared experts like a dense MLP; each all-reduces its partial sums."""
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str, split: Split = ONE_RANK):
+        """Over `split.tp` ranks the routed experts split like any MoE layer's (width, or whole under `ep`)
+        and the shared experts like a dense MLP; each all-reduces its partial sums."""
         super().__init__()
-        self.config, self.dp = cfg, dp
+        self.config, self.dp = cfg, split.dp
         self.gate = DeepseekRouter(cfg, dtype)
-        self.experts = MoEExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype,
-                                  tp=tp, ep=ep or dp > 1, dp=dp, quant=quant)
+        self.experts = MoEExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype, split, quant)
         shared = cfg.moe_intermediate_size * cfg.deepseek.n_shared_experts
-        self.shared_experts = GatedMLP(cfg, dtype, quant, tp, intermediate_size=shared) if shared else None
+        self.shared_experts = GatedMLP(cfg, dtype, quant, split.tp, intermediate_size=shared) if shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = gather_ranks_tokens(x, self.dp)                              # [dp * T, H]

@@ -16,6 +16,7 @@ from atom_aot.models.config import ModelConfig
 from atom_aot.models.deepseek_layer import DeepseekDecoderLayer
 from atom_aot.models.layers import RMSNorm, RotaryEmbedding, make_linear
 from atom_aot.models.step_inputs import StepInputs
+from atom_aot.models.parallel import ONE_RANK, Split
 
 
 class SharedHead(nn.Module):
@@ -26,16 +27,15 @@ class SharedHead(nn.Module):
 
 
 class MTPLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, cache_layer: int, dtype: torch.dtype, quant: str, dp: int = 1, tp: int = 1,
-                 ep: bool = False):
-        """The block splits over `tp` ranks like a decoder layer; the embedding, eh_proj and shared head are
+    def __init__(self, cfg: ModelConfig, cache_layer: int, dtype: torch.dtype, quant: str, split: Split = ONE_RANK):
+        """The block splits like a decoder layer; the embedding, eh_proj and shared head are
         whole on every rank (build/shard.py leaves `mtp.*` outside the vocabulary split)."""
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
         self.enorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.hnorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.eh_proj = make_linear(2 * cfg.hidden_size, cfg.hidden_size, False, dtype, quant)
-        self.block = DeepseekDecoderLayer(cfg, cache_layer, dtype, quant, dp, tp, ep)
+        self.block = DeepseekDecoderLayer(cfg, cache_layer, dtype, quant, split)
         self.shared_head = SharedHead(cfg, dtype)
 
     def forward(self, previous_hidden: torch.Tensor, inputs: StepInputs, rotary: RotaryEmbedding):

@@ -21,7 +21,7 @@ from atom_aot.models.deepseek_mtp import LogitsAndHidden, MTPLayer, MTPStep
 from atom_aot.models.kv_layout import KVCacheLayout
 from atom_aot.models.layers import RMSNorm, RotaryEmbedding, make_linear
 from atom_aot.models.mla import split_kv_b_proj
-from atom_aot.models.parallel import check_splittable, make_embedding
+from atom_aot.models.parallel import ONE_RANK, Split, check_splittable, make_embedding
 from atom_aot.models.moe import MoEForCausalLM, use_moe_kernels
 from atom_aot.models.step_inputs import StepInputs
 from atom_aot.ops.backends import make_backend
@@ -32,12 +32,11 @@ MTP_OWN = ("enorm.", "hnorm.", "eh_proj.", "embed_tokens.", "shared_head.")
 
 
 class DeepseekModel(DecoderModel):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str, max_positions: int, dp: int = 1, tp: int = 1,
-                 ep: bool = False):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str, max_positions: int, split: Split = ONE_RANK):
         nn.Module.__init__(self)      # DecoderModel's own __init__ builds dense layers
-        self.embed_tokens = make_embedding(cfg.vocab_size, cfg.hidden_size, dtype, tp)
+        self.embed_tokens = make_embedding(cfg.vocab_size, cfg.hidden_size, dtype, split.tp)
         self.rotary = RotaryEmbedding(cfg.deepseek.qk_rope_head_dim, max_positions)
-        self.layers = nn.ModuleList(DeepseekDecoderLayer(cfg, i, dtype, quant, dp, tp, ep)
+        self.layers = nn.ModuleList(DeepseekDecoderLayer(cfg, i, dtype, quant, split)
                                     for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
@@ -48,16 +47,16 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
     ATTENTION_OPS = ("mla_attention",)
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None,
-                 tp: int = 1, ep: bool = False, dp: int = 1):
+                 split: Split = ONE_RANK):
         nn.Module.__init__(self)
-        check_splittable(cfg, tp, ep, dp)
-        self.config, self.tp, self.ep, self.dp = cfg, tp, ep, dp
-        self.model = DeepseekModel(cfg, dtype, quant, max_positions or cfg.max_position_embeddings, dp, tp, ep)
+        check_splittable(cfg, split)
+        self.config, self.split = cfg, split
+        self.model = DeepseekModel(cfg, dtype, quant, max_positions or cfg.max_position_embeddings, split)
         # lm_head stays unquantized: it decides the argmax. It splits over the vocabulary like the embedding.
         vocab_rows = self.model.embed_tokens.weight.shape[0]
         self.lm_head = None if cfg.tie_word_embeddings else make_linear(cfg.hidden_size, vocab_rows, False,
                                                                         dtype, "none")
-        self.mtp = nn.ModuleList(MTPLayer(cfg, cfg.num_hidden_layers + i, dtype, quant, dp, tp, ep)
+        self.mtp = nn.ModuleList(MTPLayer(cfg, cfg.num_hidden_layers + i, dtype, quant, split)
                                  for i in range(cfg.deepseek.num_nextn_predict_layers))
 
     @classmethod

@@ -17,7 +17,7 @@ from atom_aot.errors import BuildError
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.decoder import DecoderForCausalLM
 from atom_aot.models.layers import Linear
-from atom_aot.models.parallel import gather_ranks_tokens, reduce_partial_sums, scatter_token_sums
+from atom_aot.models.parallel import ONE_RANK, Split, gather_ranks_tokens, reduce_partial_sums, scatter_token_sums
 from atom_aot.ops.backends import make_backend
 from atom_aot.ops.backends.moe import MoEBackend
 from atom_aot.ops.fp8 import BLOCK as FP8_BLOCK
@@ -38,11 +38,11 @@ class MoEExperts(nn.Module):
     """
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, dtype: torch.dtype,
-                 tp: int = 1, ep: bool = False, dp: int = 1, quant: str = "none"):
+                 split: Split = ONE_RANK, quant: str = "none"):
         super().__init__()
-        self.tp, self.ep = tp, ep
-        local_experts, width = ((num_experts // (tp * dp), intermediate_size) if ep
-                                else (num_experts, intermediate_size // tp))
+        self.tp, self.ep = split.tp, split.ep
+        local_experts, width = ((num_experts // split.world_size, intermediate_size) if split.ep
+                                else (num_experts, intermediate_size // split.tp))
         scales = expert_scales(quant)
         stored = torch.float8_e4m3fn if scales else dtype
         self.w13 = nn.Parameter(torch.empty(local_experts, 2 * width, hidden_size, dtype=stored), requires_grad=False)
@@ -57,7 +57,7 @@ class MoEExperts(nn.Module):
         if shapes is not None:
             self.w13_scale = nn.Parameter(torch.empty(local_experts, *shapes[0]), requires_grad=False)
             self.w2_scale = nn.Parameter(torch.empty(local_experts, *shapes[1]), requires_grad=False)
-        if ep:   # rank * E/ranks: a weight, not a constant, so the ranks' graphs are the same
+        if split.ep:   # rank * E/ranks: a weight, not a constant, so the ranks' graphs are the same
             self.register_buffer("expert_start", torch.empty((), dtype=torch.int64))
         # the reference backend until use_moe_kernels sets the phase's choice
         self.moe_backend: MoEBackend = make_backend("moe", BackendChoice("reference"))
@@ -88,13 +88,12 @@ class SparseMoeBlock(nn.Module):
     experts on all dp * T, and reduce-scatters the partial sums back to each rank's T (vLLM's
     all-gather / reduce-scatter dispatch: dense, no token counts to exchange, CUDA-graph friendly)."""
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, renormalize: bool, tp: int = 1, ep: bool = False,
-                 dp: int = 1, quant: str = "none"):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, renormalize: bool, split: Split = ONE_RANK,
+                 quant: str = "none"):
         super().__init__()
-        self.top_k, self.renormalize, self.dp = cfg.num_experts_per_tok, renormalize, dp
+        self.top_k, self.renormalize, self.dp = cfg.num_experts_per_tok, renormalize, split.dp
         self.gate = Linear(cfg.hidden_size, cfg.num_experts, False, dtype)
-        self.experts = MoEExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype, tp, ep, dp,
-                                  quant)
+        self.experts = MoEExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype, split, quant)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = gather_ranks_tokens(hidden, self.dp)                                 # [dp * T, H]
@@ -121,21 +120,21 @@ class MoEForCausalLM(DecoderForCausalLM):
     MODULE_RENAMES: dict[str, str] = {}
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None,
-                 tp: int = 1, ep: bool = False, dp: int = 1):
+                 split: Split = ONE_RANK):
         served = max_positions or cfg.max_position_embeddings
         if cfg.sliding_window is not None and cfg.sliding_window < served:
             raise BuildError(
                 f"{cfg.architecture}'s config sets sliding_window={cfg.sliding_window}, smaller than the served "
                 f"max length {served}; atom-aot's attention has no sliding window. Build with "
                 f"--max-model-len {cfg.sliding_window} (or less).")
-        super().__init__(cfg, dtype, quant, max_positions, tp, ep, dp)
+        super().__init__(cfg, dtype, quant, max_positions, split)
 
     def routing_renormalizes(self) -> bool:
         return self.config.norm_topk_prob
 
     def make_mlp(self, layer: int, dtype: torch.dtype, quant: str) -> nn.Module:
         if self.config.is_moe_layer(layer):
-            return SparseMoeBlock(self.config, dtype, self.routing_renormalizes(), self.tp, self.ep, self.dp, quant)
+            return SparseMoeBlock(self.config, dtype, self.routing_renormalizes(), self.split, quant)
         return super().make_mlp(layer, dtype, quant)
 
     def use_kernels(self, row: PhaseTuning) -> "MoEForCausalLM":

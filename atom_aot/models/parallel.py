@@ -34,11 +34,33 @@ from atom_aot.models.config import ModelConfig
 from atom_aot.ops.fp8 import BLOCK as FP8_BLOCK
 
 
-def check_splittable(cfg: ModelConfig, tp: int, ep: bool = False, dp: int = 1) -> None:
-    """ValueError unless `cfg` splits over `tp` ranks in this layout (`ep`: experts spread whole; `dp`:
-    attention data-parallel over dp ranks, which hold the experts: check_attention_data_parallel)."""
-    if dp > 1:
-        check_attention_data_parallel(cfg, tp, ep, dp)
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """How a model is cut into one rank's part: `tp` tensor-parallel ranks; `ep`: a model's experts spread
+    whole over the ranks instead of each split; `dp`: attention data-parallel over dp ranks (tp 1, `ep`),
+    each holding everything but E/dp experts. The manifest's Layout says the same for an artifact."""
+    tp: int = 1
+    ep: bool = False
+    dp: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.dp
+
+    @classmethod
+    def of(cls, layout) -> "Split":
+        """The split an artifact's manifest Layout records (artifact/manifest.py)."""
+        return cls(layout.tensor_parallel_size, layout.expert_parallel_size > 1, layout.data_parallel_size)
+
+
+ONE_RANK = Split()
+
+
+def check_splittable(cfg: ModelConfig, split: Split) -> None:
+    """ValueError unless `cfg` splits this way (data-parallel attention: check_attention_data_parallel)."""
+    tp, ep = split.tp, split.ep
+    if split.dp > 1:
+        check_attention_data_parallel(cfg, split)
         return
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
     if ep and not cfg.num_experts:
@@ -64,9 +86,10 @@ def check_splittable(cfg: ModelConfig, tp: int, ep: bool = False, dp: int = 1) -
                          f"Build with a -tp that divides its {heads} attention heads.")
 
 
-def check_attention_data_parallel(cfg: ModelConfig, tp: int, ep: bool, dp: int) -> None:
-    """ValueError unless `cfg` runs with attention data-parallel over `dp` ranks: every rank holds the
+def check_attention_data_parallel(cfg: ModelConfig, split: Split) -> None:
+    """ValueError unless `cfg` runs with attention data-parallel over `split.dp` ranks: every rank holds the
     whole model but 1/dp of the experts (E/dp whole experts, `ep`), and its own sequences."""
+    tp, ep, dp = split.tp, split.ep, split.dp
     problems = []
     if not cfg.num_experts:
         problems.append(f"{cfg.architecture} has no experts, and data-parallel attention exists to spread a "
@@ -83,11 +106,11 @@ def check_attention_data_parallel(cfg: ModelConfig, tp: int, ep: bool, dp: int) 
                          f"{'; '.join(problems)}")
 
 
-def block_split_problem(cfg: ModelConfig, tp: int, ep: bool = False, block: int = FP8_BLOCK) -> str | None:
-    """Why a block-scaled fp8 model does not split over `tp` ranks on block boundaries (None: it does).
+def block_split_problem(cfg: ModelConfig, split: Split, block: int = FP8_BLOCK) -> str | None:
+    """Why a block-scaled fp8 model does not split over `split.tp` ranks on block boundaries (None: it does).
     Each rank's rows of a column-parallel linear and columns of a row-parallel one must be whole blocks
     (a dense model's fused qkv: each of its q, k and v parts, a replicated KV head included)."""
-    heads = cfg.num_attention_heads
+    tp, heads = split.tp, cfg.num_attention_heads
     if cfg.deepseek is None:
         widths = {"the query rows per rank (heads x head_dim / tp)": heads * cfg.head_dim // tp,
                   "the key / value rows per rank (KV heads x head_dim)": local_kv_heads(cfg, tp) * cfg.head_dim,
@@ -99,7 +122,7 @@ def block_split_problem(cfg: ModelConfig, tp: int, ep: bool = False, block: int 
                   "o_proj's input columns per rank (heads x v_head_dim / tp)": heads * ds.v_head_dim // tp,
                   "the dense MLP width per rank": cfg.intermediate_size // tp,
                   "the shared experts' width per rank": cfg.moe_intermediate_size * ds.n_shared_experts // tp}
-    if cfg.num_experts and not ep:
+    if cfg.num_experts and not split.ep:
         widths["each routed expert's width per rank (try --ep)"] = cfg.moe_intermediate_size // tp
     misaligned = [f"{what} is {n}" for what, n in widths.items() if n % block]
     return f"{'; '.join(misaligned)}, not a multiple of {block}" if misaligned else None
@@ -109,16 +132,16 @@ def local_kv_heads(cfg: ModelConfig, tp: int) -> int:
     return max(1, cfg.num_key_value_heads // tp)
 
 
-def rank_shapes(cfg: ModelConfig, tp: int, ep: bool = False, dp: int = 1) -> ModelConfig:
+def rank_shapes(cfg: ModelConfig, split: Split) -> ModelConfig:
     """The sizes one rank computes (heads, KV heads, MLP width, its experts' count and width; the
     vocabulary stays whole, since token ids and logits are global): what KV caches, kernels and
     tuning are sized by. Under `ep` a token's top-k falls on at most E/ranks of the rank's experts,
     the ranks being the tp ones, or the dp ones of data-parallel attention (tp is 1 then)."""
-    check_splittable(cfg, tp, ep, dp)
-    ranks = tp * dp
+    check_splittable(cfg, split)
+    tp, ranks = split.tp, split.world_size
     experts = (dict(num_experts=cfg.num_experts // ranks, num_experts_per_tok=min(cfg.num_experts_per_tok,
                                                                                   cfg.num_experts // ranks))
-               if ep else dict(moe_intermediate_size=cfg.moe_intermediate_size // tp))
+               if split.ep else dict(moe_intermediate_size=cfg.moe_intermediate_size // tp))
     return dataclasses.replace(cfg, num_attention_heads=cfg.num_attention_heads // tp,
                                num_key_value_heads=local_kv_heads(cfg, tp),
                                intermediate_size=cfg.intermediate_size // tp, **(experts if cfg.num_experts else {}))

@@ -18,6 +18,7 @@ from atom_aot.artifact.layout import CONFIG
 from atom_aot.artifact.reader import Artifact
 from atom_aot.build.dummy import draw_rank_state
 from atom_aot.errors import ArtifactError
+from atom_aot.models.parallel import Split
 
 log = logging.getLogger("atom_aot")
 
@@ -28,16 +29,15 @@ def draw_artifact_weights(artifact: Artifact, rank: int, device: torch.device,
     m = artifact.manifest
     config_dir = artifact.member_dir(Path(CONFIG).parent.name)       # config.json, as the build read it
     return draw_weights(config_dir, getattr(torch, m.numerics.dtype), m.quantization.weights,
-                        m.numerics.max_model_len, m.layout.tensor_parallel_size, m.layout.expert_parallel_size > 1,
-                        rank, device, stored, m.layout.data_parallel_size)
+                        m.numerics.max_model_len, Split.of(m.layout), rank, device, stored)
 
 
-def draw_weights(config_dir: Path, dtype: torch.dtype, quant: str, max_model_len: int, tp: int, ep: bool, rank: int,
-                 device: torch.device, stored: dict[str, torch.Tensor], dp: int = 1) -> dict[str, torch.Tensor]:
+def draw_weights(config_dir: Path, dtype: torch.dtype, quant: str, max_model_len: int, split: Split, rank: int,
+                 device: torch.device, stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The drawn weights with the `stored` tensors in their places; a stored name the draw does not make
     is refused (the artifact and this atom-aot disagree on the model)."""
     start = time.perf_counter()
-    weights = draw_rank_state(config_dir, dtype, quant, max_model_len, tp, ep, rank, device, dp)
+    weights = draw_rank_state(config_dir, dtype, quant, max_model_len, split, rank, device)
     unlike = sorted(n for n, t in stored.items()
                     if n not in weights or (weights[n].shape, weights[n].dtype) != (t.shape, t.dtype))
     if unlike:

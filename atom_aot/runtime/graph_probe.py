@@ -9,15 +9,18 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from atom_aot.artifact.graph_plan import GraphPlan
 from atom_aot.artifact.layout import CONFIG, package_member, weights_member
 from atom_aot.artifact.phase import Phase
 
+if TYPE_CHECKING:
+    from atom_aot.models.parallel import Split
+
 
 def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_model_len: int,
-          tensor_parallel_size: int = 1, expert_parallel: bool = False, draw: dict | None = None,
-          data_parallel_size: int = 1) -> GraphPlan:
+          split: Split, draw: dict | None = None) -> GraphPlan:
     """`draw` ({dtype, quant}): the staged weights member holds only what a draw cannot reproduce
     (--load-format dummy-at-load), so rank 0's weights are drawn here as the loader draws them."""
     import torch
@@ -30,16 +33,14 @@ def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_m
     from atom_aot.runtime.cuda_graphs import DecodeGraphs
     from atom_aot.runtime.kv_cache import allocate_kv_cache
     device = torch.device("cuda")
-    cfg = rank_shapes(ModelConfig.from_json(staging / CONFIG), tensor_parallel_size, expert_parallel,
-                      data_parallel_size)
-    if tensor_parallel_size * data_parallel_size > 1:
+    cfg = rank_shapes(ModelConfig.from_json(staging / CONFIG), split)
+    if split.world_size > 1:
         register_stand_in()
     weights = load_file(str(staging / weights_member(0)), device="cuda")
     if draw is not None:
         from atom_aot.runtime.drawn_weights import draw_weights
         weights = draw_weights(staging / Path(CONFIG).parent, getattr(torch, draw["dtype"]), draw["quant"],
-                               max_model_len, tensor_parallel_size, expert_parallel, 0, device, weights,
-                               data_parallel_size)
+                               max_model_len, split, 0, device, weights)
     decode = CompiledModel(staging / package_member(Phase.DECODE), device).bind(weights)
     kv_cache = allocate_kv_cache(cfg, sizes[-1] + 1, block_size, getattr(torch, kv_dtype), device)
     del weights                       # bound into the package: the loader's dict of them is not needed
@@ -61,7 +62,8 @@ def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_m
 
 
 if __name__ == "__main__":
+    from atom_aot.models.parallel import Split as RankSplit
     a = json.loads(sys.argv[1])
     plan = probe(Path(a["staging"]), a["sizes"], a["block_size"], a["kv_dtype"], a["max_model_len"],
-                 a["tensor_parallel_size"], a["expert_parallel"], a["draw"], a.get("data_parallel_size", 1))
+                 RankSplit(a["tensor_parallel_size"], a["expert_parallel"], a["data_parallel_size"]), a["draw"])
     print(plan.to_json(indent=None))

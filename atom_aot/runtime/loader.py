@@ -26,7 +26,7 @@ from atom_aot.artifact.signature import SIGNATURE_VERSION
 from atom_aot.artifact.tuning import Tuning
 from atom_aot.errors import ArtifactError
 from atom_aot.models import ModelConfig, model_class
-from atom_aot.models.parallel import rank_shapes
+from atom_aot.models.parallel import Split, rank_shapes
 from atom_aot.runtime.placement import placement_problem
 from atom_aot.runtime.safetensors_view import tensors_from_buffer, tensors_on_device
 
@@ -57,9 +57,7 @@ class LoadedArtifact:
     @property
     def rank_config(self) -> ModelConfig:
         """The sizes this rank computes (its heads and KV heads): what its KV cache is sized by."""
-        layout = self.manifest.layout
-        return rank_shapes(self.model_config, layout.tensor_parallel_size, layout.expert_parallel_size > 1,
-                           layout.data_parallel_size)
+        return rank_shapes(self.model_config, Split.of(self.manifest.layout))
 
 
 def machine_target() -> Target:
@@ -209,9 +207,7 @@ def _load_eager(manifest: Manifest, model_config: ModelConfig, tuning: Tuning,
     with torch.device("meta"):
         model = model_class(model_config.architecture)(model_config, getattr(torch, numerics.dtype),
                                                        manifest.quantization.weights, numerics.max_model_len,
-                                                       manifest.layout.tensor_parallel_size,
-                                                       manifest.layout.expert_parallel_size > 1,
-                                                       manifest.layout.data_parallel_size)
+                                                       Split.of(manifest.layout))
     model.load_state_dict(weights, assign=True)
     model.use_kernels(tuning.for_phase(Phase.MIXED))
     timings["eager model"] = time.perf_counter() - start
