@@ -6,8 +6,9 @@
 
 collectives: two processes, one GPU each. For each message of a decoder layer's all-reduce (T tokens x
 hidden 4096, bf16) it times NCCL's all-reduce as the compiled graphs call it (`atom::all_reduce`, eager and
-replayed from a CUDA graph of 32 calls) and torch's symmetric-memory one-shot / two-shot all-reduce (P2P loads,
-no NVLink multicast), and NCCL's bus bandwidth on 1 GiB, the reference the issue names.
+replayed from a CUDA graph of 32 calls) and torch's symmetric-memory one-shot / two-shot all-reduce on a prefix
+view of one preallocated buffer (P2P loads, no NVLink multicast; ATOM_BENCH_SYMM_MEM=0 skips them), and NCCL's
+bus bandwidth on 1 GiB, the reference the issue names. Rank 0 writes the table row by row.
 tiny: tiny fp32 Llama (weights only, eager) and Qwen3 (AOTInductor-compiled, CUDA graphs) built for this GPU at
 -tp 1 and -tp 2; greedy tokens of 8 prompts compared.
 logits: first-token log-probabilities (top 20) and 32 greedy tokens of the same prompts from two artifacts
@@ -72,11 +73,14 @@ def _collectives_rank(rank: int, world: int, port: int, out_path: str) -> None:
     join(RankPlace(rank, world, "127.0.0.1", port, rank), device)
     group = dist.group.WORLD
     result: dict = {"world_size": world, "hidden": HIDDEN, "dtype": "bfloat16", "rows": []}
-    symm = None
-    if os.environ.get("ATOM_BENCH_SYMM_MEM") == "1":         # hung in session 34's first run: opt-in
+    symm = buffer = None
+    if os.environ.get("ATOM_BENCH_SYMM_MEM", "1") == "1":
         import torch.distributed._symmetric_memory as symm
+        # one buffer for every size, as an engine would hold it: each call reduces a prefix view of it
+        buffer = symm.empty(max(TOKENS) * HIDDEN, device=device, dtype=torch.bfloat16)
+        symm.rendezvous(buffer, group.group_name)
     else:
-        result["symmetric_memory"] = "not run (ATOM_BENCH_SYMM_MEM=1 runs it)"
+        result["symmetric_memory"] = "not run (ATOM_BENCH_SYMM_MEM=0)"
     # correctness first: every path sums the ranks' tensors
     x = torch.randn(64, HIDDEN, device=device, dtype=torch.bfloat16, generator=torch.Generator(device).manual_seed(rank))
     parts = [torch.randn(64, HIDDEN, device=device, dtype=torch.bfloat16,
@@ -92,27 +96,35 @@ def _collectives_rank(rank: int, world: int, port: int, out_path: str) -> None:
         row["atom_all_reduce_eager_us"] = _time_cuda(lambda: all_reduce(x), iters) * 1e6
         replay = _graphed(lambda: all_reduce(x))
         row["atom_all_reduce_graph_us"] = _time_cuda(replay, max(iters // CALLS_PER_GRAPH, 5)) / CALLS_PER_GRAPH * 1e6
-        if symm is not None:
+        if buffer is not None:
             try:
-                buf = symm.empty(tokens, HIDDEN, device=device, dtype=torch.bfloat16)
-                symm.rendezvous(buf, group.group_name)
-                buf.copy_(x)
-                one = lambda: torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group.group_name)  # noqa: E731
-                row["symm_one_shot_eager_us"] = _time_cuda(one, iters) * 1e6
-                row["symm_one_shot_graph_us"] = _time_cuda(_graphed(one), max(iters // CALLS_PER_GRAPH, 5)) / CALLS_PER_GRAPH * 1e6
-                buf.copy_(parts[rank][:1].expand(tokens, HIDDEN))
-                got = torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group.group_name)
+                view, out = buffer[:x.numel()].view_as(x), torch.empty_like(x)
+                one = lambda: torch.ops.symm_mem.one_shot_all_reduce_copy_out(view, x, "sum", group.group_name, out)  # noqa: E731
+                row["symm_one_shot_copy_eager_us"] = _time_cuda(one, iters) * 1e6
+                row["symm_one_shot_copy_graph_us"] = (_time_cuda(_graphed(one), max(iters // CALLS_PER_GRAPH, 5))
+                                                      / CALLS_PER_GRAPH * 1e6)
+                mine = parts[rank][:1].expand(tokens, HIDDEN).contiguous()
                 want = sum(p[:1].double() for p in parts).expand(tokens, HIDDEN)
-                row["symm_one_shot_max_err"] = (got.double() - want).abs().max().item()
-                if tokens * HIDDEN % (world * 8) == 0:
-                    two = lambda: torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", group.group_name)  # noqa: E731
+                torch.ops.symm_mem.one_shot_all_reduce_copy_out(view, mine, "sum", group.group_name, out)
+                row["symm_one_shot_max_err"] = (out.double() - want).abs().max().item()
+                if x.numel() % (world * 8) == 0:          # two-shot: 16-byte vectors, split over the ranks
+                    def two():
+                        view.copy_(x)
+                        torch.ops.symm_mem.two_shot_all_reduce_out(view, "sum", group.group_name, out)
                     row["symm_two_shot_eager_us"] = _time_cuda(two, iters) * 1e6
+                    row["symm_two_shot_graph_us"] = (_time_cuda(_graphed(two), max(iters // CALLS_PER_GRAPH, 5))
+                                                     / CALLS_PER_GRAPH * 1e6)
+                    view.copy_(mine)
+                    torch.ops.symm_mem.two_shot_all_reduce_out(view, "sum", group.group_name, out)
+                    row["symm_two_shot_max_err"] = (out.double() - want).abs().max().item()
             except Exception as e:
                 row["symm_error"] = f"{type(e).__name__}: {str(e)[:300]}"
         for key in [k for k in row if k.endswith("_us")]:
             row[key.replace("_us", "_bus_GBps")] = round(2 * (world - 1) / world * nbytes / (row[key] * 1e-6) / 1e9, 1)
             row[key] = round(row[key], 2)
         result["rows"].append(row)
+        if rank == 0:                                  # kept row by row: a later hang loses nothing measured
+            Path(out_path).write_text(json.dumps(result, indent=1))
     big = torch.randn(1 << 29, device=device, dtype=torch.bfloat16)     # 1 GiB
     seconds = _time_cuda(lambda: dist.all_reduce(big, group=group), 10)
     result["nccl_1GiB"] = {"ms": round(seconds * 1e3, 3),
@@ -130,9 +142,9 @@ def collectives(out: dict, out_path: str) -> None:
     import torch.multiprocessing as mp
     from atom_aot.distributed.group import free_port
     world = torch.cuda.device_count()
-    tmp = tempfile.mktemp(suffix=".json")
-    mp.spawn(_collectives_rank, args=(world, free_port(), tmp), nprocs=world, join=True)
-    out["collectives"] = json.loads(Path(tmp).read_text())
+    table = out_path + ".rows.json"            # rank 0's table, also when this process is stopped before the end
+    mp.spawn(_collectives_rank, args=(world, free_port(), table), nprocs=world, join=True)
+    out["collectives"] = json.loads(Path(table).read_text())
 
 
 def _greedy(artifact: Path, prompts: list[str], max_tokens: int) -> list[list[int]]:
