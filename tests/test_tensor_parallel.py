@@ -143,26 +143,42 @@ from atom_aot import LLMEngine, SamplingParams
 from atom_aot.runtime.rank_processes import ForkedRank
 engine = LLMEngine(sys.argv[1], num_kv_blocks=64, num_threads=1)
 children = engine.core.runner.forwards.mixed.lead.children
-outs = engine.generate(json.loads(sys.argv[2]), SamplingParams(max_tokens=6, ignore_eos=True))
-engine.close()
-print(json.dumps({"forked": [type(c) is ForkedRank for c in children], "exit": [c.wait(10) for c in children],
-                  "tokens": [o["token_ids"] for o in outs]}))
+result = {"forked": [type(c) is ForkedRank for c in children]}
+if sys.argv[3] == "kill":
+    children[0].kill()
+    children[0].wait(10)
+    try:
+        engine.generate(["Hello"], SamplingParams(max_tokens=2))
+    except Exception as e:
+        result["error"] = f"{type(e).__name__}: {e}"
+else:
+    outs = engine.generate(json.loads(sys.argv[2]), SamplingParams(max_tokens=6, ignore_eos=True))
+    engine.close()
+    result.update(exit=[c.wait(10) for c in children], tokens=[o["token_ids"] for o in outs])
+print(json.dumps(result))
 """
 
 
-def test_forked_ranks_give_the_same_greedy_output_and_exit_with_the_engine(build_artifact, tiny_llama_dir):
-    """The start GPU machines use (runtime/rank_processes.py), forced here on the CPU, from a fresh process as
-    on GPUs (this one has run process groups: it would spawn)."""
+def _forked_engine(art, what: str) -> dict:
     import json
     import subprocess
     import sys
+    out = subprocess.run([sys.executable, "-c", FORKED_ENGINE, str(art), json.dumps(PROMPTS), what],
+                         capture_output=True, text=True, timeout=240, env={**os.environ, "ATOM_TP_WORKER_START": "fork"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_forked_ranks_give_the_same_greedy_output_exit_with_the_engine_and_are_watched(build_artifact,
+                                                                                       tiny_llama_dir):
+    """The start GPU machines use (runtime/rank_processes.py), forced here on the CPU, each from a fresh
+    process as on GPUs (a process that has run a process group spawns its ranks)."""
     expected = greedy_tokens(build_artifact(tiny_llama_dir, compile="none"))
     art = build_artifact(tiny_llama_dir, compile="none", tensor_parallel_size=2)
-    out = subprocess.run([sys.executable, "-c", FORKED_ENGINE, str(art), json.dumps(PROMPTS)], capture_output=True,
-                         text=True, timeout=240, env={**os.environ, "ATOM_TP_WORKER_START": "fork"})
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result == {"forked": [True], "exit": [0], "tokens": expected}
+    assert _forked_engine(art, "generate") == {"forked": [True], "exit": [0], "tokens": expected}
+    killed = _forked_engine(art, "kill")
+    assert killed["forked"] == [True]
+    assert re.match(r"RankFailure: tensor-parallel rank 1 \(pid \d+\) exited with code -9", killed["error"])
 
 
 @pytest.mark.parametrize("arch, cuda_context, threads, expected", [

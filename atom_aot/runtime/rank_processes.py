@@ -75,13 +75,15 @@ class ForkedRank:
             _run_forked(artifact_path, config, place)      # never returns
         self.pid = pid
         self.returncode: int | None = None
+        self._reaping = threading.Lock()     # rank 0's watcher thread polls while close() waits
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
+        with self._reaping:
+            if self.returncode is None:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
