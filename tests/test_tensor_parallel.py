@@ -68,7 +68,8 @@ class TestShardStateDict:
         qkv = full.state_dict()["model.layers.0.self_attn.qkv_proj.weight"]
         d, q_rows = 32, 4 * 32
         for rank in range(4):
-            part = shard_state_dict(full.state_dict(), full.config, Split(4), rank)["model.layers.0.self_attn.qkv_proj.weight"]
+            part = shard_state_dict(full.state_dict(), full.config, Split(4),
+                                    rank)["model.layers.0.self_attn.qkv_proj.weight"]
             kv_head = rank // 2
             assert torch.equal(part[:d], qkv[rank * d:(rank + 1) * d])
             assert torch.equal(part[d:2 * d], qkv[q_rows + kv_head * d:q_rows + (kv_head + 1) * d])
@@ -164,7 +165,8 @@ def _forked_engine(art, what: str) -> dict:
     import subprocess
     import sys
     out = subprocess.run([sys.executable, "-c", FORKED_ENGINE, str(art), json.dumps(PROMPTS), what],
-                         capture_output=True, text=True, timeout=240, env={**os.environ, "ATOM_TP_WORKER_START": "fork"})
+                         capture_output=True, text=True, timeout=240,
+                         env={**os.environ, "ATOM_TP_WORKER_START": "fork"})
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

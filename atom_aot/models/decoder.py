@@ -16,8 +16,8 @@ from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.kv_layout import KVCacheLayout
 from atom_aot.models.layers import RMSNorm, RotaryEmbedding, make_linear
-from atom_aot.models.parallel import (ONE_RANK, Split, check_splittable, local_kv_heads, make_embedding, reduce_partial_sums,
-                                      vocab_logits)
+from atom_aot.models.parallel import (ONE_RANK, Split, check_splittable, local_kv_heads, make_embedding,
+                                      reduce_partial_sums, vocab_logits)
 from atom_aot.models.quant_layers import use_linear_kernels
 from atom_aot.models.step_inputs import StepInputs
 from atom_aot.ops.backends import make_backend
