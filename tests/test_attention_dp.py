@@ -183,6 +183,25 @@ def test_the_offline_engine_runs_the_ranks_as_engine_processes(dp2_artifact, moe
         engine.close()
 
 
+def test_atom_run_generate_runs_the_ranks_and_prints_one_ranks_greedy_texts(dp2_artifact, moe_dir, build_artifact):
+    import subprocess
+    import sys
+    prompts, max_tokens = ["The quick brown fox", "Paged attention stores keys"], 6
+    engine = LLMEngine(str(build_artifact(moe_dir, compile="none")), **ENGINE)
+    try:
+        expected = [out["text"] for out in engine.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens,
+                                                                                   ignore_eos=True))]
+    finally:
+        engine.close()
+    out = subprocess.run([sys.executable, "-m", "atom_aot.entrypoints.run_cli", str(dp2_artifact), "generate", *prompts,
+                          "--max-tokens", str(max_tokens), "--ignore-eos", "--num-kv-blocks", "64", "--num-threads", "1"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for prompt, text in zip(prompts, expected):
+        assert f"--- {prompt!r}\n{text}\n[{max_tokens} tokens" in out.stdout
+    assert "2 data-parallel ranks" in out.stderr and "runtime compilations (rank 0's process)" in out.stderr
+
+
 def test_deepseek_with_latent_attention_serves_dp2_equal_to_one_rank(build_artifact, tmp_path_factory, tmp_path):
     """DeepSeek-V3 (MLA, grouped routing, a shared expert, dense first layers): each rank's whole latent
     attention, the routed experts spread over the ranks, the shared expert on the rank's own tokens."""

@@ -49,24 +49,34 @@ def run_command(artifact: str, command: str, argv: list[str]) -> int:
 
 
 def generate(artifact: str, argv: list[str]) -> int:
+    from atom_aot.artifact.reader import Artifact
     from atom_aot.runtime.llm_engine import ArtifactEngine
     from atom_aot.runtime.sampling_params import SamplingParams
+    from atom_aot.runtime.startup import load_and_start
     args = parse_generate_args(argv)
     config = from_namespace(RuntimeConfig, args)       # a bad engine flag fails here, before any load
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.prompt_seed, ignore_eos=args.ignore_eos)
+    start_core = load_and_start
+    if Artifact.open(artifact).manifest.layout.attention_data_parallel:
+        from atom_aot.entrypoints.llm import start_remote_ranks    # the ranks as engine processes, as LLMEngine
+        start_core = start_remote_ranks
     t0 = time.perf_counter()
-    engine = ArtifactEngine(artifact, config)
-    timings = dict(engine.loaded.timings)
-    timings["engine ready"] = time.perf_counter() - t0
-    prompts = [engine.apply_chat_template([{"role": "user", "content": p}]) if args.chat else p for p in args.prompt]
-    start = time.perf_counter()
-    first_token, results = _run_to_completion(engine, prompts, params)
-    elapsed = time.perf_counter() - start
-    timings["first token"] = first_token - start
-    for out, prompt in zip(results, args.prompt):
-        print(f"--- {prompt!r}\n{out.text}\n[{out.num_tokens_output} tokens, finish: {out.finish_reason}]")
-    _report(engine, timings, first_token - t0, sum(r.num_tokens_output for r in results), elapsed)
+    engine = ArtifactEngine(artifact, config, start=start_core)
+    try:
+        timings = dict(engine.loaded.timings)
+        timings["engine ready"] = time.perf_counter() - t0
+        prompts = [engine.apply_chat_template([{"role": "user", "content": p}]) if args.chat else p
+                   for p in args.prompt]
+        start = time.perf_counter()
+        first_token, results = _run_to_completion(engine, prompts, params)
+        elapsed = time.perf_counter() - start
+        timings["first token"] = first_token - start
+        for out, prompt in zip(results, args.prompt):
+            print(f"--- {prompt!r}\n{out.text}\n[{out.num_tokens_output} tokens, finish: {out.finish_reason}]")
+        _report(engine, timings, first_token - t0, sum(r.num_tokens_output for r in results), elapsed)
+    finally:
+        engine.close()
     return 0
 
 
@@ -86,8 +96,11 @@ def _report(engine, timings: dict[str, float], start_to_first_token: float, toke
     from atom_aot.runtime.compile_counter import compile_counts
     print("\nstartup: " + ", ".join(f"{k} {v:.2f}s" for k, v in timings.items())
           + f" | start to first token {start_to_first_token:.2f}s", file=sys.stderr)
+    ranks = getattr(engine.core, "info", None)     # a data-parallel-attention artifact's ranks count their own
+    counts = f"runtime compilations (rank 0's process): {ranks.compile_counts}" if ranks else \
+        f"runtime compilations: {compile_counts()}"
     print(f"path: {engine.loaded.execution} | {tokens} tokens in {elapsed:.2f}s ({tokens / elapsed:.1f} tok/s)"
-          f" | runtime compilations: {compile_counts()}", file=sys.stderr)
+          f" | {counts}", file=sys.stderr)
 
 
 def worker(artifact: str, argv: list[str]) -> int:
