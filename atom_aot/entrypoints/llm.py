@@ -48,13 +48,11 @@ class LLMEngine(ArtifactEngine):
             log.info("artifact %s (%s)", result["path"], "cached" if result["cached"] else "built")
             artifact = result["path"]
         traces = torch_profiler_dir or profiler.dir_from_env()
-        start = load_and_start
-        if Artifact.open(artifact).manifest.layout.attention_data_parallel:
-            if traces:
-                raise ValueError("torch_profiler_dir: the ranks of a data-parallel-attention artifact run in their own "
-                                 "processes, which the offline engine does not profile; profile them through "
-                                 "`atom-run ART serve --torch-profiler-dir`")
-            start = start_remote_ranks
+        start = engine_start(artifact)
+        if traces and start is start_remote_ranks:
+            raise ValueError("torch_profiler_dir: the ranks of a data-parallel-attention artifact run in their own "
+                             "processes, which the offline engine does not profile; profile them through "
+                             "`atom-run ART serve --torch-profiler-dir`")
         super().__init__(artifact, config, profiler.TorchProfiler(traces, more=profiler.more_from_env()), start)
 
 
@@ -78,6 +76,12 @@ def build_into_cache(model: str | None, build: dict, max_model_len: int | None) 
     cache_dir = Path(build.pop("cache_dir", None) or default_cache_dir())
     config = BuildConfig(arch=detect_arch(), max_model_len=max_model_len, **build)
     return build_cached(model, config, cache_dir)
+
+
+def engine_start(artifact: str | Path):
+    """How an offline engine's core starts on `artifact`: in this process, or (a data-parallel-attention
+    artifact) as its ranks' engine processes."""
+    return start_remote_ranks if Artifact.open(artifact).manifest.layout.attention_data_parallel else load_and_start
 
 
 def start_remote_ranks(artifact_path, config: RuntimeConfig):

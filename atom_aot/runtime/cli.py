@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Callable
 
 from atom_aot.config_flags import add_arguments, from_namespace
 from atom_aot.runtime.config import RuntimeConfig
@@ -48,8 +49,9 @@ def run_command(artifact: str, command: str, argv: list[str]) -> int:
     return run_cli(lambda: COMMANDS[command](artifact, argv))
 
 
-def generate(artifact: str, argv: list[str]) -> int:
-    from atom_aot.artifact.reader import Artifact
+def generate(artifact: str, argv: list[str], start_core: Callable | None = None) -> int:
+    """`start_core`: how the engine core starts (default: in this process; `atom-run` passes the one that
+    runs a data-parallel-attention artifact's ranks as engine processes, entrypoints/llm.py engine_start)."""
     from atom_aot.runtime.llm_engine import ArtifactEngine
     from atom_aot.runtime.sampling_params import SamplingParams
     from atom_aot.runtime.startup import load_and_start
@@ -57,12 +59,8 @@ def generate(artifact: str, argv: list[str]) -> int:
     config = from_namespace(RuntimeConfig, args)       # a bad engine flag fails here, before any load
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.prompt_seed, ignore_eos=args.ignore_eos)
-    start_core = load_and_start
-    if Artifact.open(artifact).manifest.layout.attention_data_parallel:
-        from atom_aot.entrypoints.llm import start_remote_ranks    # the ranks as engine processes, as LLMEngine
-        start_core = start_remote_ranks
     t0 = time.perf_counter()
-    engine = ArtifactEngine(artifact, config, start=start_core)
+    engine = ArtifactEngine(artifact, config, start=start_core or load_and_start)
     try:
         timings = dict(engine.loaded.timings)
         timings["engine ready"] = time.perf_counter() - t0
