@@ -209,8 +209,10 @@ def test_a_compiled_tp2_artifact_shares_one_package_and_matches_tp1(build_artifa
     assert build_artifact(tiny_qwen3_dir, compile="aoti", tensor_parallel_size=2) == art     # a cache hit
 
 
-def test_a_closing_lead_rank_frees_the_captured_cuda_graphs_before_it_leaves_the_process_group(monkeypatch):
-    """NCCL's communicator destroy waits forever on graphs that captured its collectives (pytorch#115388)."""
+def test_leaving_the_process_group_frees_the_captured_cuda_graphs_first(monkeypatch):
+    """NCCL's communicator destroy waits forever on graphs that captured its collectives (pytorch#115388): every
+    leave (rank 0's close, a worker's end, a data-parallel rank's, a failed start) frees them before it."""
+    from atom_aot.distributed import group
     from atom_aot.runtime import cuda_graphs, tp_lead
     events = []
 
@@ -219,7 +221,8 @@ def test_a_closing_lead_rank_frees_the_captured_cuda_graphs_before_it_leaves_the
             events.append("graph freed")
     graph = CapturedGraph()
     cuda_graphs._captured.add(graph)
-    monkeypatch.setattr(tp_lead, "leave", lambda: events.append("left the group"))
+    monkeypatch.setattr(group.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(group.dist, "destroy_process_group", lambda: events.append("left the group"))
     lead = tp_lead.LeadRank.__new__(tp_lead.LeadRank)
     lead._closing, lead.failure, lead.children = False, "rank 1 exited", []     # no stop message to send
     lead.close()

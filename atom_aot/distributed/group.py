@@ -19,6 +19,7 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -119,6 +120,18 @@ def agree_min(value: int, group: RankGroup) -> int:
     return int(t.item())
 
 
+_before_leaving: list[Callable[[], None]] = []
+
+
+def before_leaving(release: Callable[[], None]) -> None:
+    """Run `release` whenever this process leaves its process group, before the group is destroyed (what
+    holds on to the group's communicators: runtime/cuda_graphs.py frees the graphs that captured them)."""
+    if release not in _before_leaving:
+        _before_leaving.append(release)
+
+
 def leave() -> None:
     if dist.is_initialized():
+        for release in _before_leaving:
+            release()
         dist.destroy_process_group()

@@ -24,7 +24,6 @@ from atom_aot.artifact.reader import Artifact
 from atom_aot.distributed.group import RankGroup, RankPlace, join, leave, rank_device
 from atom_aot.errors import RankStopped, StartupError
 from atom_aot.models.step_inputs import StepInputs, input_dtype
-from atom_aot.runtime.cuda_graphs import release_captured_graphs
 from atom_aot.runtime.forwards import Forward, Forwards
 from atom_aot.runtime.scheduler import ScheduledBatch
 
@@ -155,5 +154,4 @@ class Lockstep:
         return outputs
 
     def close(self) -> None:
-        release_captured_graphs()
         leave()

@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 
 from atom_aot.artifact.signature import INPUT_NAMES, STEP_INPUTS
+from atom_aot.distributed.group import before_leaving
 from atom_aot.models.step_inputs import StepInputs, input_dtype
 
 Replay = Callable[[], torch.Tensor]
@@ -107,13 +108,16 @@ _captured: "weakref.WeakSet[torch.cuda.CUDAGraph]" = weakref.WeakSet()
 def release_captured_graphs() -> None:
     """Free every CUDA graph this process captured (they cannot be replayed after). NCCL's communicator
     destroy waits forever on graphs that captured its collectives (pytorch/pytorch#115388): a TP-2 engine on
-    two H100s never exited (session 34). Call before leaving the process group."""
+    two H100s never exited (session 34). Every leave() of the process group runs it first."""
     graphs = list(_captured)
     if graphs and torch.cuda.is_initialized():
         torch.cuda.synchronize()
     for graph in graphs:
         graph.reset()
     _captured.clear()
+
+
+before_leaving(release_captured_graphs)
 
 
 class CudaGraphRecorder:

@@ -28,7 +28,6 @@ import torch.distributed as dist
 from atom_aot.artifact.reader import Artifact
 from atom_aot.distributed.group import RankGroup, RankPlace, agree_min, join, leave, rank_device
 from atom_aot.runtime.config import RuntimeConfig
-from atom_aot.runtime.cuda_graphs import release_captured_graphs
 from atom_aot.runtime.forwards import Forwards
 from atom_aot.runtime.rank_processes import start_method, start_rank
 from atom_aot.runtime.step_broadcast import LeadingForward, StepSender
@@ -136,5 +135,4 @@ class LeadRank:
                 child.wait(STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 child.kill()
-        release_captured_graphs()
         leave()

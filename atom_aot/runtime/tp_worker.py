@@ -16,7 +16,6 @@ import torch.distributed as dist
 from atom_aot.distributed.group import RankPlace, agree_min, join, leave, rank_device
 from atom_aot.artifact.reader import Artifact
 from atom_aot.runtime.config import RuntimeConfig
-from atom_aot.runtime.cuda_graphs import release_captured_graphs
 from atom_aot.runtime.loader import load_artifact
 from atom_aot.runtime.startup import kv_block_count, prepare_model
 from atom_aot.runtime.step_broadcast import StepReceiver
@@ -41,7 +40,6 @@ def run_worker(artifact_path: str | Path, config: RuntimeConfig) -> None:
     except dist.DistError as e:
         raise RankFailure(f"rank {place.rank} lost rank 0 ({type(e).__name__}: {e}); this rank stops") from None
     finally:
-        release_captured_graphs()
         leave()
 
 
