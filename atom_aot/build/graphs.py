@@ -9,6 +9,7 @@ is not where the runtime's code ever runs. The child prints the GraphPlan as JSO
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -33,8 +34,7 @@ def probe_capture_sizes(config: BuildConfig, staging: Path, max_model_len: int, 
         return GraphPlan.none("built with --capture-sizes none: no CUDA graphs")
     args = {"staging": str(staging), "sizes": list(config.graph_capture_sizes), "block_size": config.block_size,
             "kv_dtype": str(config.kv_torch_dtype).removeprefix("torch."), "max_model_len": max_model_len,
-            "tensor_parallel_size": config.tensor_parallel_size, "expert_parallel": config.enable_expert_parallel,
-            "data_parallel_size": config.data_parallel_size,
+            "split": dataclasses.asdict(config.split),
             "draw": ({"dtype": str(config.torch_dtype).removeprefix("torch."), "quant": quant_scheme}
                      if drawn_at_load(config.load_format) else None)}
     out = subprocess.run([sys.executable, "-m", PROBE_MODULE, json.dumps(args)], capture_output=True, text=True)

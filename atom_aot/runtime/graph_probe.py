@@ -9,14 +9,11 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from atom_aot.artifact.graph_plan import GraphPlan
 from atom_aot.artifact.layout import CONFIG, package_member, weights_member
 from atom_aot.artifact.phase import Phase
-
-if TYPE_CHECKING:
-    from atom_aot.models.parallel import Split
+from atom_aot.models.parallel import Split, rank_shapes
 
 
 def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_model_len: int,
@@ -28,7 +25,6 @@ def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_m
 
     from atom_aot.distributed.collectives import register_stand_in
     from atom_aot.models import ModelConfig
-    from atom_aot.models.parallel import rank_shapes
     from atom_aot.runtime.compiled import CompiledModel
     from atom_aot.runtime.cuda_graphs import DecodeGraphs
     from atom_aot.runtime.kv_cache import allocate_kv_cache
@@ -62,8 +58,7 @@ def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_m
 
 
 if __name__ == "__main__":
-    from atom_aot.models.parallel import Split as RankSplit
     a = json.loads(sys.argv[1])
-    plan = probe(Path(a["staging"]), a["sizes"], a["block_size"], a["kv_dtype"], a["max_model_len"],
-                 RankSplit(a["tensor_parallel_size"], a["expert_parallel"], a["data_parallel_size"]), a["draw"])
+    plan = probe(Path(a["staging"]), a["sizes"], a["block_size"], a["kv_dtype"], a["max_model_len"], Split(**a["split"]),
+                 a["draw"])
     print(plan.to_json(indent=None))
