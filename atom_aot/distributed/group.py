@@ -60,6 +60,11 @@ class RankPlace:
         """Rank 0 of a world whose ranks all run on this machine."""
         return cls(0, world_size, "127.0.0.1", free_port(), 0)
 
+    def environment(self) -> dict[str, str]:
+        """torchrun's variables for this place: what from_env reads back in the process started with them."""
+        return {"MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port),
+                "WORLD_SIZE": str(self.world_size), "RANK": str(self.rank), "LOCAL_RANK": str(self.local_rank)}
+
     def peer(self, rank: int) -> "RankPlace":
         return RankPlace(rank, self.world_size, self.master_addr, self.master_port, rank)
 

@@ -49,19 +49,13 @@ def start_method(arch: str) -> tuple[str, str]:
     return "fork", "they start with this process's imports"
 
 
-def rank_environment(place: RankPlace) -> dict[str, str]:
-    """torchrun's variables for `place`."""
-    return {"MASTER_ADDR": place.master_addr, "MASTER_PORT": str(place.master_port),
-            "WORLD_SIZE": str(place.world_size), "RANK": str(place.rank), "LOCAL_RANK": str(place.local_rank)}
-
-
 def start_rank(artifact_path: str | Path, config: RuntimeConfig, place: RankPlace,
                method: str) -> "subprocess.Popen | ForkedRank":
     """Rank `place.rank` as a process of this machine; both kinds answer pid, poll, wait and kill."""
     if method == "fork":
         return ForkedRank(artifact_path, config, place)
     cmd = [sys.executable, "-m", "atom_aot.runtime.cli", str(artifact_path), "worker", *to_argv(config)]
-    return subprocess.Popen(cmd, env={**os.environ, **rank_environment(place)})
+    return subprocess.Popen(cmd, env={**os.environ, **place.environment()})
 
 
 class ForkedRank:
@@ -103,7 +97,7 @@ def _run_forked(artifact_path: str | Path, config: RuntimeConfig, place: RankPla
     parent's exit handlers (they belong to rank 0)."""
     code = 1
     try:
-        os.environ.update(rank_environment(place))
+        os.environ.update(place.environment())
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         from atom_aot.runtime.tp_worker import run_worker

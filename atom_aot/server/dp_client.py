@@ -174,10 +174,7 @@ class DataParallelClient:
         os.environ)."""
         changes = {}
         if self.rank_places is not None:
-            place = self.rank_places[i]
-            changes = {"MASTER_ADDR": place.master_addr, "MASTER_PORT": str(place.master_port),
-                       "WORLD_SIZE": str(place.world_size), "RANK": str(place.rank),
-                       "LOCAL_RANK": str(place.local_rank)}
+            changes = self.rank_places[i].environment()
         elif self.gpus_per_replica is not None:
             first = i * self.gpus_per_replica
             changes = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(first, first + self.gpus_per_replica))}
