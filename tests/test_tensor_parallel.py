@@ -230,6 +230,47 @@ def test_leaving_the_process_group_frees_the_captured_cuda_graphs_first(monkeypa
     assert not list(cuda_graphs._captured)
 
 
+FAILING_START = """
+import json, sys, time
+from atom_aot import LLMEngine
+from atom_aot.runtime import startup
+def fail_on_rank_0(*args, **kwargs):
+    raise RuntimeError("rank 0 could not start its engine core")
+startup.start_engine_core = fail_on_rank_0     # rank 1 (another process) goes on with its start
+start = time.monotonic()
+try:
+    LLMEngine(sys.argv[1], num_kv_blocks=64, num_threads=1)
+except RuntimeError as e:
+    import torch.distributed as dist
+    print(json.dumps({"error": str(e), "seconds": time.monotonic() - start, "left_group": not dist.is_initialized()}))
+"""
+
+
+def test_a_start_that_fails_on_rank_0_ends_with_its_error_while_the_other_rank_is_still_starting(build_artifact,
+                                                                                                 tiny_llama_dir):
+    """Rank 1 is then agreeing on the KV cache, not waiting for a step: telling it to stop would meet that
+    collective and wait forever (session 35, on GPUs). Its process is ended instead."""
+    import json
+    import subprocess
+    import sys
+    art = build_artifact(tiny_llama_dir, compile="none", tensor_parallel_size=2)
+    out = subprocess.run([sys.executable, "-c", FAILING_START, str(art)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["error"] == "rank 0 could not start its engine core" and result["left_group"]
+    assert result["seconds"] < 60
+
+
+def test_a_closed_engine_gives_its_memory_back_says_it_is_closed_and_closes_once(build_artifact, tiny_llama_dir):
+    engine = LLMEngine(str(build_artifact(tiny_llama_dir, compile="none")), **ENGINE)
+    engine.generate(PROMPTS[:1], GREEDY)
+    engine.close()
+    assert engine.loaded is None
+    with pytest.raises(RuntimeError, match="this engine is closed"):
+        engine.generate(PROMPTS[:1], GREEDY)
+    engine.close()
+
+
 def test_a_killed_rank_ends_the_engine_with_an_error_naming_it(build_artifact, tiny_llama_dir):
     engine = LLMEngine(str(build_artifact(tiny_llama_dir, compile="none", tensor_parallel_size=2)), **ENGINE)
     worker = engine.core.runner.forwards.mixed.lead.children[0]

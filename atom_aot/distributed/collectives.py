@@ -2,6 +2,9 @@
 and `atom::reduce_scatter`, on the process group registered as the tensor-parallel one (the world
 of an attention-data-parallel artifact, whose expert layers gather every rank's tokens).
 
+On GPUs of one host, all-reduce takes peer memory for the sizes NCCL is slow on
+(distributed/symmetric_all_reduce.py: which sizes, and why a group has no such path, is logged).
+
 They are registered through the dispatcher (as ops/attention.py registers attention), so
 torch.export records them as calls by name and AOTInductor compiles around them; on GPUs the NCCL
 call they make is captured by CUDA graphs like any kernel. The build needs no process group at
@@ -20,6 +23,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from atom_aot.distributed.symmetric_all_reduce import PROCESS_GROUP, SymmetricAllReduce
+
 LIBRARY = torch.library.Library("atom", "FRAGMENT")
 LIBRARY.define("all_reduce(Tensor x) -> Tensor")
 LIBRARY.define("all_gather(Tensor x, int world_size) -> Tensor")
@@ -29,13 +34,31 @@ LIBRARY.define("reduce_scatter(Tensor x, int world_size) -> Tensor")
 _gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _scatter_from = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _groups: dict[str, object] = {}
+_symmetric: dict[str, SymmetricAllReduce] = {}
 TP_GROUP = "tp"
 STAND_IN = "one process standing in for every rank"
 
 
-def register_tp_group(group: dist.ProcessGroup) -> None:
-    """Make `group` the one the model's collectives run on (each rank, before its first forward)."""
+def register_tp_group(group: dist.ProcessGroup, symmetric: SymmetricAllReduce | None = None) -> None:
+    """Make `group` the one the model's collectives run on (each rank, before its first forward), with its
+    peer-memory all-reduce when the ranks have one."""
     _groups[TP_GROUP] = group
+    _symmetric.pop(TP_GROUP, None)
+    if symmetric is not None:
+        _symmetric[TP_GROUP] = symmetric
+
+
+def unregister_tp_group() -> None:
+    """Forget the group and free its peer-memory buffer (before the group is destroyed)."""
+    _groups.pop(TP_GROUP, None)
+    _symmetric.pop(TP_GROUP, None)
+
+
+def all_reduce_path(x: torch.Tensor) -> str:
+    """The path `all_reduce(x)` takes on this rank: "one_shot" / "two_shot" (peer memory) or "process_group"
+    (the group's own all-reduce: NCCL's on GPUs, gloo's on the CPU)."""
+    symmetric = _symmetric.get(TP_GROUP)
+    return symmetric.path(x) if symmetric is not None else PROCESS_GROUP
 
 
 def register_stand_in() -> None:
@@ -43,6 +66,7 @@ def register_stand_in() -> None:
     all_reduce returns its input, all_gather repeats it and reduce_scatter keeps the first part. Shapes and allocations are a rank's; the
     values are not any rank's, so nothing but memory may be measured this way."""
     _groups[TP_GROUP] = STAND_IN
+    _symmetric.pop(TP_GROUP, None)
 
 
 def _tp_group():
@@ -54,8 +78,13 @@ def _tp_group():
 
 
 def _all_reduce(x: torch.Tensor) -> torch.Tensor:
-    out = x.clone()
     group = _tp_group()
+    symmetric = _symmetric.get(TP_GROUP)
+    if symmetric is not None:
+        path = symmetric.path(x)
+        if path != PROCESS_GROUP:
+            return symmetric(x, path)
+    out = x.clone()
     if group is not STAND_IN:
         dist.all_reduce(out, group=group)
     return out

@@ -2,7 +2,7 @@
 two groups every rank joins.
 
 - the world group (gloo on the CPU, NCCL on GPUs): the model's collectives, registered under
-  `TP_GROUP` for the compiled packages, with `COLLECTIVE_TIMEOUT` so a rank that stops answering
+  `TP_GROUP` for the compiled packages (with a peer-memory all-reduce on GPUs of one host), with `COLLECTIVE_TIMEOUT` so a rank that stops answering
   mid-step ends the step with an error, never a hang (a rank that dies closes its sockets, and its
   peers' next collective fails at once);
 - a control group (gloo, host memory) on which rank 0 tells the others what to run next; ranks wait
@@ -24,7 +24,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from atom_aot.distributed.collectives import register_tp_group
+from atom_aot.distributed.collectives import register_tp_group, unregister_tp_group
+from atom_aot.distributed.symmetric_all_reduce import open_symmetric_all_reduce
 
 COLLECTIVE_TIMEOUT = timedelta(seconds=300)
 IDLE_TIMEOUT = timedelta(days=30)
@@ -113,7 +114,7 @@ def join(place: RankPlace, device: torch.device) -> RankGroup:
     dist.init_process_group(backend, init_method=place.init_method,
                             rank=place.rank, world_size=place.world_size, timeout=COLLECTIVE_TIMEOUT,
                             device_id=device if device.type == "cuda" else None)
-    register_tp_group(dist.group.WORLD)
+    register_tp_group(dist.group.WORLD, open_symmetric_all_reduce(dist.group.WORLD, device))
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     return RankGroup(place.rank, place.world_size, control)
 
@@ -139,4 +140,5 @@ def leave() -> None:
     if dist.is_initialized():
         for release in _before_leaving:
             release()
+        unregister_tp_group()
         dist.destroy_process_group()

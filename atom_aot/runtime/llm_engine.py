@@ -5,10 +5,13 @@ folder or GGUF, builds it into the artifact cache first, then runs this.
 """
 from __future__ import annotations
 
+import gc
 import itertools
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
+
+import torch
 
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.output_processor import OutputProcessor, RequestOutput, StreamCallback
@@ -75,8 +78,14 @@ class ArtifactEngine:
         return self.output_processor.process(self.core.step())
 
     def close(self) -> None:
-        """Stop the engine's other tensor-parallel ranks (process exit does it too); the engine cannot run after."""
+        """Stop the engine's other tensor-parallel ranks (process exit does it too) and give its device memory
+        back (weights, KV cache, CUDA graphs), so another engine can start in this process; this one cannot
+        run after."""
+        if isinstance(self.core, ClosedCore):
+            return
         self.core.close()
+        self.core, self.loaded = ClosedCore(), None
+        release_device_memory()
 
     def is_finished(self) -> bool:
         return not self.core.has_unfinished()
@@ -106,3 +115,19 @@ class ArtifactEngine:
     def _abort_stopped(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
             self.core.abort(request_id, reason="stop")
+
+
+class ClosedCore:
+    """Stands in for the engine core after close(): any use says so."""
+
+    def __getattr__(self, name: str):
+        raise RuntimeError("this engine is closed (LLMEngine.close()): start a new one")
+
+
+def release_device_memory() -> None:
+    """Free what the closed engine held on the GPU: its objects (reference cycles included) and the blocks
+    torch's allocator keeps cached for reuse, which other engines and processes would otherwise see as used
+    (a second engine in one process found 29 of 150 GB free on an H200, session 35)."""
+    gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()

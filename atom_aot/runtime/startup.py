@@ -182,7 +182,7 @@ def load_and_start(artifact_path, config: RuntimeConfig) -> tuple[LoadedArtifact
         rank, links, release = group.rank, {"dp_group": group}, leave
     else:
         ranks = start_other_ranks(artifact, config)
-        rank, links, release = 0, {"ranks": ranks}, ranks.close if ranks is not None else (lambda: None)
+        rank, links, release = 0, {"ranks": ranks}, ranks.abort if ranks is not None else (lambda: None)
     try:
         loaded = load_artifact(artifact_path, enforce_eager=config.enforce_eager, rank=rank)
         start = time.perf_counter()

@@ -120,6 +120,23 @@ class LeadRank:
                     return
             time.sleep(WATCH_INTERVAL_S)
 
+    def abort(self) -> None:
+        """End a start that failed on this rank. The other ranks may be anywhere in their own start (loading,
+        agreeing on the KV cache, capturing graphs), not waiting for a step, so a stop message would meet a
+        different collective and wait forever (seen on GPUs, session 35: rank 0 ran out of memory for its
+        KV cache and hung telling rank 1 to stop). The ranks started here are killed instead; ranks started
+        elsewhere see their next collective with this rank fail when it leaves."""
+        if self._closing:
+            return
+        self._closing = True
+        for child in self.children:
+            child.kill()
+            try:
+                child.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                log.warning("tensor-parallel rank (pid %d) did not end within %.0f s of SIGKILL", child.pid, STOP_GRACE_S)
+        leave()
+
     def close(self) -> None:
         """Stop the other ranks (they leave their loop) and wait for the ones started here."""
         if self._closing:

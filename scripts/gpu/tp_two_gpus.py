@@ -3,14 +3,15 @@
   python scripts/gpu/tp_two_gpus.py collectives --out FILE.json      # NCCL vs symmetric-memory all-reduce
   python scripts/gpu/tp_two_gpus.py tiny --out FILE.json             # greedy TP-2 == TP-1, tiny fp32 models
   python scripts/gpu/tp_two_gpus.py logits --tp1 ART --tp2 ART --out FILE.json
+  python scripts/gpu/tp_two_gpus.py plan --table COLLECTIVES.json     # the ATOM_ALL_REDUCE_* bounds it supports
 
-collectives: two processes, one GPU each. For each message of a decoder layer's all-reduce (T tokens x
-hidden 4096, bf16) it times NCCL's all-reduce as the compiled graphs call it (`atom::all_reduce`, eager and
-replayed from a CUDA graph of 32 calls) and torch's symmetric-memory one-shot / two-shot all-reduce on a prefix
+collectives: one process per GPU. For each message of a decoder layer's all-reduce (T tokens x
+hidden 4096, bf16) it times NCCL's all-reduce (eager and replayed from a CUDA graph of 32 calls), the path the
+compiled graphs call (`atom::all_reduce`: peer memory or NCCL by size, distributed/symmetric_all_reduce.py) and torch's symmetric-memory one-shot / two-shot all-reduce on a prefix
 view of one preallocated buffer (P2P loads, no NVLink multicast; ATOM_BENCH_SYMM_MEM=0 skips them), and NCCL's
 bus bandwidth on 1 GiB, the reference the issue names. Rank 0 writes the table row by row.
 tiny: tiny fp32 Llama (weights only, eager) and Qwen3 (AOTInductor-compiled, CUDA graphs) built for this GPU at
--tp 1 and -tp 2; greedy tokens of 8 prompts compared.
+-tp 1, -tp 2 and (with 4 GPUs) -tp 4; greedy tokens of 8 prompts compared with -tp 1's.
 logits: first-token log-probabilities (top 20) and 32 greedy tokens of the same prompts from two artifacts
 of the same random weights (a -tp 1 and a -tp 2 build of one folder with --load-format dummy).
 """
@@ -29,6 +30,8 @@ import torch
 HIDDEN = 4096                          # Llama-3.1-8B's hidden size: the all-reduced rows
 TOKENS = (1, 8, 32, 128, 256, 1024, 4096, 8192)
 CALLS_PER_GRAPH = 32
+TINY_TP_SIZES = (1, 2, 4)              # those the GPUs present allow
+TINY_MODELS = (("LlamaForCausalLM", "none"), ("Qwen3ForCausalLM", "aoti"))     # --tiny-models N: the first N
 
 
 def _time_cuda(fn, iters: int) -> float:
@@ -66,8 +69,8 @@ def _graphed(fn) -> "callable":
 
 def _collectives_rank(rank: int, world: int, port: int, out_path: str) -> None:
     import torch.distributed as dist
-    from atom_aot.distributed.collectives import all_reduce
-    from atom_aot.distributed.group import RankPlace, join
+    from atom_aot.distributed.collectives import all_reduce, all_reduce_path
+    from atom_aot.distributed.group import RankPlace, join, leave
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
     join(RankPlace(rank, world, "127.0.0.1", port, rank), device)
@@ -87,12 +90,21 @@ def _collectives_rank(rank: int, world: int, port: int, out_path: str) -> None:
                          generator=torch.Generator(device).manual_seed(r)) for r in range(world)]
     expected = sum(p.double() for p in parts)
     result["atom_all_reduce_max_err"] = (all_reduce(x).double() - expected).abs().max().item()
+    result["atom_all_reduce_path_64_rows"] = all_reduce_path(x)
+    for tokens in (1, 256, 2048):             # each path the plan takes, against the float64 sum
+        mine = parts[rank][:1].expand(tokens, HIDDEN).contiguous()
+        want = sum(p[:1].double() for p in parts).expand(tokens, HIDDEN)
+        result[f"atom_all_reduce_{tokens}_rows"] = {"path": all_reduce_path(mine),
+                                                    "max_err": (all_reduce(mine).double() - want).abs().max().item()}
     for tokens in TOKENS:
         x = torch.randn(tokens, HIDDEN, device=device, dtype=torch.bfloat16)
         nbytes = x.numel() * x.element_size()
         iters = 200 if tokens <= 1024 else 50
         row = {"tokens": tokens, "bytes": nbytes}
         row["nccl_eager_us"] = _time_cuda(lambda: dist.all_reduce(x, group=group), iters) * 1e6
+        row["nccl_graph_us"] = (_time_cuda(_graphed(lambda: dist.all_reduce(x, group=group)), max(iters // CALLS_PER_GRAPH, 5))
+                                / CALLS_PER_GRAPH * 1e6)
+        row["atom_all_reduce_path"] = all_reduce_path(x)
         row["atom_all_reduce_eager_us"] = _time_cuda(lambda: all_reduce(x), iters) * 1e6
         replay = _graphed(lambda: all_reduce(x))
         row["atom_all_reduce_graph_us"] = _time_cuda(replay, max(iters // CALLS_PER_GRAPH, 5)) / CALLS_PER_GRAPH * 1e6
@@ -135,7 +147,7 @@ def _collectives_rank(rank: int, world: int, port: int, out_path: str) -> None:
     for graph in _GRAPHS:
         graph.reset()
     dist.barrier()
-    dist.destroy_process_group()
+    leave()
 
 
 def collectives(out: dict, out_path: str) -> None:
@@ -145,6 +157,25 @@ def collectives(out: dict, out_path: str) -> None:
     table = out_path + ".rows.json"            # rank 0's table, also when this process is stopped before the end
     mp.spawn(_collectives_rank, args=(world, free_port(), table), nprocs=world, join=True)
     out["collectives"] = json.loads(Path(table).read_text())
+
+
+def plan_from_table(rows: list[dict]) -> dict[str, int]:
+    """The all-reduce bounds a collectives table supports (by CUDA-graph time, as the decode graphs run them):
+    one-shot while it beats NCCL and two-shot from the smallest size up, then two-shot while it beats NCCL."""
+    one_shot_max = two_shot_max = 0
+    one_shot_phase = True
+    for row in sorted(rows, key=lambda r: r["bytes"]):
+        nccl, one, two = (row.get(k, float("inf")) for k in ("nccl_graph_us", "symm_one_shot_copy_graph_us",
+                                                             "symm_two_shot_graph_us"))
+        if one_shot_phase and one < min(nccl, two):
+            one_shot_max = row["bytes"]
+            continue
+        one_shot_phase = False
+        if two < nccl:
+            two_shot_max = row["bytes"]
+            continue
+        break
+    return {"ATOM_ALL_REDUCE_ONE_SHOT_MAX": one_shot_max, "ATOM_ALL_REDUCE_TWO_SHOT_MAX": two_shot_max}
 
 
 def _greedy(artifact: Path, prompts: list[str], max_tokens: int) -> list[list[int]]:
@@ -157,7 +188,7 @@ def _greedy(artifact: Path, prompts: list[str], max_tokens: int) -> list[list[in
         engine.close()
 
 
-def tiny(out: dict) -> None:
+def tiny(out: dict, models: int) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
     from factories import make_tiny_model
     from atom_aot.arch import detect_arch
@@ -168,19 +199,20 @@ def tiny(out: dict) -> None:
     results = {}
     with tempfile.TemporaryDirectory() as work:
         work = Path(work)
-        for architecture, compile_mode in (("LlamaForCausalLM", "none"), ("Qwen3ForCausalLM", "aoti")):
+        for architecture, compile_mode in TINY_MODELS[:models]:
             model = make_tiny_model(work / architecture, architecture)
             tokens, seconds = {}, {}
-            for tp in (1, 2):
+            for tp in TINY_TP_SIZES[:1 + (torch.cuda.device_count() >= 2) + (torch.cuda.device_count() >= 4)]:
                 config = BuildConfig(arch=detect_arch(), dtype="float32", compile=compile_mode, tensor_parallel_size=tp)
                 t = time.perf_counter()
                 art = build(str(model), config, cache_dir=work / "cache", show_progress=False).path
                 seconds[f"build_tp{tp}_s"] = round(time.perf_counter() - t, 1)
                 tokens[tp] = _greedy(art, prompts, 24)
+                seconds[f"gpu0_free_GB_after_tp{tp}_closed"] = round(torch.cuda.mem_get_info(0)[0] / 1e9, 1)
             results[f"{architecture}_{compile_mode}"] = {
                 **seconds, "prompts": len(prompts), "tokens_each": 24,
-                "tp2_equals_tp1": tokens[1] == tokens[2],
-                "sequences_equal": sum(a == b for a, b in zip(tokens[1], tokens[2]))}
+                **{f"tp{tp}_equals_tp1": tokens[tp] == tokens[1] for tp in tokens if tp > 1},
+                **{f"tp{tp}_sequences_equal": sum(a == b for a, b in zip(tokens[1], tokens[tp])) for tp in tokens if tp > 1}}
     out["tiny_fp32_greedy"] = results
 
 
@@ -222,12 +254,20 @@ def logits(out: dict, tp1: str, tp2: str, vocab: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=["collectives", "tiny", "logits"])
-    p.add_argument("--out", required=True)
+    p.add_argument("what", choices=["collectives", "tiny", "logits", "plan"])
+    p.add_argument("--tiny-models", type=int, default=len(TINY_MODELS), help="tiny: the first N of " + str(TINY_MODELS))
+    p.add_argument("--table", help="plan: a collectives JSON; prints the ATOM_ALL_REDUCE_* bounds it supports")
+    p.add_argument("--out", help="the JSON written (all but plan)")
     p.add_argument("--tp1")
     p.add_argument("--tp2")
     p.add_argument("--vocab", type=int, default=128256, help="prompt token ids are drawn below this (logits)")
     a = p.parse_args()
+    if a.what != "plan" and not a.out:
+        p.error("--out is required")
+    if a.what == "plan":
+        table = json.loads(Path(a.table).read_text())
+        print(" ".join(f"{k}={v}" for k, v in plan_from_table(table.get("collectives", table)["rows"]).items()))
+        return
     out = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "gpus": torch.cuda.device_count(), "torch": torch.__version__,
            "nccl_env": {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "TORCH_SYMM", "NVSHMEM"))}}
     t = time.perf_counter()
@@ -235,7 +275,7 @@ def main() -> None:
         if a.what == "collectives":
             collectives(out, a.out)
         elif a.what == "tiny":
-            tiny(out)
+            tiny(out, a.tiny_models)
         else:
             logits(out, a.tp1, a.tp2, a.vocab)
     except Exception as e:

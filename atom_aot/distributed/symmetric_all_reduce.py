@@ -1,0 +1,165 @@
+"""All-reduce over GPU peer memory (torch's symmetric memory) for the messages NCCL is slow on.
+
+Why: a tensor-parallel decode step all-reduces twice per layer (64 calls per token for Llama-3.1-8B), and at
+small batches each message is a few KiB, where NCCL's ring is all latency. With the ranks' buffers mapped
+into each other's address space (CUDA IPC over NVLink), one kernel can instead read every peer's copy and
+sum it (one-shot), or sum one slice per rank and write it to all (two-shot, less traffic per rank at larger
+sizes and world sizes). These are torch's own kernels (`torch.ops.symm_mem`), as vLLM's custom all-reduce
+does the same with its own; they use peer loads and stores only, never NVLink multicast (which the GPU
+machines keep off), and they sum the ranks in rank order on every rank, so every rank gets the same bits.
+
+Which path a message takes is a plan by size (`AllReducePlan`); what the plan is, and why a group has
+none, is logged once per process. Environment:
+- `ATOM_ALL_REDUCE=nccl` keeps every all-reduce on NCCL (an A/B switch and a way out); `auto` (default) plans.
+- `ATOM_ALL_REDUCE_ONE_SHOT_MAX` / `ATOM_ALL_REDUCE_TWO_SHOT_MAX`: the plan's bounds in bytes.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("atom_aot")
+
+KIB, MIB = 1 << 10, 1 << 20
+# Bounds by world size (bytes): one-shot up to the first, two-shot up to the second, NCCL above. One-shot
+# reads W-1 peer copies and two-shot 2(W-1)/W of one, so two-shot takes over as messages grow. 2 and 4 ranks:
+# where each path was fastest in CUDA graphs on four H200s joined by NV18 NVLink (session 35,
+# docs/benchmarks/h200x4-collectives.json; `tp_two_gpus.py plan` reads a table into these bounds);
+# 8 ranks: not measured, the 4-rank bounds halved for one-shot.
+DEFAULT_BOUNDS = {2: (1 * MIB, 32 * MIB), 4: (256 * KIB, 8 * MIB), 8: (128 * KIB, 8 * MIB)}
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+VECTOR_BYTES = 16                  # the kernels' widest load; two-shot splits the message in such vectors per rank
+MODE_VARIABLE, ONE_SHOT_VARIABLE, TWO_SHOT_VARIABLE = ("ATOM_ALL_REDUCE", "ATOM_ALL_REDUCE_ONE_SHOT_MAX",
+                                                       "ATOM_ALL_REDUCE_TWO_SHOT_MAX")
+MODES = ("auto", "nccl")
+ONE_SHOT, TWO_SHOT, PROCESS_GROUP = "one_shot", "two_shot", "process_group"    # the paths (NCCL's is the group's)
+
+
+@dataclass(frozen=True)
+class AllReducePlan:
+    """Which all-reduce a message of a given size takes: one-shot, two-shot, else NCCL."""
+    one_shot_max_bytes: int
+    two_shot_max_bytes: int
+
+    @property
+    def buffer_bytes(self) -> int:
+        return max(self.one_shot_max_bytes, self.two_shot_max_bytes)
+
+    def path(self, nbytes: int, world_size: int) -> str:
+        if nbytes <= self.one_shot_max_bytes:
+            return ONE_SHOT
+        if nbytes <= self.two_shot_max_bytes and nbytes % (VECTOR_BYTES * world_size) == 0:
+            return TWO_SHOT
+        return PROCESS_GROUP
+
+    def describe(self) -> str:
+        return (f"symmetric-memory one-shot up to {_size(self.one_shot_max_bytes)}, two-shot up to "
+                f"{_size(self.two_shot_max_bytes)}, NCCL above")
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes // MIB} MiB" if nbytes % MIB == 0 else f"{nbytes // KIB} KiB" if nbytes % KIB == 0 else f"{nbytes} B"
+
+
+def plan_from_env(world_size: int, environ=os.environ) -> AllReducePlan | None:
+    """The plan for `world_size` ranks (None: NCCL for every size, by ATOM_ALL_REDUCE=nccl)."""
+    mode = environ.get(MODE_VARIABLE, "auto")
+    if mode not in MODES:
+        raise ValueError(f"{MODE_VARIABLE}={mode!r}: expected one of {', '.join(MODES)}")
+    if mode == "nccl":
+        return None
+    one, two = DEFAULT_BOUNDS.get(world_size, DEFAULT_BOUNDS[8])
+    return AllReducePlan(_bytes_from_env(environ, ONE_SHOT_VARIABLE, one),
+                         _bytes_from_env(environ, TWO_SHOT_VARIABLE, two))
+
+
+def _bytes_from_env(environ, name: str, default: int) -> int:
+    text = environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{name}={text!r}: expected a byte count (a whole number >= 0)")
+    return value
+
+
+class SymmetricAllReduce:
+    """One peer-mapped buffer per rank (sized by the plan) and the one-shot / two-shot calls on it.
+
+    Every call stages its message in the same buffer: the kernels end with a barrier across the ranks, so
+    a rank can only start the next call once every peer has finished reading the last one."""
+
+    def __init__(self, group: dist.ProcessGroup, device: torch.device, plan: AllReducePlan):
+        import torch.distributed._symmetric_memory as symmetric_memory
+        self.plan = plan
+        self.group_name = group.group_name
+        self.world_size = group.size()
+        self.buffer = symmetric_memory.empty(plan.buffer_bytes, dtype=torch.uint8, device=device)
+        symmetric_memory.rendezvous(self.buffer, self.group_name)      # collective: every rank of `group`
+        self.backend = symmetric_memory.get_backend(device) if hasattr(symmetric_memory, "get_backend") else "default"
+
+    def path(self, x: torch.Tensor) -> str:
+        if x.dtype not in SUPPORTED_DTYPES or not x.is_contiguous():
+            return PROCESS_GROUP
+        return self.plan.path(x.numel() * x.element_size(), self.world_size)
+
+    def __call__(self, x: torch.Tensor, path: str) -> torch.Tensor:
+        flat = x.view(-1)
+        staged = self.buffer[:flat.numel() * x.element_size()].view(x.dtype)
+        out = torch.empty_like(flat)
+        if path == ONE_SHOT:
+            torch.ops.symm_mem.one_shot_all_reduce_copy_out(staged, flat, "sum", self.group_name, out)
+        else:
+            staged.copy_(flat)
+            torch.ops.symm_mem.two_shot_all_reduce_out(staged, "sum", self.group_name, out)
+        return out.view_as(x)
+
+
+def open_symmetric_all_reduce(group: dist.ProcessGroup, device: torch.device) -> SymmetricAllReduce | None:
+    """The peer-memory all-reduce for `group` on `device`, or None (NCCL for every size) with the reason logged.
+    Collective: every rank of the group calls it and takes the same branch (the same environment and
+    machine), except when the mapping itself fails, which fails on every rank alike."""
+    if device.type != "cuda" or group.size() < 2:
+        return None
+    plan = plan_from_env(group.size())
+    if plan is None:
+        log.info("all-reduce: NCCL for every size (%s=nccl)", MODE_VARIABLE)
+        return None
+    if plan.buffer_bytes == 0:
+        log.info("all-reduce: NCCL for every size (%s and %s are 0)", ONE_SHOT_VARIABLE, TWO_SHOT_VARIABLE)
+        return None
+    reason = _peer_access_missing(group, device)
+    if reason:
+        log.info("all-reduce: NCCL for every size (%s)", reason)
+        return None
+    try:
+        symmetric = SymmetricAllReduce(group, device, plan)
+    except RuntimeError as e:       # the mapping fails alike on every rank (same machine, same driver)
+        log.warning("all-reduce: NCCL for every size (peer memory could not be mapped: %s)", str(e).splitlines()[0])
+        return None
+    log.info("all-reduce over %d GPUs: %s (buffer %s, backend %s)", group.size(), plan.describe(),
+             _size(plan.buffer_bytes), symmetric.backend)
+    return symmetric
+
+
+def _peer_access_missing(group: dist.ProcessGroup, device: torch.device) -> str | None:
+    """Why the ranks cannot map each other's memory (None when they can): ranks on several hosts, or GPUs
+    without peer access. Collective (the ranks trade host names and GPU indexes), so all answer alike."""
+    mine = (socket.gethostname(), device.index if device.index is not None else torch.cuda.current_device())
+    places: list = [None] * group.size()
+    dist.all_gather_object(places, mine, group=group)
+    hosts = sorted({host for host, _ in places})
+    if len(hosts) > 1:
+        return f"the ranks run on {len(hosts)} hosts ({', '.join(hosts)}); peer memory spans one"
+    blocked = [(a, b) for _, a in places for _, b in places if a != b and not torch.cuda.can_device_access_peer(a, b)]
+    if blocked:
+        return "no peer access between GPUs " + ", ".join(f"{a}->{b}" for a, b in blocked)
+    return None

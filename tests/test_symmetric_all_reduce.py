@@ -1,0 +1,96 @@
+"""The peer-memory all-reduce's plan (which size takes which path, from the environment) and the dispatch
+inside `atom::all_reduce`. The kernels themselves need GPUs of one host: scripts/gpu/tp_two_gpus.py
+collectives checks their sums against float64 and times them against NCCL."""
+import pytest
+import torch
+
+from atom_aot.distributed import collectives
+from atom_aot.distributed.symmetric_all_reduce import (
+    DEFAULT_BOUNDS, KIB, MIB, ONE_SHOT, PROCESS_GROUP, TWO_SHOT, AllReducePlan, open_symmetric_all_reduce,
+    plan_from_env)
+
+
+def test_the_default_plan_depends_on_the_world_size():
+    for world, (one, two) in DEFAULT_BOUNDS.items():
+        assert plan_from_env(world, {}) == AllReducePlan(one, two)
+    assert plan_from_env(2, {}).one_shot_max_bytes > plan_from_env(8, {}).one_shot_max_bytes
+    assert plan_from_env(16, {}) == plan_from_env(8, {})          # beyond 8 ranks: the 8-rank bounds
+
+
+def test_the_environment_overrides_the_bounds_or_turns_the_path_off():
+    plan = plan_from_env(4, {"ATOM_ALL_REDUCE_ONE_SHOT_MAX": "4096", "ATOM_ALL_REDUCE_TWO_SHOT_MAX": "65536"})
+    assert plan == AllReducePlan(4096, 65536) and plan.buffer_bytes == 65536
+    assert plan_from_env(2, {"ATOM_ALL_REDUCE": "nccl"}) is None
+    assert plan_from_env(2, {"ATOM_ALL_REDUCE": "auto"}) == plan_from_env(2, {})
+
+
+@pytest.mark.parametrize("environ, named", [({"ATOM_ALL_REDUCE": "fast"}, "ATOM_ALL_REDUCE="),
+                                            ({"ATOM_ALL_REDUCE_ONE_SHOT_MAX": "1MB"}, "ATOM_ALL_REDUCE_ONE_SHOT_MAX"),
+                                            ({"ATOM_ALL_REDUCE_TWO_SHOT_MAX": "-1"}, "ATOM_ALL_REDUCE_TWO_SHOT_MAX")])
+def test_a_bad_setting_is_refused_by_name(environ, named):
+    with pytest.raises(ValueError, match=named):
+        plan_from_env(2, environ)
+
+
+def test_each_size_takes_one_shot_then_two_shot_then_the_process_group():
+    plan = AllReducePlan(one_shot_max_bytes=512 * KIB, two_shot_max_bytes=8 * MIB)
+    assert plan.path(8 * KIB, 4) == ONE_SHOT and plan.path(512 * KIB, 4) == ONE_SHOT
+    assert plan.path(512 * KIB + 64, 4) == TWO_SHOT and plan.path(8 * MIB, 4) == TWO_SHOT
+    assert plan.path(8 * MIB + 64, 4) == PROCESS_GROUP
+    # two-shot splits the message in 16-byte vectors per rank: a size that does not split goes to the group
+    assert plan.path(512 * KIB + 16, 4) == PROCESS_GROUP
+    assert AllReducePlan(0, 0).path(2, 2) == PROCESS_GROUP
+
+
+def test_no_peer_memory_on_the_cpu_or_for_one_rank():
+    class Group:
+        group_name = "g"
+
+        def __init__(self, size):
+            self._size = size
+
+        def size(self):
+            return self._size
+    assert open_symmetric_all_reduce(Group(2), torch.device("cpu")) is None
+    assert open_symmetric_all_reduce(Group(1), torch.device("cuda", 0)) is None
+
+
+class RecordingPeerMemory:
+    """Stands in for SymmetricAllReduce: its plan, and the calls atom::all_reduce makes to it."""
+
+    def __init__(self, plan: AllReducePlan):
+        self.plan, self.calls = plan, []
+
+    def path(self, x):
+        return self.plan.path(x.numel() * x.element_size(), 2)
+
+    def __call__(self, x, path):
+        self.calls.append((tuple(x.shape), path))
+        return x * 2                                  # what two ranks holding x would sum to
+
+
+@pytest.fixture
+def peer_memory(monkeypatch):
+    monkeypatch.setattr(collectives, "_groups", {})
+    monkeypatch.setattr(collectives, "_symmetric", {})
+    collectives.register_stand_in()                   # the process group's path returns its input
+    peer = RecordingPeerMemory(AllReducePlan(one_shot_max_bytes=64, two_shot_max_bytes=256))
+    collectives._symmetric[collectives.TP_GROUP] = peer
+    return peer
+
+
+def test_all_reduce_takes_the_path_its_plan_gives(peer_memory):
+    small, mid, large = torch.randn(4, 4), torch.randn(8, 8), torch.randn(16, 16)   # 64, 256, 1024 bytes
+    assert torch.equal(collectives.all_reduce(small), small * 2)
+    assert torch.equal(collectives.all_reduce(mid), mid * 2)
+    assert torch.equal(collectives.all_reduce(large), large)     # the stand-in group's sum of one rank
+    assert peer_memory.calls == [((4, 4), ONE_SHOT), ((8, 8), TWO_SHOT)]
+    assert [collectives.all_reduce_path(t) for t in (small, mid, large)] == [ONE_SHOT, TWO_SHOT, PROCESS_GROUP]
+
+
+def test_registering_a_group_without_peer_memory_drops_the_last_one(peer_memory):
+    collectives.register_stand_in()
+    assert collectives.all_reduce_path(torch.randn(2)) == PROCESS_GROUP
+    collectives._symmetric[collectives.TP_GROUP] = peer_memory
+    collectives.unregister_tp_group()
+    assert collectives._symmetric == {} and collectives._groups == {}
