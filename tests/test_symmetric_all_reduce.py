@@ -7,7 +7,7 @@ import torch
 from atom_aot.distributed import collectives
 from atom_aot.distributed.symmetric_all_reduce import (
     DEFAULT_BOUNDS, KIB, MIB, ONE_SHOT, PROCESS_GROUP, TWO_SHOT, AllReducePlan, open_symmetric_all_reduce,
-    plan_from_env)
+    peer_memory_problem, plan_from_env)
 
 
 def test_the_default_plan_depends_on_the_world_size():
@@ -53,6 +53,17 @@ def test_no_peer_memory_on_the_cpu_or_for_one_rank():
             return self._size
     assert open_symmetric_all_reduce(Group(2), torch.device("cpu")) is None
     assert open_symmetric_all_reduce(Group(1), torch.device("cuda", 0)) is None
+
+
+def test_peer_memory_needs_one_host_peer_access_and_processes_that_never_mapped_it():
+    everywhere = lambda gpu, peer: True            # noqa: E731
+    assert peer_memory_problem([("a", 0, False), ("a", 1, False)], everywhere) is None
+    assert "2 hosts (a, b)" in peer_memory_problem([("a", 0, False), ("b", 0, False)], everywhere)
+    assert "no peer access between GPUs 0->1" in peer_memory_problem([("a", 0, False), ("a", 1, False)],
+                                                                     lambda gpu, peer: gpu == 1)
+    # rank 0 served an earlier engine in its process: every rank (fresh ones too) keeps to NCCL
+    assert "rank 0 mapped peer memory for an earlier process group" in peer_memory_problem(
+        [("a", 0, True), ("a", 1, False), ("a", 2, False), ("a", 3, False)], everywhere)
 
 
 class RecordingPeerMemory:

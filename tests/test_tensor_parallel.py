@@ -183,6 +183,26 @@ def test_forked_ranks_give_the_same_greedy_output_exit_with_the_engine_and_are_w
     assert re.match(r"RankFailure: tensor-parallel rank 1 \(pid \d+\) exited with code -9", killed["error"])
 
 
+def test_the_offline_engine_starts_its_ranks_before_any_thread_of_its_own(monkeypatch, build_artifact, tiny_llama_dir):
+    """A thread running when the ranks start makes them new interpreters instead of forks (rank_processes.py):
+    the tokenizer's thread waited for the ranks, or every -tp 2 start on GPUs spawned (session 35)."""
+    import threading
+    from atom_aot.runtime import tp_lead
+    seen = []
+
+    def start_method(arch):
+        seen.append(sorted(t.name for t in threading.enumerate() if t.name.startswith("atom-beside")))
+        return original(arch)
+    original = tp_lead.start_method
+    monkeypatch.setattr(tp_lead, "start_method", start_method)
+    engine = LLMEngine(str(build_artifact(tiny_llama_dir, compile="none", tensor_parallel_size=2)), **ENGINE)
+    try:
+        assert seen == [[]] and engine.tokenizer is not None
+        assert engine.loaded.timings["tokenizer (overlapped)"] >= 0
+    finally:
+        engine.close()
+
+
 @pytest.mark.parametrize("arch, cuda_context, threads, expected", [
     ("cpu", False, 1, "spawn"), ("sm90", False, 1, "fork"), ("sm90", True, 1, "spawn"), ("sm90", False, 3, "spawn")])
 def test_ranks_are_forked_only_on_gpus_from_a_process_without_cuda_context_or_threads(monkeypatch, arch, cuda_context,

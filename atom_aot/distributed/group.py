@@ -114,8 +114,13 @@ def join(place: RankPlace, device: torch.device) -> RankGroup:
     dist.init_process_group(backend, init_method=place.init_method,
                             rank=place.rank, world_size=place.world_size, timeout=COLLECTIVE_TIMEOUT,
                             device_id=device if device.type == "cuda" else None)
-    register_tp_group(dist.group.WORLD, open_symmetric_all_reduce(dist.group.WORLD, device))
-    control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    try:
+        register_tp_group(dist.group.WORLD, open_symmetric_all_reduce(dist.group.WORLD, device))
+        control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    except BaseException:                  # met, then failed: leave, so that this process can start another engine
+        unregister_tp_group()
+        dist.destroy_process_group()
+        raise
     return RankGroup(place.rank, place.world_size, control)
 
 

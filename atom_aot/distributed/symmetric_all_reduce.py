@@ -99,6 +99,8 @@ class SymmetricAllReduce:
 
     def __init__(self, group: dist.ProcessGroup, device: torch.device, plan: AllReducePlan):
         import torch.distributed._symmetric_memory as symmetric_memory
+        global _mapped_before
+        _mapped_before = True
         self.plan = plan
         self.group_name = group.group_name
         self.world_size = group.size()
@@ -142,24 +144,42 @@ def open_symmetric_all_reduce(group: dist.ProcessGroup, device: torch.device) ->
         return None
     try:
         symmetric = SymmetricAllReduce(group, device, plan)
-    except RuntimeError as e:       # the mapping fails alike on every rank (same machine, same driver)
-        log.warning("all-reduce: NCCL for every size (peer memory could not be mapped: %s)", str(e).splitlines()[0])
-        return None
+    except RuntimeError as e:       # not a fallback: a rank that fell back alone would leave the others waiting
+        raise RuntimeError(f"the all-reduce's peer memory could not be mapped ({str(e).splitlines()[0]}); "
+                           f"{MODE_VARIABLE}=nccl runs every all-reduce on NCCL") from e
     log.info("all-reduce over %d GPUs: %s (buffer %s, backend %s)", group.size(), plan.describe(),
              _size(plan.buffer_bytes), symmetric.backend)
     return symmetric
 
 
+_mapped_before = False      # this process has mapped peer memory for a process group (SymmetricAllReduce)
+
+
 def _peer_access_missing(group: dist.ProcessGroup, device: torch.device) -> str | None:
-    """Why the ranks cannot map each other's memory (None when they can): ranks on several hosts, or GPUs
-    without peer access. Collective (the ranks trade host names and GPU indexes), so all answer alike."""
-    mine = (socket.gethostname(), device.index if device.index is not None else torch.cuda.current_device())
+    """Why the ranks cannot map each other's memory (None when they can). Collective: the ranks trade where
+    they run, so all answer alike."""
+    mine = (socket.gethostname(), device.index if device.index is not None else torch.cuda.current_device(),
+            _mapped_before)
     places: list = [None] * group.size()
     dist.all_gather_object(places, mine, group=group)
-    hosts = sorted({host for host, _ in places})
+    return peer_memory_problem(places, torch.cuda.can_device_access_peer)
+
+
+def peer_memory_problem(places: list[tuple[str, int, bool]], can_access) -> str | None:
+    """What keeps ranks at `places` (host, GPU index, mapped before; one per rank) from mapping each other's
+    memory, with `can_access(gpu, peer)`: None when nothing does."""
+    hosts = sorted({host for host, _, _ in places})
     if len(hosts) > 1:
         return f"the ranks run on {len(hosts)} hosts ({', '.join(hosts)}); peer memory spans one"
-    blocked = [(a, b) for _, a in places for _, b in places if a != b and not torch.cuda.can_device_access_peer(a, b)]
+    again = [rank for rank, (_, _, before) in enumerate(places) if before]
+    if again:
+        # torch keeps symmetric-memory state by group name for the life of the process, and a process group
+        # made after another is destroyed reuses its name ("0" for the world). A -tp 4 engine started after a
+        # -tp 2 one in one process hung while its ranks joined (session 35, on GPUs; which step waited was not
+        # seen): such a process keeps to NCCL
+        return (f"rank {', '.join(map(str, again))} mapped peer memory for an earlier process group in its process, "
+                f"which torch does not let a later group map again")
+    blocked = [(a, b) for _, a, _ in places for _, b, _ in places if a != b and not can_access(a, b)]
     if blocked:
         return "no peer access between GPUs " + ", ".join(f"{a}->{b}" for a, b in blocked)
     return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import fields
 from pathlib import Path
+from typing import Callable
 
 from atom_aot.arch import detect_arch
 from atom_aot.artifact.build_options import DECIDED_AT_SERVE_TIME, BuildOptions
@@ -19,7 +20,7 @@ from atom_aot.runtime import profiler
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.artifact.reader import Artifact
 from atom_aot.runtime.llm_engine import ArtifactEngine
-from atom_aot.runtime.startup import load_and_start
+from atom_aot.runtime.startup import alongside, load_and_start
 
 log = logging.getLogger("atom_aot")
 
@@ -84,8 +85,9 @@ def engine_start(artifact: str | Path):
     return start_remote_ranks if Artifact.open(artifact).manifest.layout.attention_data_parallel else load_and_start
 
 
-def start_remote_ranks(artifact_path, config: RuntimeConfig):
-    """The offline engine's core on a data-parallel-attention artifact: its ranks' engine processes."""
+def start_remote_ranks(artifact_path, config: RuntimeConfig, beside: Callable[[], None] | None = None):
+    """The offline engine's core on a data-parallel-attention artifact: its ranks' engine processes (started as
+    new processes: `beside` runs in a thread while they start)."""
     from atom_aot.entrypoints.dp_offline import RemoteRanks
-    ranks = RemoteRanks(artifact_path, config)
+    ranks = alongside(beside, lambda: RemoteRanks(artifact_path, config))
     return ranks.loaded, ranks

@@ -25,8 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "generate":     # a data-parallel-attention artifact's ranks start as LLMEngine's do
         from atom_aot.cli_util import run_cli
         from atom_aot.entrypoints.llm import engine_start
-        def start(path, config):       # decided at start, after generate has checked its flags
-            return engine_start(path)(path, config)
+        def start(path, config, beside=None):      # decided at start, after generate has checked its flags
+            return engine_start(path)(path, config, beside)
         return run_cli(lambda: runtime_cli.generate(args.artifact, args.rest, start))
     return runtime_cli.run_command(args.artifact, args.command, args.rest)
 

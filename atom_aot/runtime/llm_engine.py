@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -24,16 +23,17 @@ from atom_aot.runtime.tokenizer import apply_chat_template, encode_prompt, load_
 class ArtifactEngine:
     def __init__(self, artifact_path: str | Path, config: RuntimeConfig,
                  profiler: TorchProfiler | None = None, start: Callable = load_and_start):
-        """`start(artifact_path, config) -> (loaded, core)`: the in-process engine core (default), or another
-        with its interface (the ranks of a data-parallel-attention artifact: entrypoints/dp_offline.py)."""
+        """`start(artifact_path, config, beside) -> (loaded, core)`: the in-process engine core (default), or
+        another with its interface (the ranks of a data-parallel-attention artifact: entrypoints/dp_offline.py);
+        `beside` runs in a thread beside the load, once the start has forked what it forks."""
         self.config = config
         self.profiler = profiler or TorchProfiler(None)
         self.artifact_path = Path(artifact_path)
         # The tokenizer (parsing tokenizer.json, ~0.5 s for large vocabularies) loads beside the model.
-        with ThreadPoolExecutor(1) as pool:
-            tokenizer = pool.submit(load_artifact_tokenizer, self.artifact_path)
-            self.loaded, self.core = start(self.artifact_path, self.config)
-            self.tokenizer, self.loaded.timings["tokenizer (overlapped)"] = tokenizer.result()
+        tokenizer: list = []
+        self.loaded, self.core = start(self.artifact_path, self.config,
+                                       beside=lambda: tokenizer.extend(load_artifact_tokenizer(self.artifact_path)))
+        self.tokenizer, self.loaded.timings["tokenizer (overlapped)"] = tokenizer
         self.output_processor = OutputProcessor(self.tokenizer, self._abort_stopped)
         self._request_ids = itertools.count()
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, TypeVar
 
 import torch
 
@@ -29,6 +31,7 @@ from atom_aot.runtime.verify_graphs import MAX_GRAPH_TOKENS, verify_capture_size
 from atom_aot.spec.setup import draft_kv_blocks, load_draft, no_verify_graphs_reason, start_speculation
 
 log = logging.getLogger("atom_aot")
+T = TypeVar("T")
 
 
 def eos_token_ids(loaded: LoadedArtifact) -> frozenset[int]:
@@ -170,9 +173,14 @@ def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig, ranks: Lead
                       spec_counters=speculation.runner.counters)
 
 
-def load_and_start(artifact_path, config: RuntimeConfig) -> tuple[LoadedArtifact, EngineCore]:
+def load_and_start(artifact_path, config: RuntimeConfig,
+                   beside: Callable[[], None] | None = None) -> tuple[LoadedArtifact, EngineCore]:
     """This process's engine core: rank 0 leading the other tensor-parallel ranks (if any), or one rank of a
-    data-parallel-attention artifact stepping with the others (runtime/attention_dp.py)."""
+    data-parallel-attention artifact stepping with the others (runtime/attention_dp.py).
+
+    `beside`: work for a thread beside the load (the offline engine's tokenizer), started once the ranks this
+    process forks are forked: a thread running before then makes them new interpreters (rank_processes.py),
+    seconds slower to start (every -tp 2 start measured in session 35 was)."""
     TRITON.install()       # every load counts Triton JIT compilations (the runtime must do none)
     warn_if_torch_uncached()
     set_torch_threads(config.num_threads)
@@ -183,12 +191,24 @@ def load_and_start(artifact_path, config: RuntimeConfig) -> tuple[LoadedArtifact
     else:
         ranks = start_other_ranks(artifact, config)
         rank, links, release = 0, {"ranks": ranks}, ranks.abort if ranks is not None else (lambda: None)
-    try:
+    def load_and_start_core() -> tuple[LoadedArtifact, EngineCore]:
         loaded = load_artifact(artifact_path, enforce_eager=config.enforce_eager, rank=rank)
         start = time.perf_counter()
         core = start_engine_core(loaded, config, **links)
+        loaded.timings["kv cache"] = time.perf_counter() - start - loaded.timings.get("graph capture", 0.0)
+        return loaded, core
+    try:
+        return alongside(beside, load_and_start_core)
     except BaseException:
         release()
         raise
-    loaded.timings["kv cache"] = time.perf_counter() - start - loaded.timings.get("graph capture", 0.0)
-    return loaded, core
+
+
+def alongside(beside: Callable[[], None] | None, work: Callable[[], T]) -> T:
+    """work(), with `beside` running in a thread next to it (its error, if any, raised after)."""
+    with ThreadPoolExecutor(1, thread_name_prefix="atom-beside") as pool:
+        aside = pool.submit(beside) if beside is not None else None
+        result = work()
+        if aside is not None:
+            aside.result()
+    return result

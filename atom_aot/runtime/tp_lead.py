@@ -71,14 +71,14 @@ def start_other_ranks(artifact: Artifact, config: RuntimeConfig) -> "LeadRank | 
     log.info("tensor-parallel ranks 1..%d: %s (%s)", world - 1,
              "forked from this process" if method == "fork" else "started as new processes", why)
     children = [start_rank(artifact_path, config, place.peer(rank), method) for rank in range(1, world)]
-    if method == "fork":                   # checked after the fork: the check opens this process's CUDA context
-        try:
+    try:
+        if method == "fork":               # checked after the fork: the check opens this process's CUDA context
             check_target(artifact)
-        except BaseException:
-            for child in children:
-                child.kill()
-            raise
-    return LeadRank(join(place, rank_device(artifact.manifest.target.arch, place.local_rank)), children)
+        return LeadRank(join(place, rank_device(artifact.manifest.target.arch, place.local_rank)), children)
+    except BaseException:                  # the ranks started here would wait for this one until their timeout
+        for child in children:
+            child.kill()
+        raise
 
 
 class LeadRank:
