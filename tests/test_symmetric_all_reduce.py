@@ -6,8 +6,8 @@ import torch
 
 from atom_aot.distributed import collectives
 from atom_aot.distributed.symmetric_all_reduce import (
-    DEFAULT_BOUNDS, KIB, MIB, ONE_SHOT, PROCESS_GROUP, TWO_SHOT, AllReducePlan, open_symmetric_all_reduce,
-    peer_memory_problem, plan_from_env)
+    DEFAULT_BOUNDS, KIB, MIB, ONE_SHOT, PROCESS_GROUP, TWO_SHOT, AllReducePlan, describe_plan,
+    open_symmetric_all_reduce, peer_memory_problem, plan_from_env)
 
 
 def test_the_default_plan_depends_on_the_world_size():
@@ -22,6 +22,12 @@ def test_the_environment_overrides_the_bounds_or_turns_the_path_off():
     assert plan == AllReducePlan(4096, 65536) and plan.buffer_bytes == 65536
     assert plan_from_env(2, {"ATOM_ALL_REDUCE": "nccl"}) is None
     assert plan_from_env(2, {"ATOM_ALL_REDUCE": "auto"}) == plan_from_env(2, {})
+
+
+def test_inspect_says_which_path_each_size_takes_here():
+    assert describe_plan(2, {}) == ("on GPUs of one host symmetric-memory one-shot up to 1 MiB, two-shot up to "
+                                    "32 MiB, NCCL above; otherwise NCCL (gloo on the CPU)")
+    assert describe_plan(4, {"ATOM_ALL_REDUCE": "nccl"}) == "NCCL for every size (ATOM_ALL_REDUCE=nccl)"
 
 
 @pytest.mark.parametrize("environ, named", [({"ATOM_ALL_REDUCE": "fast"}, "ATOM_ALL_REDUCE="),

@@ -78,6 +78,14 @@ def plan_from_env(world_size: int, environ=os.environ) -> AllReducePlan | None:
                          _bytes_from_env(environ, TWO_SHOT_VARIABLE, two))
 
 
+def describe_plan(world_size: int, environ=os.environ) -> str:
+    """What all-reduce `world_size` ranks take in this environment (inspect's row; the start log says what ran)."""
+    plan = plan_from_env(world_size, environ)
+    if plan is None:
+        return f"NCCL for every size ({MODE_VARIABLE}=nccl)"
+    return f"on GPUs of one host {plan.describe()}; otherwise NCCL (gloo on the CPU)"
+
+
 def _bytes_from_env(environ, name: str, default: int) -> int:
     text = environ.get(name)
     if text is None:

@@ -5,6 +5,7 @@ from atom_aot.artifact.build_options import drawn_at_load, random_weights
 from atom_aot.artifact.layout import CONFIG
 from atom_aot.artifact.manifest import Quantization
 from atom_aot.artifact.reader import Artifact
+from atom_aot.distributed.symmetric_all_reduce import describe_plan
 
 WEIGHT_ORIGINS = {"none": "not quantized", "build": "quantized by atom-build --quant",
                   "checkpoint": "from the checkpoint"}
@@ -52,6 +53,7 @@ def describe(art: Artifact) -> str:
                    f"hip {target.hip}, cpu isa {target.cpu_isa}"),
         ("layout", f"tp {layout.tensor_parallel_size}, ep {layout.expert_parallel_size}, "
                    f"dp {layout.data_parallel_size} (world {layout.world_size})"),
+        *([("all-reduce", describe_plan(layout.world_size))] if layout.world_size > 1 else []),
         ("numerics", f"dtype {numerics.dtype}, kv cache {numerics.kv_cache_dtype}"),
         *quantization_rows(m.quantization, numerics.kv_cache_dtype),
         *([("experts", m.quantization.experts)] if any(config.get(k) for k in EXPERT_COUNTS) else []),
