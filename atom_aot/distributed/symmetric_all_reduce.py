@@ -135,8 +135,8 @@ class SymmetricAllReduce:
 
 def open_symmetric_all_reduce(group: dist.ProcessGroup, device: torch.device) -> SymmetricAllReduce | None:
     """The peer-memory all-reduce for `group` on `device`, or None (NCCL for every size) with the reason logged.
-    Collective: every rank of the group calls it and takes the same branch (the same environment and
-    machine), except when the mapping itself fails, which fails on every rank alike."""
+    Collective: every rank of the group calls it and takes the same branch (the same environment, and the
+    reasons they share through `_peer_access_missing`); a mapping that fails fails the start."""
     if device.type != "cuda" or group.size() < 2:
         return None
     plan = plan_from_env(group.size())
