@@ -11,7 +11,8 @@ compiled graphs call (`atom::all_reduce`: peer memory or NCCL by size, distribut
 view of one preallocated buffer (P2P loads, no NVLink multicast; ATOM_BENCH_SYMM_MEM=0 skips them), and NCCL's
 bus bandwidth on 1 GiB, the reference the issue names. Rank 0 writes the table row by row.
 tiny: tiny fp32 Llama (weights only, eager) and Qwen3 (AOTInductor-compiled, CUDA graphs) built for this GPU at
--tp 1, -tp 2 and (with 4 GPUs) -tp 4; greedy tokens of 8 prompts compared with -tp 1's.
+-tp 1, -tp 2 and (with 4 GPUs) -tp 4; greedy tokens of 8 prompts compared with -tp 1's; each engine in a fresh
+process, or with --same-process one after another in this one (session 35's faults: close, rejoin).
 logits: first-token log-probabilities (top 20) and 32 greedy tokens of the same prompts from two artifacts
 of the same random weights (a -tp 1 and a -tp 2 build of one folder with --load-format dummy).
 """
@@ -188,7 +189,18 @@ def _greedy(artifact: Path, prompts: list[str], max_tokens: int) -> list[list[in
         engine.close()
 
 
-def tiny(out: dict, models: int) -> None:
+def _in_fresh_process(fn, *args):
+    """fn(*args) in a new interpreter: each engine starts as a user's would (its ranks forked from a process
+    with no CUDA context), and one engine's faults cannot reach the next."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def tiny(out: dict, models: int, same_process: bool) -> None:
+    """same_process: the engines run one after another in this process (what LLMEngine.close must allow; the
+    free memory after each close is recorded), else each in a fresh process."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
     from factories import make_tiny_model
     from atom_aot.arch import detect_arch
@@ -207,13 +219,16 @@ def tiny(out: dict, models: int) -> None:
                 t = time.perf_counter()
                 art = build(str(model), config, cache_dir=work / "cache", show_progress=False).path
                 seconds[f"build_tp{tp}_s"] = round(time.perf_counter() - t, 1)
-                tokens[tp] = _greedy(art, prompts, 24)
-                seconds[f"gpu0_free_GB_after_tp{tp}_closed"] = round(torch.cuda.mem_get_info(0)[0] / 1e9, 1)
+                if same_process:
+                    tokens[tp] = _greedy(art, prompts, 24)
+                    seconds[f"gpu0_free_GB_after_tp{tp}_closed"] = round(torch.cuda.mem_get_info(0)[0] / 1e9, 1)
+                else:
+                    tokens[tp] = _in_fresh_process(_greedy, art, prompts, 24)
             results[f"{architecture}_{compile_mode}"] = {
                 **seconds, "prompts": len(prompts), "tokens_each": 24,
                 **{f"tp{tp}_equals_tp1": tokens[tp] == tokens[1] for tp in tokens if tp > 1},
                 **{f"tp{tp}_sequences_equal": sum(a == b for a, b in zip(tokens[1], tokens[tp])) for tp in tokens if tp > 1}}
-    out["tiny_fp32_greedy"] = results
+    out["tiny_fp32_greedy"] = {"engines": "one process" if same_process else "a fresh process each", **results}
 
 
 def _first_token_logprobs(artifact: str, prompts: list[list[int]], greedy_tokens: int) -> tuple[list, list]:
@@ -237,8 +252,8 @@ def logits(out: dict, tp1: str, tp2: str, vocab: int) -> None:
     import random
     rng = random.Random(7)
     prompts = [[rng.randrange(100, vocab - 100) for _ in range(n)] for n in (16, 64, 128, 200, 256, 333, 512, 700)]
-    top1, greedy1 = _first_token_logprobs(tp1, prompts, 32)
-    top2, greedy2 = _first_token_logprobs(tp2, prompts, 32)
+    top1, greedy1 = _in_fresh_process(_first_token_logprobs, tp1, prompts, 32)
+    top2, greedy2 = _in_fresh_process(_first_token_logprobs, tp2, prompts, 32)
     rows = []
     for a, b, g1, g2 in zip(top1, top2, greedy1, greedy2):
         shared = set(a) & set(b)
@@ -256,6 +271,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("what", choices=["collectives", "tiny", "logits", "plan"])
     p.add_argument("--tiny-models", type=int, default=len(TINY_MODELS), help="tiny: the first N of " + str(TINY_MODELS))
+    p.add_argument("--same-process", action="store_true", help="tiny: run the engines one after another in this process")
     p.add_argument("--table", help="plan: a collectives JSON; prints the ATOM_ALL_REDUCE_* bounds it supports")
     p.add_argument("--out", help="the JSON written (all but plan)")
     p.add_argument("--tp1")
@@ -275,7 +291,7 @@ def main() -> None:
         if a.what == "collectives":
             collectives(out, a.out)
         elif a.what == "tiny":
-            tiny(out, a.tiny_models)
+            tiny(out, a.tiny_models, a.same_process)
         else:
             logits(out, a.tp1, a.tp2, a.vocab)
     except Exception as e:
