@@ -15,3 +15,6 @@ at "ours rc=$?"; grep -E "first_token_s|output_tok_s|tpot_s\"|init_s|rror" $OUT/
 grep -E "all-reduce|tensor-parallel ranks|decode steps|KV cache" $OUT/sbs-ours.log | sort | uniq -c | head -8
 ATOM_ALL_REDUCE=nccl timeout $(( 560 - ($(date +%s) - S) )) $R --out $OUT/sbs-ours-llama-tp$TP-nccl.json --sections throughput,tpot > $OUT/sbs-ours-nccl.log 2>&1
 at "ours nccl rc=$?"; grep -E "output_tok_s|tpot_s\"|init_s|rror" $OUT/sbs-ours-nccl.log | tail -5; grep -E "all-reduce" $OUT/sbs-ours-nccl.log | sort | uniq -c
+# where a start's seconds go (rank 0's breakdown) and how its ranks started (forked or new processes)
+timeout 90 python3 -m atom_aot.entrypoints.run_cli /tmp/art/llama-tp$TP generate "Hello" --max-tokens 4 > $OUT/generate-startup.log 2>&1
+at "generate rc=$?"; grep -E "tensor-parallel ranks|all-reduce|^startup|^path" $OUT/generate-startup.log | cut -c1-400
