@@ -16,6 +16,7 @@ from typing import Callable
 from atom_aot.arch import detect_arch
 from atom_aot.artifact.build_options import DECIDED_AT_SERVE_TIME, BuildOptions
 from atom_aot.config_flags import to_argv
+from atom_aot.logging_setup import show_engine_logs
 from atom_aot.runtime import profiler
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.artifact.reader import Artifact
@@ -36,6 +37,7 @@ def is_artifact(path: str | Path | None) -> bool:
 
 class LLMEngine(ArtifactEngine):
     def __init__(self, model: str | None = None, torch_profiler_dir: str | None = None, **options):
+        show_engine_logs()
         unknown = set(options) - BUILD_OPTIONS - RuntimeConfig.field_names()
         if unknown:
             raise TypeError(f"unknown LLMEngine options: {', '.join(sorted(unknown))}")
