@@ -30,7 +30,7 @@ class ArtifactEngine:
         self.profiler = profiler or TorchProfiler(None)
         self.artifact_path = Path(artifact_path)
         # The tokenizer (parsing tokenizer.json, ~0.5 s for large vocabularies) loads beside the model.
-        tokenizer: list = []
+        tokenizer: list = []          # [tokenizer, seconds], filled beside the load
         self.loaded, self.core = start(self.artifact_path, self.config,
                                        beside=lambda: tokenizer.extend(load_artifact_tokenizer(self.artifact_path)))
         self.tokenizer, self.loaded.timings["tokenizer (overlapped)"] = tokenizer

@@ -191,6 +191,7 @@ def load_and_start(artifact_path, config: RuntimeConfig,
     else:
         ranks = start_other_ranks(artifact, config)
         rank, links, release = 0, {"ranks": ranks}, ranks.abort if ranks is not None else (lambda: None)
+
     def load_and_start_core() -> tuple[LoadedArtifact, EngineCore]:
         loaded = load_artifact(artifact_path, enforce_eager=config.enforce_eager, rank=rank)
         start = time.perf_counter()
