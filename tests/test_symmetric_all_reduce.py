@@ -6,7 +6,7 @@ import torch
 
 from atom_aot.distributed import collectives
 from atom_aot.distributed.symmetric_all_reduce import (
-    DEFAULT_BOUNDS, KIB, MIB, ONE_SHOT, PROCESS_GROUP, TWO_SHOT, AllReducePlan, describe_plan,
+    DEFAULT_BOUNDS, KIB, MIB, ONE_SHOT, PROCESS_GROUP, TWO_SHOT, AllReducePlan, SymmetricAllReduce, describe_plan,
     open_symmetric_all_reduce, peer_memory_problem, plan_from_env)
 
 
@@ -46,6 +46,16 @@ def test_each_size_takes_one_shot_then_two_shot_then_the_process_group():
     # two-shot splits the message in 16-byte vectors per rank: a size that does not split goes to the group
     assert plan.path(512 * KIB + 16, 4) == PROCESS_GROUP
     assert AllReducePlan(0, 0).path(2, 2) == PROCESS_GROUP
+
+
+def test_tensors_the_kernels_cannot_take_go_to_the_process_group():
+    peer = SymmetricAllReduce.__new__(SymmetricAllReduce)      # the path choice only: no buffer mapped
+    peer.plan, peer.world_size = AllReducePlan(1 * MIB, 32 * MIB), 2
+    x = torch.randn(1025, dtype=torch.bfloat16)
+    assert peer.path(x[:1024]) == ONE_SHOT
+    assert peer.path(x[1:]) == PROCESS_GROUP                      # 2 bytes past a 16-byte boundary
+    assert peer.path(torch.randn(8, 8).t()) == PROCESS_GROUP       # not contiguous
+    assert peer.path(torch.ones(64, dtype=torch.int64)) == PROCESS_GROUP
 
 
 def test_no_peer_memory_on_the_cpu_or_for_one_rank():

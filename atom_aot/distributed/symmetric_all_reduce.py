@@ -117,7 +117,8 @@ class SymmetricAllReduce:
         self.backend = symmetric_memory.get_backend(device) if hasattr(symmetric_memory, "get_backend") else "default"
 
     def path(self, x: torch.Tensor) -> str:
-        if x.dtype not in SUPPORTED_DTYPES or not x.is_contiguous():
+        # one-shot wants the input and the buffer equally aligned: the buffer starts 16-byte aligned
+        if x.dtype not in SUPPORTED_DTYPES or not x.is_contiguous() or x.data_ptr() % VECTOR_BYTES:
             return PROCESS_GROUP
         return self.plan.path(x.numel() * x.element_size(), self.world_size)
 
