@@ -99,10 +99,9 @@ class RecordingPeerMemory:
 @pytest.fixture
 def peer_memory(monkeypatch):
     monkeypatch.setattr(collectives, "_groups", {})
-    monkeypatch.setattr(collectives, "_symmetric", {})
     collectives.register_stand_in()                   # the process group's path returns its input
     peer = RecordingPeerMemory(AllReducePlan(one_shot_max_bytes=64, two_shot_max_bytes=256))
-    collectives._symmetric[collectives.TP_GROUP] = peer
+    monkeypatch.setattr(collectives, "_peer_memory", peer)
     return peer
 
 
@@ -118,6 +117,6 @@ def test_all_reduce_takes_the_path_its_plan_gives(peer_memory):
 def test_registering_a_group_without_peer_memory_drops_the_last_one(peer_memory):
     collectives.register_stand_in()
     assert collectives.all_reduce_path(torch.randn(2)) == PROCESS_GROUP
-    collectives._symmetric[collectives.TP_GROUP] = peer_memory
+    collectives._peer_memory = peer_memory
     collectives.unregister_tp_group()
-    assert collectives._symmetric == {} and collectives._groups == {}
+    assert collectives._peer_memory is None and collectives._groups == {}

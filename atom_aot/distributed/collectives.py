@@ -34,7 +34,7 @@ LIBRARY.define("reduce_scatter(Tensor x, int world_size) -> Tensor")
 _gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _scatter_from = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _groups: dict[str, object] = {}
-_symmetric: dict[str, SymmetricAllReduce] = {}
+_peer_memory: SymmetricAllReduce | None = None    # the tensor-parallel group's, when its ranks have one
 TP_GROUP = "tp"
 STAND_IN = "one process standing in for every rank"
 
@@ -42,31 +42,31 @@ STAND_IN = "one process standing in for every rank"
 def register_tp_group(group: dist.ProcessGroup, symmetric: SymmetricAllReduce | None = None) -> None:
     """Make `group` the one the model's collectives run on (each rank, before its first forward), with its
     peer-memory all-reduce when the ranks have one."""
+    global _peer_memory
     _groups[TP_GROUP] = group
-    _symmetric.pop(TP_GROUP, None)
-    if symmetric is not None:
-        _symmetric[TP_GROUP] = symmetric
+    _peer_memory = symmetric
 
 
 def unregister_tp_group() -> None:
     """Forget the group and free its peer-memory buffer (before the group is destroyed)."""
+    global _peer_memory
     _groups.pop(TP_GROUP, None)
-    _symmetric.pop(TP_GROUP, None)
+    _peer_memory = None
 
 
 def all_reduce_path(x: torch.Tensor) -> str:
     """The path `all_reduce(x)` takes on this rank: "one_shot" / "two_shot" (peer memory) or "process_group"
     (the group's own all-reduce: NCCL's on GPUs, gloo's on the CPU)."""
-    symmetric = _symmetric.get(TP_GROUP)
-    return symmetric.path(x) if symmetric is not None else PROCESS_GROUP
+    return _peer_memory.path(x) if _peer_memory is not None else PROCESS_GROUP
 
 
 def register_stand_in() -> None:
     """Let one process run a rank's graph with no other ranks (the build's CUDA-graph memory probe):
     all_reduce returns its input, all_gather repeats it and reduce_scatter keeps the first part. Shapes and allocations are a rank's; the
     values are not any rank's, so nothing but memory may be measured this way."""
+    global _peer_memory
     _groups[TP_GROUP] = STAND_IN
-    _symmetric.pop(TP_GROUP, None)
+    _peer_memory = None
 
 
 def _tp_group():
@@ -79,11 +79,9 @@ def _tp_group():
 
 def _all_reduce(x: torch.Tensor) -> torch.Tensor:
     group = _tp_group()
-    symmetric = _symmetric.get(TP_GROUP)
-    if symmetric is not None:
-        path = symmetric.path(x)
-        if path != PROCESS_GROUP:
-            return symmetric(x, path)
+    path = all_reduce_path(x)
+    if path != PROCESS_GROUP:
+        return _peer_memory(x, path)
     out = x.clone()
     if group is not STAND_IN:
         dist.all_reduce(out, group=group)

@@ -118,8 +118,7 @@ def join(place: RankPlace, device: torch.device) -> RankGroup:
         register_tp_group(dist.group.WORLD, open_symmetric_all_reduce(dist.group.WORLD, device))
         control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     except BaseException:                  # met, then failed: leave, so that this process can start another engine
-        unregister_tp_group()
-        dist.destroy_process_group()
+        leave()
         raise
     return RankGroup(place.rank, place.world_size, control)
 
