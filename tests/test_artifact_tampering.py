@@ -266,3 +266,67 @@ class TestFormatAndTarget:
     def test_verify_says_loadable(self, eager_folder, cache, capsys):
         assert atom_run([str(eager_folder), "verify"]) == 0
         assert "loadable here: yes" in capsys.readouterr().out
+
+
+class TestWeightsCheckedBesideTheirUpload:
+    """The weight members are hashed beside their upload (runtime/loader.py checked_beside), each rank
+    hashing only what it answers for: rank 0 every rank's file, the others their own."""
+
+    def test_a_failing_check_is_the_error_even_when_the_work_fails_too(self):
+        from atom_aot.runtime.loader import checked_beside
+
+        def corrupt():
+            raise ArtifactError("member weights/rank0.safetensors is corrupt")
+
+        def broken_upload():
+            raise ValueError("header out of range")
+        with pytest.raises(ArtifactError, match="corrupt"):
+            checked_beside(corrupt, lambda: "weights")
+        with pytest.raises(ArtifactError, match="corrupt"):
+            checked_beside(corrupt, broken_upload)
+        with pytest.raises(ValueError, match="header"):
+            checked_beside(lambda: None, broken_upload)
+        assert checked_beside(lambda: None, lambda: "weights") == "weights"
+
+    def test_the_check_runs_beside_the_work(self):
+        import threading
+        from atom_aot.runtime.loader import checked_beside
+        started = threading.Event()
+        assert checked_beside(started.set, lambda: started.wait(timeout=30)) is True
+
+    def test_a_flipped_weight_byte_is_refused_after_an_upload_beside_its_hash(self, eager_folder, tmp_path):
+        import torch
+        from functools import partial
+        from atom_aot.runtime.loader import checked_beside
+        from atom_aot.runtime.safetensors_view import tensors_on_device
+        bad = copy_of(eager_folder, tmp_path)
+        name = "weights/rank0.safetensors"
+        flip_byte(bad / name, (bad / name).stat().st_size // 2)
+        art = Artifact.open(bad)
+        upload = partial(tensors_on_device, art.unchecked_member_buffer(name), torch.device("cpu"))
+        with pytest.raises(ArtifactError, match=f"{name} is corrupt"):
+            checked_beside(partial(art.verify, only=[name]), upload)
+        good = Artifact.open(eager_folder)
+        weights = checked_beside(partial(good.verify, only=[name]),
+                                 partial(tensors_on_device, good.unchecked_member_buffer(name), torch.device("cpu")))
+        assert weights and name in good._verified
+
+    @pytest.fixture(scope="class")
+    def tp2_folder(self, build_artifact, tiny_llama_dir, tmp_path_factory) -> Path:
+        archive = build_artifact(tiny_llama_dir, compile="none", tensor_parallel_size=2)
+        return folder_from_archive(archive, tmp_path_factory.mktemp("tp2") / "art")
+
+    def test_rank_0_refuses_any_damaged_rank_file_and_rank_1_checks_only_its_own(self, tp2_folder, tmp_path, cache):
+        bad = copy_of(tp2_folder, tmp_path)
+        rank0 = bad / "weights" / "rank0.safetensors"
+        flip_byte(rank0, rank0.stat().st_size // 2)
+        with pytest.raises(ArtifactError, match="weights/rank0.safetensors is corrupt"):
+            load_artifact(bad, rank=0)
+        assert load_artifact(bad, rank=1).weights            # rank 0's file is rank 0's to check
+        shutil.rmtree(bad)
+        bad = copy_of(tp2_folder, tmp_path)
+        rank1 = bad / "weights" / "rank1.safetensors"
+        flip_byte(rank1, rank1.stat().st_size // 2)
+        for rank in (0, 1):
+            with pytest.raises(ArtifactError, match="weights/rank1.safetensors is corrupt"):
+                load_artifact(bad, rank=rank)

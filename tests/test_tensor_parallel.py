@@ -199,6 +199,8 @@ def test_the_offline_engine_starts_its_ranks_before_any_thread_of_its_own(monkey
     try:
         assert seen == [[]] and engine.tokenizer is not None
         assert engine.loaded.timings["tokenizer (overlapped)"] >= 0
+        assert next(iter(engine.loaded.timings)) == "ranks start + join"     # first in the startup breakdown
+        assert engine.loaded.timings["ranks start + join"] > 0
     finally:
         engine.close()
 
@@ -279,6 +281,80 @@ def test_a_start_that_fails_on_rank_0_ends_with_its_error_while_the_other_rank_i
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["error"] == "rank 0 could not start its engine core" and result["left_group"]
     assert result["seconds"] < 60
+
+
+FAILING_LOAD = FAILING_START.replace("startup.start_engine_core = fail_on_rank_0", "startup.load_artifact = fail_on_rank_0")
+
+
+def test_a_load_that_fails_on_rank_0_while_the_ranks_meet_ends_with_its_error_and_leaves(build_artifact,
+                                                                                         tiny_llama_dir):
+    """The ranks are met in a thread beside rank 0's load (startup.meet_while_loading): a failed load waits for
+    the meeting, then leaves the group and ends the ranks it started."""
+    import json
+    import subprocess
+    import sys
+    art = build_artifact(tiny_llama_dir, compile="none", tensor_parallel_size=2)
+    out = subprocess.run([sys.executable, "-c", FAILING_LOAD.replace("start its engine core", "load"), str(art)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["error"] == "rank 0 could not load" and result["left_group"]
+    assert result["seconds"] < 60
+
+
+class TestMeetWhileLoading:
+    def test_the_meeting_runs_beside_the_load_and_its_seconds_are_kept(self):
+        import threading
+        from atom_aot.runtime.startup import meet_while_loading
+        met = threading.Event()
+
+        class Ranks:
+            def join(self):
+                met.set()
+                return "lead"
+        lead, loaded, seconds = meet_while_loading(Ranks(), lambda: met.wait(timeout=30))
+        assert (lead, loaded) == ("lead", True) and seconds >= 0
+
+    def test_a_failed_meeting_is_raised_after_the_load_and_a_failed_load_releases_the_meeting(self):
+        from atom_aot.runtime.startup import meet_while_loading
+        loads, aborted = [], []
+
+        class Unmet:
+            def join(self):
+                raise RuntimeError("rank 1 never came")
+
+        class Lead:
+            def abort(self):
+                aborted.append(True)
+
+        class Met:
+            def join(self):
+                return Lead()
+
+        def load():
+            loads.append(True)
+            return "loaded"
+
+        def failing_load():
+            raise MemoryError("no room for the weights")
+        with pytest.raises(RuntimeError, match="never came"):
+            meet_while_loading(Unmet(), load)
+        assert loads == [True]
+        with pytest.raises(MemoryError):
+            meet_while_loading(Met(), failing_load)
+        assert aborted == [True]
+
+    def test_what_the_meeting_made_is_undone_when_the_load_fails(self):
+        from atom_aot.runtime.startup import while_loading
+        undone = []
+
+        def failing_load():
+            raise MemoryError("no room for the weights")
+        with pytest.raises(MemoryError):
+            while_loading(lambda: "group", failing_load, undo=undone.append)
+        assert undone == ["group"]
+        assert while_loading(lambda: "group", lambda: "loaded", undo=undone.append) == ("group", "loaded")
+        assert undone == ["group"]
 
 
 def test_a_closed_engine_gives_its_memory_back_says_it_is_closed_and_closes_once(build_artifact, tiny_llama_dir):

@@ -2,7 +2,8 @@
 
 Both forms are read the same way: the manifest must match its checksum and parse as a `Manifest`
 (every field, and the fixed member layout) before any member is touched; only members the
-manifest lists are ever read, and each is checked against its hash before it is handed out.
+manifest lists are ever read, and each is checked against its hash before it is handed out (a
+rank's weights, hashed beside their upload: before anything made from them is used).
 Weights are viewed in place (mapped); every other member a loader wants as a file (compiled
 packages, the tokenizer) is a checked copy unpacked into the content-addressed cache, never the
 artifact's own file, so a file dropped into or altered in a folder artifact is never used.
@@ -96,10 +97,12 @@ class Artifact:
         return cls(path, manifest, stored)
 
     # -- checking ---------------------------------------------------------------------------
-    def verify(self, full: bool = False) -> None:
-        """Check every member against the manifest: xxh3-128 (fast, at every load) or sha256 (`verify`)."""
-        for name in self.manifest.members:
-            self._check(name, self._contents(name), full)
+    def verify(self, full: bool = False, only: list[str] | None = None, skip: frozenset[str] = frozenset()) -> None:
+        """Check every member (or those in `only`) but `skip` against the manifest: xxh3-128 (fast, at every
+        load; a member checked before is not hashed again) or sha256 (`verify`)."""
+        for name in self.manifest.members if only is None else only:
+            if name not in skip and (full or name not in self._verified):
+                self._check(name, self._contents(name), full)
 
     def _check(self, name: str, data, full: bool = False) -> None:
         member = self.manifest.members[name]
@@ -143,6 +146,12 @@ class Artifact:
         if name not in self._verified:
             self._check(name, data)
         return memoryview(data)
+
+    def unchecked_member_buffer(self, name: str) -> memoryview:
+        """A listed member's bytes before they are checked, for a loader that hashes them in another thread
+        while it copies them (a rank's weights on their way to the GPU: the hash and the upload take about as
+        long each) and hands out nothing made from them until that `verify(only=[name])` has returned."""
+        return memoryview(self._contents(name))
 
     def member_bytes(self, name: str) -> bytes:
         """A private copy of a listed member, checked after copying (what is written or parsed is what was checked)."""

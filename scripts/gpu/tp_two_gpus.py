@@ -198,9 +198,10 @@ def _in_fresh_process(fn, *args):
         return pool.submit(fn, *args).result()
 
 
-def tiny(out: dict, models: int, same_process: bool) -> None:
+def tiny(out: dict, models: int, same_process: bool, save) -> None:
     """same_process: the engines run one after another in this process (what LLMEngine.close must allow; the
-    free memory after each close is recorded), else each in a fresh process."""
+    free memory after each close is recorded), else each in a fresh process. `save()` writes `out` after every
+    engine, so a run cut short by its time limit keeps what it finished (session 36 lost a whole one)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
     from factories import make_tiny_model
     from atom_aot.arch import detect_arch
@@ -224,11 +225,14 @@ def tiny(out: dict, models: int, same_process: bool) -> None:
                     seconds[f"gpu0_free_GB_after_tp{tp}_closed"] = round(torch.cuda.mem_get_info(0)[0] / 1e9, 1)
                 else:
                     tokens[tp] = _in_fresh_process(_greedy, art, prompts, 24)
-            results[f"{architecture}_{compile_mode}"] = {
-                **seconds, "prompts": len(prompts), "tokens_each": 24,
-                **{f"tp{tp}_equals_tp1": tokens[tp] == tokens[1] for tp in tokens if tp > 1},
-                **{f"tp{tp}_sequences_equal": sum(a == b for a, b in zip(tokens[1], tokens[tp])) for tp in tokens if tp > 1}}
-    out["tiny_fp32_greedy"] = {"engines": "one process" if same_process else "a fresh process each", **results}
+                results[f"{architecture}_{compile_mode}"] = {
+                    **seconds, "prompts": len(prompts), "tokens_each": 24,
+                    **{f"tp{tp}_equals_tp1": tokens[tp] == tokens[1] for tp in tokens if tp > 1},
+                    **{f"tp{tp}_sequences_equal": sum(a == b for a, b in zip(tokens[1], tokens[tp]))
+                       for tp in tokens if tp > 1}}
+                out["tiny_fp32_greedy"] = {"engines": "one process" if same_process else "a fresh process each",
+                                           **results}
+                save()
 
 
 def _first_token_logprobs(artifact: str, prompts: list[list[int]], greedy_tokens: int) -> tuple[list, list]:
@@ -291,7 +295,7 @@ def main() -> None:
         if a.what == "collectives":
             collectives(out, a.out)
         elif a.what == "tiny":
-            tiny(out, a.tiny_models, a.same_process)
+            tiny(out, a.tiny_models, a.same_process, save=lambda: Path(a.out).write_text(json.dumps(out, indent=1)))
         else:
             logits(out, a.tp1, a.tp2, a.vocab)
     except Exception as e:
