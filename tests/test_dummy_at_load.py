@@ -14,6 +14,10 @@ from test_dummy_weights import CONFIG as TINY_MOE
 
 from atom_aot.artifact.layout import weights_member
 from atom_aot.artifact.reader import Artifact
+from atom_aot.build.dummy import DRAW_ORDER_KEY, draw_order_metadata, recorded_draw_order
+from atom_aot.errors import ArtifactError
+from atom_aot.runtime.drawn_weights import draw_artifact_weights
+from atom_aot.runtime.safetensors_view import metadata_of
 from atom_aot.runtime.inspect import describe
 from atom_aot.runtime.loader import load_artifact
 
@@ -78,9 +82,38 @@ def test_the_artifact_stores_no_weights_and_is_keyed_apart(tiny_qwen3_dir, build
     art = Artifact.open(at_load)
     assert art.manifest.build_key != Artifact.open(dummy).manifest.build_key
     assert stored(at_load) == {}
-    assert art.manifest.members[weights_member(0)].size < 100           # the safetensors header alone
+    recorded = draw_order_metadata(tiny_qwen3_dir)
+    assert metadata_of(art.member_buffer(weights_member(0))) == recorded      # the draw order, in the header
+    assert art.manifest.members[weights_member(0)].size < 100 + 2 * len(recorded[DRAW_ORDER_KEY])   # escaped in the header
     art.verify(full=True)
     assert "--load-format dummy-at-load" in art.manifest.rebuild_command()
+
+
+def test_a_load_draws_in_the_recorded_order_without_asking_transformers(moe_config_dir, build_artifact, monkeypatch):
+    """transformers' import and meta model took 4-9 s of each such start on the GPU machines (session 36)."""
+    from atom_aot.build import dummy
+    dummy_art, at_load = pair(build_artifact, moe_config_dir, tensor_parallel_size=2, enable_expert_parallel=True)
+
+    def asked(folder):
+        raise AssertionError("the load asked transformers for the parameters")
+    monkeypatch.setattr(dummy, "parameter_shapes", asked)
+    for rank in (0, 1):
+        assert_same_tensors(load_artifact(at_load, rank=rank).weights, stored(dummy_art, rank))
+
+
+def test_an_artifact_without_a_recorded_order_draws_in_transformers_order_and_says_so(moe_config_dir,
+                                                                                      build_artifact, caplog):
+    dummy_art, at_load = pair(build_artifact, moe_config_dir)
+    with caplog.at_level("INFO", logger="atom_aot"):
+        drawn = draw_artifact_weights(Artifact.open(at_load), 0, torch.device("cpu"), {}, metadata={})
+    assert_same_tensors(drawn, stored(dummy_art))
+    assert "does not record its draw order" in caplog.text
+
+
+@pytest.mark.parametrize("bad", ["not json", '[["a.weight", ["x"]]]', '{"a": 1}', '[["a.weight"]]'])
+def test_a_malformed_recorded_order_is_refused_by_name(bad):
+    with pytest.raises(ArtifactError, match=DRAW_ORDER_KEY):
+        recorded_draw_order({DRAW_ORDER_KEY: bad})
 
 
 def test_inspect_says_the_weights_are_drawn_at_load(tiny_qwen3_dir, build_artifact):

@@ -97,12 +97,21 @@ class Artifact:
         return cls(path, manifest, stored)
 
     # -- checking ---------------------------------------------------------------------------
-    def verify(self, full: bool = False, only: list[str] | None = None, skip: frozenset[str] = frozenset()) -> None:
+    def verify(self, full: bool = False, only: list[str] | None = None, skip: frozenset[str] = frozenset(),
+               threads: int = 1) -> None:
         """Check every member (or those in `only`) but `skip` against the manifest: xxh3-128 (fast, at every
-        load; a member checked before is not hashed again) or sha256 (`verify`)."""
-        for name in self.manifest.members if only is None else only:
-            if name not in skip and (full or name not in self._verified):
+        load; a member checked before is not hashed again) or sha256 (`verify`). `threads` > 1 hashes that
+        many members at once (the hashes release the GIL: rank 0's check of every rank's weights file)."""
+        names = [n for n in (self.manifest.members if only is None else only)
+                 if n not in skip and (full or n not in self._verified)]
+        if threads <= 1 or len(names) <= 1:
+            for name in names:
                 self._check(name, self._contents(name), full)
+            return
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(min(threads, len(names)), thread_name_prefix="atom-verify") as pool:
+            for done in [pool.submit(lambda n: self._check(n, self._contents(n), full), n) for n in names]:
+                done.result()
 
     def _check(self, name: str, data, full: bool = False) -> None:
         member = self.manifest.members[name]

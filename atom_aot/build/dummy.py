@@ -5,9 +5,10 @@ artifact), not two (a random checkpoint folder and the artifact).
 
 `--load-format dummy-at-load` stores none of them (for models too big for the disk): the build draws
 and uses them as `dummy` does (tuning, KV-scale calibration, export), but each rank's weights member
-keeps only what a draw cannot reproduce (`stored_at_load`); the runtime draws the rest on its device
-at every load through `draw_rank_state`, the same functions the build ran, so the numbers are the
-same as a `dummy` artifact's for the same config, seed and device type.
+keeps only what a draw cannot reproduce (`stored_at_load`) and, in its metadata, the names and shapes in
+the order drawn (`draw_order_metadata`); the runtime draws the rest on its device at every load through
+`draw_rank_state`, the same functions the build ran, so the numbers are the same as a `dummy` artifact's
+for the same config, seed and device type.
 
 The names and shapes are transformers' own for the architecture (its model class built on the meta
 device), so the build's usual checkpoint mapping reads them; tensors are drawn one at a time (on the
@@ -27,10 +28,12 @@ import xxhash
 from atom_aot.artifact.build_options import LOAD_FORMATS  # noqa: F401  (the one list; random_weights() tests it)
 from atom_aot.build.shard import shard_tensors
 from atom_aot.build.weights import build_meta_model, converted_tensors
+from atom_aot.errors import ArtifactError
 from atom_aot.models import ModelConfig, model_class
 from atom_aot.models.parallel import Split
 
 KV_SCALE = "self_attn.kv_scale"
+DRAW_ORDER_KEY = "atom_draw_order"
 DEFAULT_STD = 0.02
 DEFAULT_SEED = 0
 
@@ -80,13 +83,33 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def draw_order_metadata(folder: Path) -> dict[str, str]:
+    """The safetensors metadata of a dummy-at-load rank file: the names and shapes the build draws, in its
+    order. A load draws from it without transformers (whose import and meta model took 4-9 s of every
+    such start on the GPU machines) and in the build's order even where another transformers version
+    would list the parameters differently."""
+    return {DRAW_ORDER_KEY: json.dumps([[name, list(shape)] for name, shape in parameter_shapes(folder).items()])}
+
+
+def recorded_draw_order(metadata: dict[str, str]) -> dict[str, torch.Size] | None:
+    """The draw order a rank file records (draw_order_metadata), or None for an artifact built without it."""
+    if DRAW_ORDER_KEY not in metadata:
+        return None
+    try:
+        order = json.loads(metadata[DRAW_ORDER_KEY])
+        return {str(name): torch.Size([int(d) for d in shape]) for name, shape in order}
+    except (ValueError, TypeError) as e:
+        raise ArtifactError(f"the weights file's {DRAW_ORDER_KEY} metadata is not a list of [name, shape] "
+                            f"({type(e).__name__}: {e}). Rebuild the artifact with atom-build.") from None
+
+
 def random_tensors(folder: Path, dtype: torch.dtype, seed: int = DEFAULT_SEED, std: float = DEFAULT_STD,
-                   device: str | torch.device | None = None,
-                   to_host: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) one at a time, in transformers' order: moved to host memory for the build, left on
-    the device (`to_host=False`) when the runtime draws at load."""
+                   device: str | torch.device | None = None, to_host: bool = True,
+                   shapes: dict[str, torch.Size] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) one at a time, in transformers' order (or `shapes`', the order a build recorded):
+    moved to host memory for the build, left on the device (`to_host=False`) when the runtime draws at load."""
     generator = torch.Generator(device=device or default_device()).manual_seed(seed)
-    for name, shape in parameter_shapes(folder).items():
+    for name, shape in (parameter_shapes(folder) if shapes is None else shapes).items():
         tensor = draw(name, shape, dtype, generator, std)
         yield name, tensor.cpu() if to_host else tensor
 
@@ -101,14 +124,14 @@ def stored_at_load(state: dict[str, torch.Tensor], kv_scales: str) -> dict[str, 
 
 
 def draw_rank_state(config_dir: Path, dtype: torch.dtype, quant: str, max_positions: int, split: Split, rank: int,
-                    device: torch.device) -> dict[str, torch.Tensor]:
+                    device: torch.device, shapes: dict[str, torch.Size] | None = None) -> dict[str, torch.Tensor]:
     """Rank `rank`'s parameters as a --load-format dummy build of config_dir/config.json stores them, drawn and
     converted on `device` (random_tensors -> converted_tensors -> shard_tensors): one source tensor, or
     one layer's expert stack, at a time beside the rank's own weights."""
     hf_config = json.loads((config_dir / "config.json").read_text())
     cfg = ModelConfig.from_hf_dict(hf_config)
     model = build_meta_model(model_class(cfg.architecture), cfg, dtype, quant, max_positions)
-    tensors = random_tensors(config_dir, config_dtype(hf_config), device=device, to_host=False)
+    tensors = random_tensors(config_dir, config_dtype(hf_config), device=device, to_host=False, shapes=shapes)
     converted = converted_tensors(tensors, model, cfg, quant)
     state = dict(converted) if split.world_size == 1 else shard_tensors(converted, cfg, split, rank)
     return {name: tensor.to(device) for name, tensor in state.items()}    # the small CPU-made ones too

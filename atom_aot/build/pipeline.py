@@ -31,7 +31,7 @@ from atom_aot.artifact.tuning import TUNING, Tuning
 from atom_aot.artifact.writer import write_artifact
 from atom_aot.build.cache import artifact_name, default_cache_dir, find_cached
 from atom_aot.build.config import BuildConfig
-from atom_aot.build.dummy import stored_at_load
+from atom_aot.build.dummy import draw_order_metadata, stored_at_load
 from atom_aot.build.export import compile_package, export_model
 from atom_aot.build.export_mtp import export_mtp
 from atom_aot.build.graphs import probe_capture_sizes
@@ -161,12 +161,14 @@ def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, co
         if quant.kv_scales == "calibrated":
             state.update(_calibrate_kv_scales(model_cls, model_config, config, quant.scheme, state, staging, max_len))
         (staging / layout.weights_member(0)).parent.mkdir()
-        stored = partial(stored_at_load, kv_scales=quant.kv_scales) if drawn_at_load(config.load_format) else None
+        stored, metadata = None, None
+        if drawn_at_load(config.load_format):
+            stored, metadata = partial(stored_at_load, kv_scales=quant.kv_scales), draw_order_metadata(source.path)
         if layout.world_size > 1:
             model = build_meta_model(model_cls, model_config, config.torch_dtype, quant.scheme, max_len, config.split)
-            state = write_rank_weights(staging, layout, state, model, model_config, stored)
+            state = write_rank_weights(staging, layout, state, model, model_config, stored, metadata)
         else:
-            save_file(stored(state) if stored else state, str(staging / layout.weights_member(0)))
+            save_file(stored(state) if stored else state, str(staging / layout.weights_member(0)), metadata)
     tuning = checkpoints.tuning()
     with progress.stage("tune" if tuning is None else "tune (resumed)"):
         if tuning is None:
@@ -192,15 +194,15 @@ def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, co
 
 
 def write_rank_weights(staging: Path, layout: Layout, state: dict, rank_model, model_config: ModelConfig,
-                       stored: Callable[[dict], dict] | None = None) -> dict:
+                       stored: Callable[[dict], dict] | None = None, metadata: dict[str, str] | None = None) -> dict:
     """weights/rank{r}.safetensors for every rank, from the whole model's `state` (only `stored(rank's)` when
-    given: weights drawn at load); returns rank 0's, which the build exports with (the ranks' graphs are
-    the same: models/parallel.py)."""
+    given, with `metadata`: weights drawn at load); returns rank 0's, which the build exports with (the
+    ranks' graphs are the same: models/parallel.py)."""
     expected = rank_model.state_dict()
     for rank in reversed(range(layout.world_size)):     # rank 0 last: its tensors are kept
         rank_state = shard_state_dict(state, model_config, Split.of(layout), rank)
         check_like(rank_state, expected, rank)
-        save_file(stored(rank_state) if stored else rank_state, str(staging / layout.weights_member(rank)))
+        save_file(stored(rank_state) if stored else rank_state, str(staging / layout.weights_member(rank)), metadata)
     return rank_state
 
 

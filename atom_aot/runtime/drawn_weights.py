@@ -16,28 +16,35 @@ import torch
 
 from atom_aot.artifact.layout import CONFIG
 from atom_aot.artifact.reader import Artifact
-from atom_aot.build.dummy import draw_rank_state
+from atom_aot.build.dummy import draw_rank_state, recorded_draw_order
 from atom_aot.errors import ArtifactError
 from atom_aot.models.parallel import Split
 
 log = logging.getLogger("atom_aot")
 
 
-def draw_artifact_weights(artifact: Artifact, rank: int, device: torch.device,
-                          stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Rank `rank`'s weights of a dummy-at-load artifact, drawn as its manifest says it was built."""
+def draw_artifact_weights(artifact: Artifact, rank: int, device: torch.device, stored: dict[str, torch.Tensor],
+                          metadata: dict[str, str]) -> dict[str, torch.Tensor]:
+    """Rank `rank`'s weights of a dummy-at-load artifact, drawn as its manifest says it was built, in the
+    order its weights file's `metadata` records (build/dummy.py draw_order_metadata)."""
     m = artifact.manifest
     config_dir = artifact.member_dir(Path(CONFIG).parent.name)       # config.json, as the build read it
+    shapes = recorded_draw_order(metadata)
+    if shapes is None:
+        log.info("weights drawn at load: this artifact does not record its draw order (built before session 36), "
+                 "so transformers lists the parameters (seconds of import and a meta model)")
     return draw_weights(config_dir, getattr(torch, m.numerics.dtype), m.quantization.weights,
-                        m.numerics.max_model_len, Split.of(m.layout), rank, device, stored)
+                        m.numerics.max_model_len, Split.of(m.layout), rank, device, stored, shapes)
 
 
 def draw_weights(config_dir: Path, dtype: torch.dtype, quant: str, max_model_len: int, split: Split, rank: int,
-                 device: torch.device, stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The drawn weights with the `stored` tensors in their places; a stored name the draw does not make
-    is refused (the artifact and this atom-aot disagree on the model)."""
+                 device: torch.device, stored: dict[str, torch.Tensor],
+                 shapes: dict[str, torch.Size] | None = None) -> dict[str, torch.Tensor]:
+    """The drawn weights (of `shapes`, the recorded draw order; transformers' when None) with the `stored`
+    tensors in their places; a stored name the draw does not make is refused (the artifact and this
+    atom-aot disagree on the model)."""
     start = time.perf_counter()
-    weights = draw_rank_state(config_dir, dtype, quant, max_model_len, split, rank, device)
+    weights = draw_rank_state(config_dir, dtype, quant, max_model_len, split, rank, device, shapes)
     unlike = sorted(n for n, t in stored.items()
                     if n not in weights or (weights[n].shape, weights[n].dtype) != (t.shape, t.dtype))
     if unlike:

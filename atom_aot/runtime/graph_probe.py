@@ -34,9 +34,13 @@ def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_m
         register_stand_in()
     weights = load_file(str(staging / weights_member(0)), device="cuda")
     if draw is not None:
-        from atom_aot.runtime.drawn_weights import draw_weights
+        from safetensors import safe_open
+
+        from atom_aot.runtime.drawn_weights import draw_weights, recorded_draw_order
+        with safe_open(str(staging / weights_member(0)), "pt") as stored:
+            shapes = recorded_draw_order(stored.metadata() or {})
         weights = draw_weights(staging / Path(CONFIG).parent, getattr(torch, draw["dtype"]), draw["quant"],
-                               max_model_len, split, 0, device, weights)
+                               max_model_len, split, 0, device, weights, shapes)
     decode = CompiledModel(staging / package_member(Phase.DECODE), device).bind(weights)
     kv_cache = allocate_kv_cache(cfg, sizes[-1] + 1, block_size, getattr(torch, kv_dtype), device)
     del weights                       # bound into the package: the loader's dict of them is not needed

@@ -28,7 +28,7 @@ from atom_aot.errors import ArtifactError
 from atom_aot.models import ModelConfig, model_class
 from atom_aot.models.parallel import Split, rank_shapes
 from atom_aot.runtime.placement import placement_problem
-from atom_aot.runtime.safetensors_view import tensors_from_buffer, tensors_on_device
+from atom_aot.runtime.safetensors_view import metadata_of, tensors_from_buffer, tensors_on_device
 
 log = logging.getLogger("atom_aot")
 T = TypeVar("T")
@@ -147,8 +147,9 @@ def _weights_reader(artifact: Artifact, rank: int, device: torch.device,
     The weight members are checked here rather than in load_artifact's verify: on a GPU beside the upload.
     Rank 0 checks every rank's file (a damaged one is refused by the rank whose error the user reads),
     the other ranks their own; a -tp 2 start hashed 16 GB on each rank before (1.65 s, session 36)."""
-    own = artifact.manifest.layout.weights_member(rank)
-    check = partial(artifact.verify, only=artifact.manifest.layout.weight_members() if rank == 0 else [own])
+    own, every = artifact.manifest.layout.weights_member(rank), artifact.manifest.layout.weight_members()
+    check = partial(artifact.verify, only=every, threads=len(every)) if rank == 0 else \
+        partial(artifact.verify, only=[own])
     if not drawn_at_load(artifact.manifest.options.load_format):
         return partial(_weights, artifact.unchecked_member_buffer(own), device, check)
     check()                                # the stored part of a drawn artifact is small
@@ -156,7 +157,8 @@ def _weights_reader(artifact: Artifact, rank: int, device: torch.device,
     def draw() -> dict[str, torch.Tensor]:
         from atom_aot.runtime.drawn_weights import draw_artifact_weights
         start = time.perf_counter()
-        weights = draw_artifact_weights(artifact, rank, device, tensors_from_buffer(artifact.member_buffer(own)))
+        buffer = artifact.member_buffer(own)
+        weights = draw_artifact_weights(artifact, rank, device, tensors_from_buffer(buffer), metadata_of(buffer))
         timings["draw weights"] = time.perf_counter() - start
         return weights
     return draw

@@ -18,12 +18,23 @@ DTYPES = {
 }
 
 
+def _raw_header(buffer: memoryview) -> tuple[dict, int]:
+    """(the JSON header, metadata included; offset of the data section)."""
+    (header_len,) = struct.unpack("<Q", buffer[:8])
+    return json.loads(bytes(buffer[8:8 + header_len])), 8 + header_len
+
+
 def _header(buffer: memoryview) -> tuple[dict, int]:
     """(header without metadata, offset of the data section)."""
-    (header_len,) = struct.unpack("<Q", buffer[:8])
-    header = json.loads(bytes(buffer[8:8 + header_len]))
+    header, base = _raw_header(buffer)
     header.pop("__metadata__", None)
-    return header, 8 + header_len
+    return header, base
+
+
+def metadata_of(buffer: memoryview) -> dict[str, str]:
+    """The file's `__metadata__` (string to string; empty when it has none)."""
+    metadata = _raw_header(buffer)[0].get("__metadata__") or {}
+    return {str(k): str(v) for k, v in metadata.items()} if isinstance(metadata, dict) else {}
 
 
 def _entries(header: dict):

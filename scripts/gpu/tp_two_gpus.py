@@ -11,8 +11,9 @@ compiled graphs call (`atom::all_reduce`: peer memory or NCCL by size, distribut
 view of one preallocated buffer (P2P loads, no NVLink multicast; ATOM_BENCH_SYMM_MEM=0 skips them), and NCCL's
 bus bandwidth on 1 GiB, the reference the issue names. Rank 0 writes the table row by row.
 tiny: tiny fp32 Llama (weights only, eager) and Qwen3 (AOTInductor-compiled, CUDA graphs) built for this GPU at
--tp 1, -tp 2 and (with 4 GPUs) -tp 4; greedy tokens of 8 prompts compared with -tp 1's; each engine in a fresh
-process, or with --same-process one after another in this one (session 35's faults: close, rejoin).
+-tp 1, -tp 2 and (with 4 GPUs) -tp 4, side by side in processes of their own; greedy tokens of 8 prompts compared
+with -tp 1's; each engine in a fresh process, or with --same-process one after another in this one (session 35's
+faults: close, rejoin). The JSON is written after every engine.
 logits: first-token log-probabilities (top 20) and 32 greedy tokens of the same prompts from two artifacts
 of the same random weights (a -tp 1 and a -tp 2 build of one folder with --load-format dummy).
 """
@@ -204,9 +205,8 @@ def tiny(out: dict, models: int, same_process: bool, save) -> None:
     engine, so a run cut short by its time limit keeps what it finished (session 36 lost a whole one)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
     from factories import make_tiny_model
-    from atom_aot.arch import detect_arch
-    from atom_aot.build.config import BuildConfig
-    from atom_aot.build.pipeline import build
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
     prompts = ["Hello world! How are", "The quick brown fox", "0123456789 + - * / =", "Paged attention stores",
                "a b c d e f g", "Once upon a time", "def main():", "The capital of France is"]
     results = {}
@@ -215,11 +215,12 @@ def tiny(out: dict, models: int, same_process: bool, save) -> None:
         for architecture, compile_mode in TINY_MODELS[:models]:
             model = make_tiny_model(work / architecture, architecture)
             tokens, seconds = {}, {}
-            for tp in TINY_TP_SIZES[:1 + (torch.cuda.device_count() >= 2) + (torch.cuda.device_count() >= 4)]:
-                config = BuildConfig(arch=detect_arch(), dtype="float32", compile=compile_mode, tensor_parallel_size=tp)
-                t = time.perf_counter()
-                art = build(str(model), config, cache_dir=work / "cache", show_progress=False).path
-                seconds[f"build_tp{tp}_s"] = round(time.perf_counter() - t, 1)
+            sizes = TINY_TP_SIZES[:1 + (torch.cuda.device_count() >= 2) + (torch.cuda.device_count() >= 4)]
+            with ProcessPoolExecutor(len(sizes), mp_context=multiprocessing.get_context("spawn")) as pool:
+                built = {tp: pool.submit(_build_tiny, model, compile_mode, tp, work / f"cache-tp{tp}") for tp in sizes}
+                built = {tp: future.result() for tp, future in built.items()}     # side by side: one call's time
+            for tp in sizes:
+                art, seconds[f"build_tp{tp}_s"] = built[tp]
                 if same_process:
                     tokens[tp] = _greedy(art, prompts, 24)
                     seconds[f"gpu0_free_GB_after_tp{tp}_closed"] = round(torch.cuda.mem_get_info(0)[0] / 1e9, 1)
@@ -233,6 +234,17 @@ def tiny(out: dict, models: int, same_process: bool, save) -> None:
                 out["tiny_fp32_greedy"] = {"engines": "one process" if same_process else "a fresh process each",
                                            **results}
                 save()
+
+
+def _build_tiny(model: Path, compile_mode: str, tp: int, cache_dir: Path) -> tuple[Path, float]:
+    """(the artifact, build seconds): a tiny fp32 build in its own process, so the -tp sizes build side by side."""
+    from atom_aot.arch import detect_arch
+    from atom_aot.build.config import BuildConfig
+    from atom_aot.build.pipeline import build
+    config = BuildConfig(arch=detect_arch(), dtype="float32", compile=compile_mode, tensor_parallel_size=tp)
+    t = time.perf_counter()
+    art = build(str(model), config, cache_dir=cache_dir, show_progress=False).path
+    return art, round(time.perf_counter() - t, 1)
 
 
 def _first_token_logprobs(artifact: str, prompts: list[list[int]], greedy_tokens: int) -> tuple[list, list]:
