@@ -107,12 +107,9 @@ def joined_before() -> bool:
 
 
 def join(place: RankPlace, device: torch.device) -> RankGroup:
-    """Meet the other ranks (blocks until all arrive, at most COLLECTIVE_TIMEOUT). It may run in a thread
-    beside the load: the GPU is made this thread's current device too (it is per thread)."""
+    """Meet the other ranks (blocks until all arrive, at most COLLECTIVE_TIMEOUT)."""
     global _joined_before
     _joined_before = True
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=place.init_method,
                             rank=place.rank, world_size=place.world_size, timeout=COLLECTIVE_TIMEOUT,

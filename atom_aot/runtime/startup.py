@@ -25,14 +25,13 @@ from atom_aot.runtime.model_runner import ModelRunner
 from atom_aot.runtime.sampler import Sampler
 from atom_aot.runtime.scheduler import Scheduler, SchedulerConfig
 from atom_aot.runtime.structured_output import Grammars
-from atom_aot.runtime.tp_lead import LeadRank, StartedRanks, start_other_ranks
+from atom_aot.runtime.tp_lead import LeadRank, start_other_ranks
 from atom_aot.runtime.threads import set_torch_threads
 from atom_aot.runtime.verify_graphs import MAX_GRAPH_TOKENS, verify_capture_sizes
 from atom_aot.spec.setup import draft_kv_blocks, load_draft, no_verify_graphs_reason, start_speculation
 
 log = logging.getLogger("atom_aot")
 T = TypeVar("T")
-M = TypeVar("M")
 
 
 def eos_token_ids(loaded: LoadedArtifact) -> frozenset[int]:
@@ -186,29 +185,18 @@ def load_and_start(artifact_path, config: RuntimeConfig,
     warn_if_torch_uncached()
     set_torch_threads(config.num_threads)
     artifact = Artifact.open(artifact_path)
-    multi_rank, joined = artifact.manifest.layout.world_size > 1, 0.0
+    joining = time.perf_counter()
     if artifact.manifest.layout.attention_data_parallel:
-        joining = time.perf_counter()
         group = join_attention_dp(artifact)
-        joined = time.perf_counter() - joining
-        rank, started, release = group.rank, None, [leave]
+        rank, links, release = group.rank, {"dp_group": group}, leave
     else:
-        rank, started, release = 0, start_other_ranks(artifact, config), []
-        if started is not None:
-            release.append(started.abort)
+        ranks = start_other_ranks(artifact, config)
+        rank, links, release = 0, {"ranks": ranks}, ranks.abort if ranks is not None else (lambda: None)
+    joined = time.perf_counter() - joining      # the ranks' start, the process group, the peer memory
 
     def load_and_start_core() -> tuple[LoadedArtifact, EngineCore]:
-        nonlocal joined
-
-        def load() -> LoadedArtifact:
-            return load_artifact(artifact_path, enforce_eager=config.enforce_eager, rank=rank)
-        if started is None:
-            loaded, links = load(), ({"dp_group": group} if multi_rank else {"ranks": None})
-        else:
-            lead, loaded, joined = meet_while_loading(started, load)
-            release[:] = [lead.abort]
-            links = {"ranks": lead}
-        if multi_rank:
+        loaded = load_artifact(artifact_path, enforce_eager=config.enforce_eager, rank=rank)
+        if artifact.manifest.layout.world_size > 1:
             loaded.timings = {"ranks start + join": joined, **loaded.timings}
         start = time.perf_counter()
         core = start_engine_core(loaded, config, **links)
@@ -217,34 +205,8 @@ def load_and_start(artifact_path, config: RuntimeConfig,
     try:
         return alongside(beside, load_and_start_core)
     except BaseException:
-        for undo in release:
-            undo()
+        release()
         raise
-
-
-def meet_while_loading(ranks: StartedRanks, load: Callable[[], T]) -> tuple[LeadRank, T, float]:
-    """(rank 0's link to the other ranks, load(), the seconds the meeting took): the ranks are met (process
-    group, peer memory: seconds on GPUs) in a thread while this one loads, as each of them does
-    (tp_worker.py). If the load fails, the meeting is waited for and what it made is released."""
-    def meet() -> tuple[LeadRank, float]:
-        start = time.perf_counter()
-        return ranks.join(), time.perf_counter() - start
-    (lead, seconds), loaded = while_loading(meet, load, undo=lambda met: met[0].abort())
-    return lead, loaded, seconds
-
-
-def while_loading(meet: Callable[[], M], load: Callable[[], T], undo: Callable[[M], None]) -> tuple[M, T]:
-    """(meet(), load()), meet() running in a thread beside load(); meet's error is raised after load returns.
-    If load fails, meet is waited for and, if it succeeded, undo(its result) releases what it made."""
-    with ThreadPoolExecutor(1, thread_name_prefix="atom-join") as pool:
-        meeting = pool.submit(meet)
-        try:
-            loaded = load()
-        except BaseException:
-            if meeting.exception() is None:
-                undo(meeting.result())
-            raise
-        return meeting.result(), loaded
 
 
 def alongside(beside: Callable[[], None] | None, work: Callable[[], T]) -> T:

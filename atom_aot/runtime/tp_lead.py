@@ -43,8 +43,8 @@ class RankFailure(RuntimeError):
     """Another tensor-parallel rank died or stopped answering: the engine cannot go on."""
 
 
-def start_other_ranks(artifact: Artifact, config: RuntimeConfig) -> "StartedRanks | None":
-    """The other ranks of the artifact's layout, started but not yet met (None for a one-rank artifact).
+def start_other_ranks(artifact: Artifact, config: RuntimeConfig) -> "LeadRank | None":
+    """Rank 0's link to the other ranks of the artifact's layout (None for a one-rank artifact).
 
     Placed by torchrun's variables, this process must be rank 0 and the others are started
     elsewhere; otherwise ranks 1..N-1 are started here as child processes."""
@@ -63,7 +63,7 @@ def start_other_ranks(artifact: Artifact, config: RuntimeConfig) -> "StartedRank
     from atom_aot.runtime.loader import check_target
     if place is not None:                  # the other ranks are started elsewhere
         check_target(artifact)
-        return StartedRanks(place, rank_device(artifact.manifest.target.arch, place.local_rank), [])
+        return LeadRank(join(place, rank_device(artifact.manifest.target.arch, place.local_rank)), [])
     place = RankPlace.local_leader(world)
     method, why = start_method(artifact.manifest.target.arch)
     if method == "spawn":
@@ -74,36 +74,11 @@ def start_other_ranks(artifact: Artifact, config: RuntimeConfig) -> "StartedRank
     try:
         if method == "fork":               # checked after the fork: the check opens this process's CUDA context
             check_target(artifact)
-        return StartedRanks(place, rank_device(artifact.manifest.target.arch, place.local_rank), children)
-    except BaseException:
-        _kill(children)
+        return LeadRank(join(place, rank_device(artifact.manifest.target.arch, place.local_rank)), children)
+    except BaseException:                  # the ranks started here would wait for this one until their timeout
+        for child in children:
+            child.kill()
         raise
-
-
-def _kill(children: list) -> None:
-    """The ranks started here, which would otherwise wait for this one until their timeout."""
-    for child in children:
-        child.kill()
-
-
-class StartedRanks:
-    """Ranks 1..N-1 started (or to be met elsewhere), not yet met. `join` meets them; it may run in a thread
-    beside this rank's load (startup.py), since the process group's and the peer memory's setup take
-    seconds on GPUs and need nothing the load makes; the ranks do the same (tp_worker.py)."""
-
-    def __init__(self, place: RankPlace, device, children: list):
-        self.place, self.device, self.children = place, device, children
-
-    def join(self) -> "LeadRank":
-        try:
-            return LeadRank(join(self.place, self.device), self.children)
-        except BaseException:
-            _kill(self.children)
-            raise
-
-    def abort(self) -> None:
-        """End a start that failed before the ranks were met."""
-        _kill(self.children)
 
 
 class LeadRank:

@@ -17,7 +17,7 @@ from atom_aot.distributed.group import RankPlace, agree_min, join, leave, rank_d
 from atom_aot.artifact.reader import Artifact
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.loader import load_artifact
-from atom_aot.runtime.startup import kv_block_count, prepare_model, while_loading
+from atom_aot.runtime.startup import kv_block_count, prepare_model
 from atom_aot.runtime.step_broadcast import StepReceiver
 from atom_aot.runtime.threads import set_torch_threads
 from atom_aot.runtime.tp_lead import RankFailure
@@ -32,12 +32,9 @@ def run_worker(artifact_path: str | Path, config: RuntimeConfig) -> None:
                          "WORLD_SIZE, MASTER_ADDR and MASTER_PORT as for torchrun; rank 0 is `atom-run ART serve` "
                          "or `generate` (docs/parallelism.md)")
     set_torch_threads(config.num_threads)
-    device = rank_device(Artifact.open(artifact_path).manifest.target.arch, place.local_rank)
-    group, loaded = while_loading(lambda: join(place, device),           # met while loading, as rank 0 does
-                                  lambda: load_artifact(artifact_path, enforce_eager=config.enforce_eager,
-                                                        rank=place.rank),
-                                  undo=lambda met: leave())
+    group = join(place, rank_device(Artifact.open(artifact_path).manifest.target.arch, place.local_rank))
     try:
+        loaded = load_artifact(artifact_path, enforce_eager=config.enforce_eager, rank=place.rank)
         kv_cache, forwards = prepare_model(loaded, config, agree_min(kv_block_count(loaded, config), group))
         serve_steps(StepReceiver(group, kv_cache), [forwards.mixed, forwards.decode])
     except dist.DistError as e:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Planned for the next multi-GPU session, call B (carry .vllm/bundle.part00): stage vLLM part 0. Our Llama-3.1-8B
-# -tp 2 start after session 36's start changes (weights hashed per rank beside their upload, ranks met while
-# loading): cold x3 through the shared harness and `atom-run generate`'s breakdown (`ranks start + join` now
-# itemized); then -tp 4 on GPUs 0-3: cold x3, throughput 256 x 1024/512, batch-1 TPOT, and its breakdown.
+# -tp 2 start after session 36's start change (weights hashed per rank beside their upload): cold x3 through the
+# shared harness and `atom-run generate`'s breakdown (`ranks start + join` now itemized);
+# then -tp 4 on GPUs 0-3: cold x3, throughput 256 x 1024/512, batch-1 TPOT, and its breakdown.
 mkdir -p /tmp/vstage /tmp/s36 && cp .vllm/bundle.part0* /tmp/vstage/
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 S=$(date +%s); at() { echo "$1 at $(( $(date +%s) - S )) s"; }
