@@ -268,6 +268,12 @@ class TestFormatAndTarget:
         assert "loadable here: yes" in capsys.readouterr().out
 
 
+@pytest.fixture(scope="module")
+def tp2_folder(build_artifact, tiny_llama_dir, tmp_path_factory) -> Path:
+    archive = build_artifact(tiny_llama_dir, compile="none", tensor_parallel_size=2)
+    return folder_from_archive(archive, tmp_path_factory.mktemp("tp2") / "art")
+
+
 class TestWeightsCheckedBesideTheirUpload:
     """The weight members are hashed beside their upload (runtime/loader.py checked_beside), each rank
     hashing only what it answers for: rank 0 every rank's file, the others their own."""
@@ -310,11 +316,6 @@ class TestWeightsCheckedBesideTheirUpload:
         weights = checked_beside(partial(good.verify, only=[name]),
                                  partial(tensors_on_device, good.unchecked_member_buffer(name), torch.device("cpu")))
         assert weights and name in good._verified
-
-    @pytest.fixture(scope="class")
-    def tp2_folder(self, build_artifact, tiny_llama_dir, tmp_path_factory) -> Path:
-        archive = build_artifact(tiny_llama_dir, compile="none", tensor_parallel_size=2)
-        return folder_from_archive(archive, tmp_path_factory.mktemp("tp2") / "art")
 
     def test_rank_0_refuses_any_damaged_rank_file_and_rank_1_checks_only_its_own(self, tp2_folder, tmp_path, cache):
         bad = copy_of(tp2_folder, tmp_path)
