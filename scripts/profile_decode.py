@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 CATEGORIES = (   # (category, substrings of the kernel name), first match wins
+    ("collectives", ("all_reduce", "allreduce", "nccl", "broadcast", "symm_mem", "multimem")),   # -tp N
     ("attention_merge", ("merge_splits",)),
     ("attention", ("paged_attention",)),
     ("rope_cache_write", ("qk_norm_rope", "rope_cache")),
