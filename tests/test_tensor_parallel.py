@@ -283,6 +283,42 @@ def test_a_start_that_fails_on_rank_0_ends_with_its_error_while_the_other_rank_i
     assert result["seconds"] < 60
 
 
+DYING_RANK = """
+import json, subprocess, sys, time
+from atom_aot import LLMEngine
+from atom_aot.runtime import tp_lead
+tp_lead.start_rank = lambda *args: subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+start = time.monotonic()
+try:
+    LLMEngine(sys.argv[1], num_kv_blocks=64, num_threads=1)
+except tp_lead.RankFailure as e:
+    import torch.distributed as dist
+    print(json.dumps({"error": str(e), "seconds": time.monotonic() - start, "left_group": not dist.is_initialized()}))
+"""
+
+
+def test_a_rank_that_dies_before_it_joins_ends_the_start_at_once_naming_it(build_artifact, tiny_llama_dir):
+    """Rank 0 used to wait for it until the rendezvous timeout (300 s), naming nobody."""
+    import json
+    import subprocess
+    import sys
+    art = build_artifact(tiny_llama_dir, compile="none", tensor_parallel_size=2)
+    out = subprocess.run([sys.executable, "-c", DYING_RANK, str(art)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert re.fullmatch(r"tensor-parallel rank 1 \(pid \d+\) exited with code 3 before it joined the others: .*",
+                        result["error"]), result
+    assert result["seconds"] < 60 and result["left_group"]
+
+
+def test_the_ranks_started_here_count_themselves_in_and_others_meet_as_torchrun_placed_them():
+    place = RankPlace.local_leader(2)
+    started = place.peer(1, started_by_leader=True)
+    assert started.started_by_leader and started.environment()["ATOM_STARTED_BY_LEADER"] == "1"
+    for other in (place, place.peer(1)):        # rank 0 itself; a data-parallel rank the server places
+        assert not other.started_by_leader and "ATOM_STARTED_BY_LEADER" not in other.environment()
+
+
 def test_a_closed_engine_gives_its_memory_back_says_it_is_closed_and_closes_once(build_artifact, tiny_llama_dir):
     engine = LLMEngine(str(build_artifact(tiny_llama_dir, compile="none")), **ENGINE)
     engine.generate(PROMPTS[:1], GREEDY)

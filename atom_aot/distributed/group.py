@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Callable
@@ -30,6 +31,9 @@ from atom_aot.distributed.symmetric_all_reduce import open_symmetric_all_reduce
 COLLECTIVE_TIMEOUT = timedelta(seconds=300)
 IDLE_TIMEOUT = timedelta(days=30)
 TORCHRUN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+STARTED_BY_LEADER = "ATOM_STARTED_BY_LEADER"     # set for the ranks a rank 0 starts on its machine
+ARRIVED_KEY = "atom/arrived"                       # those ranks count themselves in here before they join
+ARRIVAL_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class RankPlace:
     master_port: int
     local_rank: int              # the GPU this rank uses on its node
     placed_by_env: bool = False  # placed by torchrun's variables: meet through env:// (torchrun's own store)
+    started_by_leader: bool = False   # started by the rank 0 of this machine, which waits for it to arrive
 
     @classmethod
     def from_env(cls) -> "RankPlace | None":
@@ -54,7 +59,8 @@ class RankPlace:
                              f"needs all of {', '.join(TORCHRUN_VARIABLES)} (as torchrun sets them)")
         rank = int(os.environ["RANK"])
         return cls(rank, int(os.environ["WORLD_SIZE"]), os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                   int(os.environ.get("LOCAL_RANK", rank)), placed_by_env=True)
+                   int(os.environ.get("LOCAL_RANK", rank)), placed_by_env=True,
+                   started_by_leader=os.environ.get(STARTED_BY_LEADER) == "1")
 
     @classmethod
     def local_leader(cls, world_size: int) -> "RankPlace":
@@ -64,10 +70,12 @@ class RankPlace:
     def environment(self) -> dict[str, str]:
         """torchrun's variables for this place: what from_env reads back in the process started with them."""
         return {"MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port),
-                "WORLD_SIZE": str(self.world_size), "RANK": str(self.rank), "LOCAL_RANK": str(self.local_rank)}
+                "WORLD_SIZE": str(self.world_size), "RANK": str(self.rank), "LOCAL_RANK": str(self.local_rank),
+                **({STARTED_BY_LEADER: "1"} if self.started_by_leader else {})}
 
-    def peer(self, rank: int) -> "RankPlace":
-        return RankPlace(rank, self.world_size, self.master_addr, self.master_port, rank)
+    def peer(self, rank: int, started_by_leader: bool = False) -> "RankPlace":
+        """`started_by_leader`: a tensor-parallel rank 0 starts it and waits for it to count itself in (join)."""
+        return RankPlace(rank, self.world_size, self.master_addr, self.master_port, rank, started_by_leader=started_by_leader)
 
     @property
     def init_method(self) -> str:
@@ -106,12 +114,16 @@ def joined_before() -> bool:
     return _joined_before
 
 
-def join(place: RankPlace, device: torch.device) -> RankGroup:
-    """Meet the other ranks (blocks until all arrive, at most COLLECTIVE_TIMEOUT)."""
+def join(place: RankPlace, device: torch.device, waiting: Callable[[], None] | None = None) -> RankGroup:
+    """Meet the other ranks (blocks until all arrive, at most COLLECTIVE_TIMEOUT).
+
+    A rank 0 that started the others on this machine serves the store itself and waits there until each has
+    counted itself in, calling `waiting()` between looks: it raises when a rank it started has died, so a
+    rank that dies before it joins ends the start at once, named, instead of after the rendezvous timeout."""
     global _joined_before
     _joined_before = True
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=place.init_method,
+    dist.init_process_group(backend, **_rendezvous(place, waiting),
                             rank=place.rank, world_size=place.world_size, timeout=COLLECTIVE_TIMEOUT,
                             device_id=device if device.type == "cuda" else None)
     try:
@@ -121,6 +133,35 @@ def join(place: RankPlace, device: torch.device) -> RankGroup:
         leave()
         raise
     return RankGroup(place.rank, place.world_size, control)
+
+
+def _rendezvous(place: RankPlace, waiting: Callable[[], None] | None) -> dict:
+    """init_process_group's way to meet: the store this rank 0 serves once its ranks are in, a store client
+    counted in, or torch's own rendezvous (torchrun's env://, the tcp:// of a rank 0 given no way to wait).
+    All ranks of a world must take the same form: torch prefixes its rendezvous' keys ("default_pg") and not
+    a given store's, so a data-parallel rank counting itself in beside env:// ranks never met them."""
+    if place.rank == 0 and not place.placed_by_env and waiting is not None:
+        store = dist.TCPStore(place.master_addr, place.master_port, place.world_size, is_master=True,
+                              timeout=COLLECTIVE_TIMEOUT, wait_for_workers=False)
+        _await_arrivals(store, place, waiting)
+        return {"store": store}
+    if place.started_by_leader and place.rank != 0:
+        store = dist.TCPStore(place.master_addr, place.master_port, place.world_size, is_master=False,
+                              timeout=COLLECTIVE_TIMEOUT)
+        store.add(ARRIVED_KEY, 1)
+        return {"store": store}
+    return {"init_method": place.init_method}
+
+
+def _await_arrivals(store: dist.TCPStore, place: RankPlace, waiting: Callable[[], None]) -> None:
+    expected = place.world_size - 1
+    deadline = time.monotonic() + COLLECTIVE_TIMEOUT.total_seconds()
+    while (arrived := store.add(ARRIVED_KEY, 0)) < expected:
+        waiting()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{arrived} of the {expected} ranks started here reached {place.master_addr}:"
+                               f"{place.master_port} within {COLLECTIVE_TIMEOUT.total_seconds():.0f} s")
+        time.sleep(ARRIVAL_POLL_S)
 
 
 def agree_min(value: int, group: RankGroup) -> int:

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import threading
 import time
+from functools import partial
 
 import torch.distributed as dist
 
@@ -70,15 +71,25 @@ def start_other_ranks(artifact: Artifact, config: RuntimeConfig) -> "LeadRank | 
         check_target(artifact)             # refuse before anything starts
     log.info("tensor-parallel ranks 1..%d: %s (%s)", world - 1,
              "forked from this process" if method == "fork" else "started as new processes", why)
-    children = [start_rank(artifact_path, config, place.peer(rank), method) for rank in range(1, world)]
+    children = [start_rank(artifact_path, config, place.peer(rank, started_by_leader=True), method)
+                for rank in range(1, world)]
     try:
         if method == "fork":               # checked after the fork: the check opens this process's CUDA context
             check_target(artifact)
-        return LeadRank(join(place, rank_device(artifact.manifest.target.arch, place.local_rank)), children)
+        device = rank_device(artifact.manifest.target.arch, place.local_rank)
+        return LeadRank(join(place, device, waiting=partial(_all_alive, children)), children)
     except BaseException:                  # the ranks started here would wait for this one until their timeout
         for child in children:
             child.kill()
         raise
+
+
+def _all_alive(children: list) -> None:
+    """Raise RankFailure naming a rank started here that has exited (while the ranks are still meeting)."""
+    for rank, child in enumerate(children, start=1):
+        if child.poll() is not None:
+            raise RankFailure(f"tensor-parallel rank {rank} (pid {child.pid}) exited with code {child.returncode} "
+                              f"before it joined the others: its own output says why")
 
 
 class LeadRank:
