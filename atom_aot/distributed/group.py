@@ -10,8 +10,8 @@ two groups every rank joins.
 
 The rendezvous is torch.distributed's: torchrun's variables (MASTER_ADDR, MASTER_PORT, WORLD_SIZE,
 RANK, LOCAL_RANK) place a process when they are set (env://), which is how ranks on several nodes
-meet; otherwise rank 0 picks a free port on 127.0.0.1, meets there (tcp://) and starts the other
-ranks itself, with those variables set.
+meet; otherwise rank 0 picks a free port on 127.0.0.1, starts the other ranks itself with those variables
+set, serves the store there and waits for them to count themselves in (a rank that dies first is named).
 """
 from __future__ import annotations
 
