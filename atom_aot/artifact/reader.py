@@ -110,8 +110,7 @@ class Artifact:
             return
         from concurrent.futures import ThreadPoolExecutor
         with ThreadPoolExecutor(min(threads, len(names)), thread_name_prefix="atom-verify") as pool:
-            for done in [pool.submit(lambda n: self._check(n, self._contents(n), full), n) for n in names]:
-                done.result()
+            list(pool.map(lambda name: self._check(name, self._contents(name), full), names))
 
     def _check(self, name: str, data, full: bool = False) -> None:
         member = self.manifest.members[name]

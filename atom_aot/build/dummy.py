@@ -18,6 +18,7 @@ manifest records `load_format` and `atom-run ART inspect` says the weights are r
 """
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Iterator
@@ -40,7 +41,14 @@ DEFAULT_SEED = 0
 
 def parameter_shapes(folder: Path) -> dict[str, torch.Size]:
     """transformers' checkpoint names -> shapes for the folder's config.json, in its module order (a tied
-    lm_head left out)."""
+    lm_head left out). Kept per config: a dummy-at-load build asks twice (the draw, the recorded order),
+    and each answer costs transformers' model built on the meta device."""
+    return dict(_parameter_shapes(Path(folder).resolve(), (Path(folder) / "config.json").read_text()))
+
+
+@functools.lru_cache(maxsize=4)
+def _parameter_shapes(folder: Path, config_text: str) -> dict[str, torch.Size]:
+    """`config_text` (config.json's) keys the cache: a rewritten config is listed afresh."""
     from transformers import AutoConfig, AutoModelForCausalLM
     hf_config = AutoConfig.from_pretrained(folder)
     with torch.device("meta"):
@@ -85,9 +93,10 @@ def default_device() -> str:
 
 def draw_order_metadata(folder: Path) -> dict[str, str]:
     """The safetensors metadata of a dummy-at-load rank file: the names and shapes the build draws, in its
-    order. A load draws from it without transformers (whose import and meta model took 4-9 s of every
-    such start on the GPU machines) and in the build's order even where another transformers version
-    would list the parameters differently."""
+    order. A load draws from it without transformers (its import and meta model: 3.7 s on a CPU for
+    Qwen3-0.6B's config; a draw at load took 6-9 s on the GPU machines, how much of it this was is not
+    measured) and in the build's order even where another transformers version would list the parameters
+    differently."""
     return {DRAW_ORDER_KEY: json.dumps([[name, list(shape)] for name, shape in parameter_shapes(folder).items()])}
 
 

@@ -2,9 +2,9 @@
 two groups every rank joins.
 
 - the world group (gloo on the CPU, NCCL on GPUs): the model's collectives, registered under
-  `TP_GROUP` for the compiled packages (with a peer-memory all-reduce on GPUs of one host), with `COLLECTIVE_TIMEOUT` so a rank that stops answering
-  mid-step ends the step with an error, never a hang (a rank that dies closes its sockets, and its
-  peers' next collective fails at once);
+  `TP_GROUP` for the compiled packages (with a peer-memory all-reduce on GPUs of one host), with
+  `COLLECTIVE_TIMEOUT` so a rank that stops answering mid-step ends the step with an error, never a hang
+  (a rank that dies closes its sockets, and its peers' next collective fails at once);
 - a control group (gloo, host memory) on which rank 0 tells the others what to run next; ranks wait
   there while the engine is idle, so its timeout is long (`IDLE_TIMEOUT`).
 
@@ -75,7 +75,8 @@ class RankPlace:
 
     def peer(self, rank: int, started_by_leader: bool = False) -> "RankPlace":
         """`started_by_leader`: a tensor-parallel rank 0 starts it and waits for it to count itself in (join)."""
-        return RankPlace(rank, self.world_size, self.master_addr, self.master_port, rank, started_by_leader=started_by_leader)
+        return RankPlace(rank, self.world_size, self.master_addr, self.master_port, rank,
+                         started_by_leader=started_by_leader)
 
     @property
     def init_method(self) -> str:

@@ -84,12 +84,18 @@ def start_other_ranks(artifact: Artifact, config: RuntimeConfig) -> "LeadRank | 
         raise
 
 
-def _all_alive(children: list) -> None:
-    """Raise RankFailure naming a rank started here that has exited (while the ranks are still meeting)."""
+def _exited(children: list) -> str | None:
+    """Which rank started here has exited (ranks 1..N-1, in order), said as the errors say it; None if none."""
     for rank, child in enumerate(children, start=1):
         if child.poll() is not None:
-            raise RankFailure(f"tensor-parallel rank {rank} (pid {child.pid}) exited with code {child.returncode} "
-                              f"before it joined the others: its own output says why")
+            return f"tensor-parallel rank {rank} (pid {child.pid}) exited with code {child.returncode}"
+    return None
+
+
+def _all_alive(children: list) -> None:
+    """Raise RankFailure naming a rank started here that has exited (while the ranks are still meeting)."""
+    if (exited := _exited(children)) is not None:
+        raise RankFailure(f"{exited} before it joined the others: its own output says why")
 
 
 class LeadRank:
@@ -123,12 +129,12 @@ class LeadRank:
 
     def _watch(self) -> None:
         while not self._closing:
-            for rank, child in enumerate(self.children, start=1):
-                if child.poll() is not None and not self._closing:
-                    self.failure = f"tensor-parallel rank {rank} (pid {child.pid}) exited with code {child.returncode}"
-                    log.error("%s; the engine stops", self.failure)
-                    _thread.interrupt_main(signal.SIGTERM)
-                    return
+            exited = _exited(self.children)
+            if exited is not None and not self._closing:
+                self.failure = exited
+                log.error("%s; the engine stops", self.failure)
+                _thread.interrupt_main(signal.SIGTERM)
+                return
             time.sleep(WATCH_INTERVAL_S)
 
     def abort(self) -> None:
