@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import save_file
 
 from atom_aot.build.dummy import DEFAULT_SEED, DEFAULT_STD, parameter_shapes, random_tensors
+from atom_aot.build.experts import STACKED_TENSOR
 
 
 def parse_args(argv=None):
@@ -34,12 +35,15 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--override", default="{}", help="JSON of config fields to change (e.g. fewer layers)")
     p.add_argument("--shard-gb", type=float, default=4.0, help="the most bytes of one safetensors file, in GiB")
+    p.add_argument("--hub-expert-names", action="store_true",
+                   help="write stacked experts one tensor per expert, as checkpoints on the Hub name them (vLLM "
+                        "loads those; transformers 5 and atom-build read both)")
     return p.parse_args(argv)
 
 
 def make_random_model(config_path: Path, out: Path, tokenizer: Path | None = None, dtype: str = "bfloat16",
                       device: str = "cpu", std: float = DEFAULT_STD, seed: int = DEFAULT_SEED,
-                      override: dict | None = None, shard_bytes: int = 4 << 30) -> Path:
+                      override: dict | None = None, shard_bytes: int = 4 << 30, hub_expert_names: bool = False) -> Path:
     """The same tensors `atom-build --load-format dummy` draws for this config on `device` (build/dummy.py)."""
     out.mkdir(parents=True, exist_ok=True)
     config_dict = {**json.loads(config_path.read_text()), **(override or {}), "torch_dtype": dtype}
@@ -50,14 +54,18 @@ def make_random_model(config_path: Path, out: Path, tokenizer: Path | None = Non
     files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))] \
         if len(shards) > 1 else ["model.safetensors"]
     tensors = random_tensors(out, getattr(torch, dtype), seed, std, device)
+    weight_map = {}
     for names, file in zip(shards, files):
         shard = dict(next(tensors) for _ in names)
         assert list(shard) == names
+        if hub_expert_names:
+            shard = dict(item for name, tensor in shard.items() for item in per_expert(name, tensor))
         save_file(shard, str(out / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, file))
         del shard
     if len(files) > 1:          # transformers' and vLLM's index of a sharded checkpoint
         index = {"metadata": {"total_size": sum(shapes[n].numel() * itemsize for n in shapes)},
-                 "weight_map": {name: file for names, file in zip(shards, files) for name in names}}
+                 "weight_map": weight_map}
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
     eos = config_dict.get("eos_token_id")
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": config_dict.get("bos_token_id"),
@@ -67,6 +75,22 @@ def make_random_model(config_path: Path, out: Path, tokenizer: Path | None = Non
             if f.is_file() and f.name != "LICENSE":
                 shutil.copy(f, out / f.name)
     return out
+
+
+def per_expert(name: str, tensor: torch.Tensor):
+    """transformers 5's stacked `<block>.experts.gate_up_proj` [E, 2I, H] (gate rows, then up rows: its
+    conversion concatenates them so) and `down_proj` [E, H, I] as the Hub's per-expert tensors; others as they are."""
+    match = STACKED_TENSOR.fullmatch(name)
+    if match is None:
+        yield name, tensor
+        return
+    block, half = match["block"], tensor.shape[1] // 2
+    for e in range(tensor.shape[0]):
+        if match["proj"] == "gate_up_proj":
+            yield f"{block}.{e}.gate_proj.weight", tensor[e, :half].clone()
+            yield f"{block}.{e}.up_proj.weight", tensor[e, half:].clone()
+        else:
+            yield f"{block}.{e}.down_proj.weight", tensor[e].clone()
 
 
 def plan_shards(sizes: dict[str, int], shard_bytes: int) -> list[list[str]]:
@@ -84,5 +108,5 @@ def plan_shards(sizes: dict[str, int], shard_bytes: int) -> list[list[str]]:
 if __name__ == "__main__":
     a = parse_args()
     path = make_random_model(a.config, a.out, a.tokenizer, a.dtype, a.device, a.std, a.seed, json.loads(a.override),
-                             int(a.shard_gb * (1 << 30)))
+                             int(a.shard_gb * (1 << 30)), a.hub_expert_names)
     print(path)

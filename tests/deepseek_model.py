@@ -27,6 +27,7 @@ def step_of(kv_cache, tokens: list[list[int]], starts: list[int], block_size: in
     tables = (torch.arange(len(tokens))[:, None] * 4 + torch.arange(4)).to(torch.int32)
     slots = tables[rows, positions // block_size].long() * block_size + positions % block_size
     counts = torch.tensor([0] + [len(t) for t in tokens]).cumsum(0)
-    return StepInputs(torch.tensor(sum(tokens, [])), positions, kv_cache, slots, tables,
-                      torch.tensor([s + len(t) for s, t in zip(starts, tokens)], dtype=torch.int32),
-                      counts.to(torch.int32), counts[1:] - 1)
+    dev = kv_cache.device                   # the step's tensors live where its cache does (a GPU test's)
+    return StepInputs(torch.tensor(sum(tokens, [])).to(dev), positions.to(dev), kv_cache, slots.to(dev), tables.to(dev),
+                      torch.tensor([s + len(t) for s, t in zip(starts, tokens)], dtype=torch.int32).to(dev),
+                      counts.to(torch.int32).to(dev), (counts[1:] - 1).to(dev))

@@ -114,3 +114,14 @@ def test_a_deepseek_config_gets_its_mtp_layer_and_serves_mtp(tmp_path):
     spec = LLMEngine(result.path, method="mtp", num_speculative_tokens=2)
     assert [o["token_ids"] for o in spec.generate(prompts, params)] == plain
     assert spec.print_mtp_statistics()["proposed_total"] > 0
+
+
+def test_a_large_tensor_is_drawn_in_pieces_of_rows(monkeypatch):
+    """A tensor over DRAW_PIECE_ELEMENTS is drawn a few rows at a time: every row is drawn (none left empty,
+    no two pieces the same numbers), with the std asked for; norm weights near 1."""
+    from atom_aot.build import dummy
+    monkeypatch.setattr(dummy, "DRAW_PIECE_ELEMENTS", 300)          # 4 rows of 75 per piece: 2 pieces
+    t = dummy.draw("w.weight", torch.Size([7, 25, 3]), torch.float32, torch.Generator().manual_seed(3), 0.02)
+    assert t.abs().min() > 0 and not torch.equal(t[:3], t[4:7]) and 0.015 < t.std() < 0.025
+    norm = dummy.draw("a.norm.weight", torch.Size([9, 40]), torch.bfloat16, torch.Generator().manual_seed(3), 0.02)
+    assert norm.dtype == torch.bfloat16 and (norm.float() - 1).abs().max() < 1 and norm.float().std() > 0.05

@@ -38,3 +38,24 @@ def test_a_sharded_folder_loads_in_transformers_and_in_atom_build(tmp_path):
     assert sorted(p.name for p in source.weight_files) == files
     loaded = dict(source.tensors())
     assert all(torch.equal(loaded[name], tensor) for name, tensor in model.state_dict().items())
+
+
+def test_hub_expert_names_load_to_the_same_model(tmp_path):
+    """--hub-expert-names writes a MoE's stacked experts one tensor per expert (what vLLM loads): transformers
+    reads it back to the same model as the stacked folder, and so does atom-build's source."""
+    from transformers import AutoModelForCausalLM
+
+    from atom_aot.build.source import resolve_model
+    from test_dummy_weights import CONFIG as TINY_MOE
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY_MOE))
+    make_tokenizer(tmp_path / "tokenizer")
+    stacked = make_random_model(config, tmp_path / "stacked", tmp_path / "tokenizer", dtype="float32")
+    hub = make_random_model(config, tmp_path / "hub", tmp_path / "tokenizer", dtype="float32", shard_bytes=40_000,
+                            hub_expert_names=True)
+    names = set(json.loads((hub / "model.safetensors.index.json").read_text())["weight_map"])
+    assert "model.layers.0.mlp.experts.3.up_proj.weight" in names and not any("gate_up_proj" in n for n in names)
+    want = AutoModelForCausalLM.from_pretrained(stacked, dtype=torch.float32).state_dict()
+    got = AutoModelForCausalLM.from_pretrained(hub, dtype=torch.float32).state_dict()
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    assert len(dict(resolve_model(str(hub)).tensors())) == len(names)

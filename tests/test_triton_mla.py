@@ -1,14 +1,16 @@
 """atom_triton::mla_decode (the absorbed MLA decode over paged latent blocks, split-K) against the
 torch reference (atom_aot/ops/mla.py), on fresh random inputs; in Triton's interpreter without a GPU."""
+import json
+
 import pytest
 import torch
 
 from triton_support import DEVICE, poisoned_outputs  # noqa: F401 (an autouse fixture)
 
 from atom_aot.models.mla import split_kv_b_proj
-from atom_aot.ops.mla import gather_latent, mla_decode_absorbed
+from atom_aot.ops.mla import gather_latent, mla_decode_absorbed, write_latent_cache
 from atom_aot.ops.triton.batch_inputs import make_paged_batch
-from atom_aot.ops.triton.mla_decode import MLADecodeConfig, mla_decode
+from atom_aot.ops.triton.mla_decode import CANDIDATE_CONFIGS, MLADecodeConfig, mla_cache_write, mla_decode
 
 RANK, ROPE, NOPE, V = 32, 16, 16, 24
 
@@ -42,6 +44,14 @@ def test_matches_reference(seed, context_lens, num_heads, splits):
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("config", CANDIDATE_CONFIGS, ids=lambda c: "-".join(map(str, c.as_args())))
+def test_every_candidate_the_build_measures_matches_reference(config):
+    """Each shipped candidate (16 to 64 heads per program, some splitting at this batch) on 20 heads: a
+    program's head block is partly masked."""
+    got, ref = run_case([3, 70, 33], 20, config, seed=4)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+
+
 def test_more_splits_than_key_blocks():
     """A split with no key block contributes nothing (its lse is -inf), the rest still sum right."""
     got, ref = run_case([9, 33], 4, MLADecodeConfig(16, 16, 4, 2, target_programs=1 << 20, max_splits=8), seed=2)
@@ -66,8 +76,9 @@ def test_backend_decode_step_equals_reference_backend():
     """A tiny DeepSeek model: a decode step through the `triton` MLA backend and through the `reference` one:
     equal logits."""
     from deepseek_model import random_deepseek
-    model = random_deepseek()
-    ref, got = _decode_logits_both_backends(model, torch.zeros(model.kv_cache_layout(model.config).shape(12, 16)))
+    model = random_deepseek().to(DEVICE)
+    ref, got = _decode_logits_both_backends(model, torch.zeros(model.kv_cache_layout(model.config).shape(12, 16),
+                                                               device=DEVICE))
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
 
 
@@ -82,6 +93,47 @@ def test_backend_decode_step_on_an_fp8_cache_equals_reference_backend():
     assert len(scales) == 5 and all(s[0] != s[1] for s in scales.values())       # 4 layers + the MTP layer
     model.load_state_dict(scales, strict=False)
     model.use_kernels(PhaseTuning({"mla_attention": BackendChoice("reference"), "moe": BackendChoice("reference")}))
-    cache = torch.zeros(model.kv_cache_layout(model.config).shape(12, 16), dtype=torch.float8_e4m3fn)
+    cache = torch.zeros(model.kv_cache_layout(model.config).shape(12, 16), dtype=torch.float8_e4m3fn, device=DEVICE)
+    model = model.to(DEVICE)
     ref, got = _decode_logits_both_backends(model, cache)
     torch.testing.assert_close(got, ref, rtol=1e-3, atol=1e-3)
+
+
+def test_an_mla_models_tuning_is_written_as_json(monkeypatch):
+    """tune_mla's row, with the MoE op's timings keyed by config tuples as build/tune.py's _tune_moe returns
+    them, serializes and reads back (the first GPU build of a DeepSeek model failed on the tuple keys)."""
+    from atom_aot.artifact.phase import Phase
+    from atom_aot.artifact.tuning import BackendChoice, Tuning
+    from atom_aot.build import tune_mla
+    from atom_aot.build.config import BuildConfig
+    from atom_aot.build.tune import _best
+    from deepseek_model import random_deepseek
+    cfg = random_deepseek().config
+    monkeypatch.setattr(tune_mla, "_time_decode", lambda cfg, config, candidates, context:
+                        {c.as_args(): 1.0 + i for i, c in enumerate(candidates)})
+    moe = BackendChoice("triton", {"fused_moe@1": (16, 16, 32, 1, 2, 1)})
+    tuning = tune_mla.tune_mla(BuildConfig(arch="sm90"), cfg, 4096, _best,
+                               lambda cfg, config: (moe, {1: {(16, 16, 32, 1, 2, 1): 0.5}}), "triton fused_moe")
+    read = Tuning.from_dict(json.loads(tuning.to_json()))
+    assert read.for_phase(Phase.DECODE).op("moe") == moe
+    assert read.measurements_ms["moe"] == {"1": {"16,16,32,1,2,1": 0.5}}
+    assert read.for_phase(Phase.DECODE).op("mla_attention").params["mla_decode"] == CANDIDATE_CONFIGS[0].as_args()
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float8_e4m3fn])
+def test_cache_write_equals_the_reference_and_skips_padding(cache_dtype):
+    """Fresh random latents into a cache of random bytes: the kernel writes each token's [c_kv | k_pe] where
+    the reference does (an fp8 cache through its scales), leaves padded tokens (slot -1) and every other row as
+    they were, in another layer than 0."""
+    g = torch.Generator().manual_seed(5)
+    cache = torch.randn(3, 1, 6, 16, 1, RANK + ROPE, generator=g).to(cache_dtype)
+    c_kv, k_pe = torch.randn(7, RANK, generator=g) * 3, torch.randn(7, ROPE, generator=g) * 3
+    slots = torch.tensor([17, -1, 0, 95, 40, -1, 63])
+    scale = torch.tensor([0.02, 0.05]) if cache_dtype != torch.float32 else None
+    want = cache.clone()
+    write_latent_cache(want[2], c_kv, k_pe, slots, scale)
+    got = cache.clone().to(DEVICE)
+    mla_cache_write(c_kv.to(DEVICE), k_pe.to(DEVICE), got, 2, slots.to(DEVICE),
+                    None if scale is None else scale.to(DEVICE))
+    assert torch.equal(got.cpu().view(torch.uint8), want.view(torch.uint8))
+    assert not torch.equal(want.view(torch.uint8), cache.view(torch.uint8))

@@ -51,6 +51,12 @@ class PhaseTuning:
         return cls({name: BackendChoice.from_reader(r.obj(name)) for name in r.data})
 
 
+def timings_json(rows: dict) -> dict:
+    """{shape: {config tuple: ms}} as tuning.json keeps it: shapes as strings, configs comma-joined (JSON's
+    keys are strings; a tuple key fails to serialize)."""
+    return {str(shape): {",".join(map(str, c)): ms for c, ms in row.items()} for shape, row in rows.items()}
+
+
 @dataclass(frozen=True)
 class Tuning:
     arch: str

@@ -76,15 +76,21 @@ def mtp_layer_shapes(hf_config, shapes: dict[str, torch.Size]) -> dict[str, torc
             for i in range(count) for name, shape in {**block, **own}.items()}
 
 
+DRAW_PIECE_ELEMENTS = 1 << 27     # float32 noise drawn at once: 512 MiB
+
+
 def draw(name: str, shape: torch.Size, dtype: torch.dtype, generator: torch.Generator, std: float) -> torch.Tensor:
     """One random tensor on the generator's device: norm weights near 1 (as trained models have them),
-    every other tensor normal with `std`."""
+    every other tensor normal with `std`. A large tensor is drawn in pieces of rows, so the float32 noise
+    never needs twice the tensor's bf16 bytes (DeepSeek-V3's stacked experts of one layer: 15 GiB of bf16,
+    30 GiB of noise at once, which ran a 141 GB GPU out of memory); a tensor of one piece is drawn as before."""
     device = generator.device
-    if "norm" in name:
-        t = 1 + 0.1 * torch.randn(shape, generator=generator, device=device)
-    else:
-        t = std * torch.randn(shape, generator=generator, device=device)
-    return t.to(dtype)
+    out = torch.empty(shape, dtype=dtype, device=device)
+    row = max(1, out[0].numel()) if out.dim() > 1 else out.numel()
+    for piece in (out.split(max(1, DRAW_PIECE_ELEMENTS // row)) if out.dim() > 1 else (out,)):
+        noise = torch.randn(piece.shape, generator=generator, device=device)
+        piece.copy_(1 + 0.1 * noise if "norm" in name else std * noise)
+    return out
 
 
 def default_device() -> str:

@@ -20,7 +20,7 @@ import math
 import torch
 
 from atom_aot.artifact.phase import Phase
-from atom_aot.artifact.tuning import BackendChoice, PhaseTuning, Tuning
+from atom_aot.artifact.tuning import BackendChoice, PhaseTuning, Tuning, timings_json
 from atom_aot.build.config import BuildConfig
 from atom_aot.models import ModelConfig, model_class
 from atom_aot.models.quant_layers import linear_op
@@ -84,8 +84,7 @@ def _with_measured_linear(tuning: Tuning, config: BuildConfig, cfg: ModelConfig,
     for phase, row in tuning.phases.items():
         choice, chosen = phase_choice(rows[phase], _best, small, op)
         phases[phase] = PhaseTuning({**row.ops, op: choice})
-        timings[phase.value] = {"chosen": chosen, **{
-            shape: {",".join(map(str, c)): ms for c, ms in r.items()} for shape, r in rows[phase].items()}}
+        timings[phase.value] = {"chosen": chosen, **timings_json(rows[phase])}
     label, text = GPU_LINEAR_KERNELS[op]
     kernels = {**tuning.kernels, label: f"{scheme}: {text}, per phase as measured"}
     return Tuning(arch=tuning.arch, measured=True, phases=phases, kernels=kernels,
@@ -127,9 +126,8 @@ def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int, line
                  "gemm": "aten -> cuBLAS (Inductor extern call)",
                  "norms/activations": "Inductor-generated Triton (fused, compiled into the package)",
                  "sampling": "torch on the GPU"},
-        measurements_ms={"context_tokens": context, "decode_key_splits_by_batch": decode_splits, **{
-            kind: {str(shape): {",".join(map(str, c)): ms for c, ms in row.items()} for shape, row in rows.items()}
-            for kind, rows in measurements.items()}})
+        measurements_ms={"context_tokens": context, "decode_key_splits_by_batch": decode_splits,
+                         **{kind: timings_json(rows) for kind, rows in measurements.items()}})
 
 
 def _best(rows: dict) -> tuple[int, ...]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from atom_aot.artifact.phase import Phase
-from atom_aot.artifact.tuning import BackendChoice, PhaseTuning, Tuning
+from atom_aot.artifact.tuning import BackendChoice, PhaseTuning, Tuning, timings_json
 from atom_aot.build.config import BuildConfig
 from atom_aot.models import ModelConfig
 
@@ -34,22 +34,21 @@ def tune_mla(config: BuildConfig, cfg: ModelConfig, max_model_len: int, best, tu
                  "gemm": "aten -> cuBLAS (Inductor extern call)",
                  "norms/activations": "Inductor-generated Triton (fused, compiled into the package)",
                  "sampling": "torch on the GPU"},
-        measurements_ms={"context_tokens": context, "moe": moe_ms, "mla_decode": {
-            str(batch): {",".join(map(str, c)): ms for c, ms in row.items()} for batch, row in measured.items()}})
+        measurements_ms={"context_tokens": context, "moe": timings_json(moe_ms), "mla_decode": timings_json(measured)})
 
 
 def _time_decode(cfg: ModelConfig, config: BuildConfig, candidates, context: list[int]) -> dict:
     from atom_aot.ops.triton.batch_inputs import make_paged_batch
-    from atom_aot.ops.triton.timing import measure_ms
     ds = cfg.deepseek
     b = make_paged_batch([c - 1 for c in context], [1] * len(context), 1, ds.latent_dim,
                          block_size=config.block_size, num_layers=1, dtype=config.kv_torch_dtype, device="cuda")
     kv_cache = b.kv_cache[:, :1]                 # the latent layout [1, 1, num_blocks, block_size, 1, r + rope]
     q = torch.randn(len(context), cfg.num_attention_heads, ds.latent_dim, device="cuda", dtype=config.torch_dtype)
     op, scale = torch.ops.atom_triton.mla_decode, ds.qk_head_dim ** -0.5
+    from atom_aot.build.tune import _ms_unless_too_big
     times = {}
     for c in candidates:
         args = c.as_args()
-        times[args] = measure_ms(lambda: op(q, kv_cache, 0, b.block_tables, b.seq_lens, scale, ds.kv_lora_rank,
-                                            *args))[0]
+        times[args] = _ms_unless_too_big(lambda: op(q, kv_cache, 0, b.block_tables, b.seq_lens, scale,
+                                                    ds.kv_lora_rank, *args), c)
     return times

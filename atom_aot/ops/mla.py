@@ -70,24 +70,6 @@ for _key in ("CPU", "CUDA"):     # the CUDA entry serves GPU arches until a fast
     LIBRARY.impl("mla_attention", mla_attention_reference, _key)
 
 
-LIBRARY.define("mla_cache_write(Tensor c_kv, Tensor k_pe, Tensor(a!) kv_cache, int layer, Tensor slot_mapping, "
-               "Tensor? kv_scale=None) -> ()")
-
-
-def mla_cache_write_impl(c_kv, k_pe, kv_cache, layer, slot_mapping, kv_scale=None) -> None:
-    """The latent-cache write alone, for backends whose attention kernel only reads the cache."""
-    write_latent_cache(kv_cache[layer], c_kv, k_pe, slot_mapping, kv_scale)
-
-
-for _key in ("CPU", "CUDA"):
-    LIBRARY.impl("mla_cache_write", mla_cache_write_impl, _key)
-
-
-@torch.library.register_fake("atom::mla_cache_write", lib=LIBRARY)
-def _(c_kv, k_pe, kv_cache, layer, slot_mapping, kv_scale=None):
-    return None
-
-
 @torch.library.register_fake("atom::mla_attention", lib=LIBRARY)
 def _(q_nope, q_pe, c_kv, k_pe, kv_cache, layer, slot_mapping, block_tables, seq_lens, query_start_loc, w_uk,
       w_uv, scale, kv_scale=None):
@@ -95,7 +77,6 @@ def _(q_nope, q_pe, c_kv, k_pe, kv_cache, layer, slot_mapping, block_tables, seq
 
 
 mla_attention = torch.ops.atom.mla_attention
-mla_cache_write = torch.ops.atom.mla_cache_write
 
 
 def write_latent_cache(kv_layer: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor,
@@ -142,8 +123,12 @@ def mla_prefill_naive(q_nope, q_pe, latent, w_uk, w_uv, scale) -> torch.Tensor:
     values = torch.einsum("lr,hrv->hlv", c_kv, w_uv)                       # [H, L, v]
     keys = torch.cat([k_nope, k_pe.unsqueeze(0).expand(k_nope.shape[0], -1, -1)], dim=-1)
     queries = torch.cat([q_nope, q_pe], dim=-1).transpose(0, 1)            # [H, n_q, nope + rope]
-    mask = causal_mask(q_nope.shape[0], latent.shape[0], q_nope.device)
-    o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale)
+    # 4-d [1, H, n, d]: SDPA's fused GPU kernels take no 3-d tensors (those run the math path, 14-31x slower
+    # at DeepSeek-V3's 128 heads x 1024 tokens on an H200), and `is_causal` when no prefix is cached
+    n_q, context_len = q_nope.shape[0], latent.shape[0]
+    mask = None if n_q == context_len else causal_mask(n_q, context_len, q_nope.device)
+    o = F.scaled_dot_product_attention(queries[None], keys[None], values[None], attn_mask=mask,
+                                       is_causal=mask is None, scale=scale)[0]
     return o.transpose(0, 1)
 
 

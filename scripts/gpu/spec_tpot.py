@@ -7,6 +7,7 @@ acceptance this reports is what these weights give, not what a trained model wou
 
   python scripts/gpu/spec_tpot.py --artifact ART --vocab N --out FILE.json [--k 3] [--modes baseline,ngram,draft_self]
 
+mtp: the model's own MTP layer drafts (a DeepSeek artifact built with its MTP package, docs/deepseek.md).
 draft_self: the artifact drafts for itself (--method draft --draft-model ART), so every draft is accepted:
 the verify step's cost when acceptance is 100%, and the draft's when the draft is as big as the target.
 
@@ -63,14 +64,14 @@ def measure(artifact: str, vocab: int, max_model_len: int, options: dict) -> dic
     return result
 
 
-MODES = ("baseline", "ngram", "draft_self")
+MODES = ("baseline", "ngram", "draft_self", "mtp")
 
 
 def mode_options(mode: str, artifact: str, k: int) -> dict:
     if mode == "baseline":
         return {}
-    if mode == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": k}
+    if mode in ("ngram", "mtp"):
+        return {"method": mode, "num_speculative_tokens": k}
     return {"method": "draft", "draft_model": artifact, "num_speculative_tokens": k}
 
 

@@ -10,7 +10,7 @@ import torch
 
 from atom_aot.artifact.tuning import BackendChoice
 from atom_aot.ops.backends.base import AttentionInputs, launch_configs
-from atom_aot.ops.mla import mla_attention, mla_cache_write
+from atom_aot.ops.mla import mla_attention
 from atom_aot.ops.rope import apply_rope_interleaved
 
 
@@ -72,7 +72,8 @@ class TritonMLA:
     def __call__(self, args: MLAArgs) -> torch.Tensor:
         q_pe, k_pe = roped(args)
         step = args.inputs
-        mla_cache_write(args.c_kv, k_pe, step.kv_cache, args.layer, step.slot_mapping, args.kv_scale)
+        torch.ops.atom_triton.mla_cache_write(args.c_kv, k_pe, step.kv_cache, args.layer, step.slot_mapping,
+                                              args.kv_scale)
         q_lat = torch.bmm(args.q_nope.transpose(0, 1), args.w_uk).transpose(0, 1)        # [T, H, r]
         if args.kv_scale is not None:
             q_lat = (q_lat.float() * args.kv_scale[0]).to(q_lat.dtype)

@@ -10,6 +10,10 @@ one sequence, so every latent tile loaded from the cache serves all of them (MLA
 latent), and split s of num_splits an equal share of the sequence's key blocks. As in paged
 attention (attention_kernels.py), `num_splits` adapts to the batch at run time and the merge
 kernel combines the partials; with one split the tile kernel writes o_lat itself.
+
+`atom_triton::mla_cache_write` writes the step's latents into the cache beside it: a program per
+token, a padded token's slot (-1) skipped on the device. The reference write selects the valid rows
+with a boolean mask, a host sync that a CUDA graph cannot capture.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from torch.library import triton_op, wrap_triton
 from atom_aot.ops.triton._common import check_last_dim_contiguous, next_pow2
 from atom_aot.ops.triton.attention_kernels import LOG2E, _store_tile
 from atom_aot.ops.triton.paged_attention import launch_merge_splits, split_count, split_outputs
+from atom_aot.ops.triton.rope_cache import _to_cache
 
 
 @dataclass(frozen=True)
@@ -40,12 +45,19 @@ class MLADecodeConfig:
 
 # What the build measures on the target (batches 1 to 256 at a long context): the latent tile is
 # r = 512 wide, so key tiles stay small; candidates differ in heads per program and the split policy.
+# More heads per program read each latent tile fewer times (DeepSeek-V3's 128 heads: 8 reads at 16, 2 at
+# 64) and give the MMA a taller tile; at batch 256 the 16-head configs ran at ~1 ms per layer on an H200
+# (session 37's profile: far from both the KV-read and the compute bound). A config the GPU cannot launch
+# (registers, shared memory) is skipped by the build.
 CANDIDATE_CONFIGS = (
     MLADecodeConfig(16, 32, 4, 2, 512, 32),
     MLADecodeConfig(16, 32, 4, 2, 1024, 64),
     MLADecodeConfig(16, 64, 8, 2, 512, 32),
     MLADecodeConfig(32, 32, 8, 2, 512, 32),
     MLADecodeConfig(16, 16, 4, 3, 256, 16),
+    MLADecodeConfig(32, 16, 4, 2, 512, 32),
+    MLADecodeConfig(64, 16, 8, 2, 512, 32),
+    MLADecodeConfig(64, 32, 8, 1, 512, 32),
 )
 
 
@@ -155,3 +167,52 @@ def mla_decode(
 ) -> torch.Tensor:
     return launch_mla_decode(q, kv_cache, layer, block_tables, seq_lens, scale, kv_lora_rank,
                              block_h, block_n, num_warps, num_stages, target_programs, max_splits)
+
+
+@triton.jit
+def mla_cache_write_kernel(
+    c_kv_ptr, k_pe_ptr, kv_ptr, slot_ptr,
+    kv_scale_ptr,                   # [2] float32 (c_kv, k_pe) when SCALED
+    layer_offset, stride_ct, stride_pt, stride_cblk, stride_crow,
+    RANK: tl.constexpr, RANK_PAD: tl.constexpr, ROPE: tl.constexpr, ROPE_PAD: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, SCALED: tl.constexpr, FP8_MAX: tl.constexpr,
+):
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot >= 0:
+        cache_dtype = kv_ptr.dtype.element_ty
+        dest = kv_ptr + layer_offset + (slot // PAGE_SIZE) * stride_cblk + (slot % PAGE_SIZE) * stride_crow
+        ranks, ropes = tl.arange(0, RANK_PAD), tl.arange(0, ROPE_PAD)
+        c_kv = tl.load(c_kv_ptr + t * stride_ct + ranks, mask=ranks < RANK)
+        tl.store(dest + ranks, _to_cache(c_kv, kv_scale_ptr, cache_dtype, SCALED, FP8_MAX), mask=ranks < RANK)
+        k_pe = tl.load(k_pe_ptr + t * stride_pt + ropes, mask=ropes < ROPE)
+        tl.store(dest + RANK + ropes, _to_cache(k_pe, kv_scale_ptr + 1, cache_dtype, SCALED, FP8_MAX),
+                 mask=ropes < ROPE)
+
+
+def launch_mla_cache_write(
+    c_kv: torch.Tensor,             # [T, r] (normalized)
+    k_pe: torch.Tensor,             # [T, rope] (roped)
+    kv_cache: torch.Tensor,         # [L, 1, num_blocks, block_size, 1, r + rope], written in place
+    layer: int,
+    slot_mapping: torch.Tensor,     # [T] int64, -1 = padding (not written)
+    kv_scale: torch.Tensor | None = None,   # [2] float32 (c_kv, k_pe): an fp8 cache's scales
+) -> None:
+    rank, rope = c_kv.shape[1], k_pe.shape[1]
+    check_latent_cache(kv_cache, rank + rope)
+    check_last_dim_contiguous("c_kv", c_kv)
+    check_last_dim_contiguous("k_pe", k_pe)
+    wrap_triton(mla_cache_write_kernel)[(c_kv.shape[0],)](
+        c_kv, k_pe, kv_cache, slot_mapping, c_kv if kv_scale is None else kv_scale,
+        layer * kv_cache.stride(0), c_kv.stride(0), k_pe.stride(0), kv_cache.stride(2), kv_cache.stride(3),
+        RANK=rank, RANK_PAD=next_pow2(rank), ROPE=rope, ROPE_PAD=next_pow2(rope), PAGE_SIZE=kv_cache.shape[3],
+        SCALED=kv_scale is not None, FP8_MAX=torch.finfo(kv_cache.dtype).max, num_warps=1,
+    )
+
+
+@triton_op("atom_triton::mla_cache_write", mutates_args={"kv_cache"})
+def mla_cache_write(
+    c_kv: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, layer: int, slot_mapping: torch.Tensor,
+    kv_scale: torch.Tensor | None = None,
+) -> None:
+    launch_mla_cache_write(c_kv, k_pe, kv_cache, layer, slot_mapping, kv_scale)
