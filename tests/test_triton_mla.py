@@ -10,12 +10,12 @@ from triton_support import DEVICE, poisoned_outputs  # noqa: F401 (an autouse fi
 from atom_aot.models.mla import split_kv_b_proj
 from atom_aot.ops.mla import gather_latent, mla_decode_absorbed, write_latent_cache
 from atom_aot.ops.triton.batch_inputs import make_paged_batch
-from atom_aot.ops.triton.mla_decode import CANDIDATE_CONFIGS, MLADecodeConfig, mla_cache_write, mla_decode
+from atom_aot.ops.triton.mla_decode import CANDIDATE_CONFIGS, MLADecodeConfig, config_table, mla_cache_write, mla_decode
 
 RANK, ROPE, NOPE, V = 32, 16, 16, 24
 
 
-def run_case(context_lens, num_heads, config: MLADecodeConfig, seed=0, layer=1):
+def run_case(context_lens, num_heads, config: MLADecodeConfig | list[int], seed=0, layer=1):
     """Returns (kernel's output, reference) of one decode step: each sequence's last token over its cache."""
     g = torch.Generator().manual_seed(seed)
     batch = make_paged_batch([c - 1 for c in context_lens], [1] * len(context_lens), 1, RANK + ROPE,
@@ -27,7 +27,8 @@ def run_case(context_lens, num_heads, config: MLADecodeConfig, seed=0, layer=1):
     q = torch.cat([torch.einsum("thn,hnr->thr", q_nope, w_uk), q_pe], dim=-1)
     scale = (NOPE + ROPE) ** -0.5
     o_lat = mla_decode(q.to(DEVICE), kv_cache.to(DEVICE), layer, batch.block_tables.to(DEVICE),
-                       batch.seq_lens.to(DEVICE), scale, RANK, *config.as_args()).cpu()
+                       batch.seq_lens.to(DEVICE), scale, RANK,
+                       config_table(config) if isinstance(config, MLADecodeConfig) else config).cpu()
     got = torch.einsum("thr,hrv->thv", o_lat, w_uv)
     ref = torch.cat([mla_decode_absorbed(q_nope[b:b + 1], q_pe[b:b + 1],
                                          gather_latent(kv_cache[layer], batch.block_tables[b], n), w_uk, w_uv, scale)
@@ -49,6 +50,15 @@ def test_every_candidate_the_build_measures_matches_reference(config):
     """Each shipped candidate (16 to 64 heads per program, some splitting at this batch) on 20 heads: a
     program's head block is partly masked."""
     got, ref = run_case([3, 70, 33], 20, config, seed=4)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("context_lens", [[40], [3, 70, 33]])
+def test_each_batch_runs_its_buckets_config(context_lens):
+    """A table of two buckets (batch 1: 16 heads a program, split 3 ways; batch 2 and up: 32 heads, no split):
+    the batch's own bucket writes every output row (the output starts uninitialized)."""
+    table = [1, 16, 16, 4, 2, 1 << 20, 3, 2, 32, 32, 4, 2, 1, 1]
+    got, ref = run_case(context_lens, 20, table, seed=6)
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
 
 
@@ -117,7 +127,9 @@ def test_an_mla_models_tuning_is_written_as_json(monkeypatch):
     read = Tuning.from_dict(json.loads(tuning.to_json()))
     assert read.for_phase(Phase.DECODE).op("moe") == moe
     assert read.measurements_ms["moe"] == {"1": {"16,16,32,1,2,1": 0.5}}
-    assert read.for_phase(Phase.DECODE).op("mla_attention").params["mla_decode"] == CANDIDATE_CONFIGS[0].as_args()
+    # candidate 0 is the fastest at every batch: each bucket names it
+    params = read.for_phase(Phase.DECODE).op("mla_attention").params
+    assert params == {f"mla_decode@{b}": CANDIDATE_CONFIGS[0].as_args() for b in tune_mla.DECODE_BATCHES}
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float8_e4m3fn])

@@ -1,7 +1,7 @@
 """Kernel choices for an MLA (DeepSeek) model on a GPU arch: the absorbed decode kernel's config is
-measured on the model's own latent shapes (decode at batches 1 to 256 over a long context) and the
-one closest to each batch's fastest goes into the decode row; the mixed row (prefill, chunked
-prefill) runs the reference op (naive up-projection). build/tune.py calls this."""
+measured on the model's own latent shapes (decode at batches 1 to 256 over a long context) and each
+batch's fastest goes into the decode row for the batch sizes from it to the next measured one; the
+mixed row (prefill, chunked prefill) runs the reference op (naive up-projection). build/tune.py calls this."""
 from __future__ import annotations
 
 import torch
@@ -21,14 +21,15 @@ def tune_mla(config: BuildConfig, cfg: ModelConfig, max_model_len: int, best, tu
     from atom_aot.ops.triton.mla_decode import CANDIDATE_CONFIGS
     context = min(max_model_len - 1, 2048)
     measured = {batch: _time_decode(cfg, config, CANDIDATE_CONFIGS, [context] * batch) for batch in DECODE_BATCHES}
-    chosen = best(measured)
+    # per batch-size bucket (from each measured batch to the next) the fastest config that launched
+    buckets = {f"mla_decode@{batch}": best({batch: row}) for batch, row in measured.items()}
     moe, moe_ms = tune_moe(cfg, config)
     return Tuning(
         arch=config.arch, measured=True,
-        phases={Phase.DECODE: PhaseTuning({"mla_attention": BackendChoice("triton", {"mla_decode": chosen}),
-                                           "moe": moe}),
+        phases={Phase.DECODE: PhaseTuning({"mla_attention": BackendChoice("triton", buckets), "moe": moe}),
                 Phase.MIXED: PhaseTuning({"mla_attention": BackendChoice("reference"), "moe": moe})},
-        kernels={"mla_attention": "decode: triton atom_triton::mla_decode (absorbed, split-K); "
+        kernels={"mla_attention": "decode: triton atom_triton::mla_decode (absorbed, split-K, a config per "
+                                  "batch-size bucket); "
                                   "mixed: torch reference atom::mla_attention (naive prefill)",
                  "moe": moe_label,
                  "gemm": "aten -> cuBLAS (Inductor extern call)",
@@ -38,6 +39,7 @@ def tune_mla(config: BuildConfig, cfg: ModelConfig, max_model_len: int, best, tu
 
 
 def _time_decode(cfg: ModelConfig, config: BuildConfig, candidates, context: list[int]) -> dict:
+    from atom_aot.ops.triton.mla_decode import config_table
     from atom_aot.ops.triton.batch_inputs import make_paged_batch
     ds = cfg.deepseek
     b = make_paged_batch([c - 1 for c in context], [1] * len(context), 1, ds.latent_dim,
@@ -50,5 +52,5 @@ def _time_decode(cfg: ModelConfig, config: BuildConfig, candidates, context: lis
     for c in candidates:
         args = c.as_args()
         times[args] = _ms_unless_too_big(lambda: op(q, kv_cache, 0, b.block_tables, b.seq_lens, scale,
-                                                    ds.kv_lora_rank, *args), c)
+                                                    ds.kv_lora_rank, config_table(c)), c)
     return times

@@ -6,6 +6,7 @@
 # reads a few experts per step where ours (normal draws) reads all 256. Here the random checkpoint is written to
 # disk (scripts/make_random_model.py on the GPU: the tensors our dummy-at-load artifact draws) for vLLM to load
 # (call E). Ours: throughput, TPOT, cold start, prefill only, a batch-256 decode profile, the tuning's MLA rows.
+# Call F: the same after the MLA decode configs per batch bucket (SECTIONS=throughput,tpot).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 mkdir -p /tmp/vstage /tmp/s37 /tmp/art /tmp/m && cp .vllm/bundle.part05 .vllm/SHA256SUMS .vllm/install.sh /tmp/vstage/ && cp .vllm/sbs.py /tmp/sbs.py
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -23,7 +24,7 @@ import json; t = json.load(open('/tmp/art/ds5-256e/tuning.json'))
 print('decode row', t['phases']['decode']['mla_attention']); m = t['measurements_ms']['mla_decode']
 for b, row in m.items(): print(b, {k: (round(v, 4) if v else v) for k, v in row.items()})" 2>&1 | tee $OUT/tuning-mla.txt | cut -c1-600
 R="python3 /tmp/sbs.py ours --model $CFG --artifact /tmp/art/ds5-256e"
-timeout 200 $R --out $OUT/sbs-ours-ds5-256e-same-weights.json --sections cold,throughput,tpot > /tmp/s37/sbs-ours.log 2>&1
+timeout 200 $R --out $OUT/sbs-ours-ds5-256e-same-weights.json --sections ${SECTIONS:-cold,throughput,tpot} > /tmp/s37/sbs-ours.log 2>&1
 at "ours sbs rc=$?"; grep -E "first_token_s|output_tok_s|tpot_s\"|init_s|rror" /tmp/s37/sbs-ours.log | tail -6
 timeout 60 $R --out $OUT/sbs-ours-ds5-256e-prefill-only.json --sections throughput --output-len 1 > /tmp/s37/prefill.log 2>&1
 at "prefill only rc=$?"; grep -E "\"seconds|rror" /tmp/s37/prefill.log | tail -2

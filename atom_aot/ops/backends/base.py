@@ -7,6 +7,8 @@ its launch configs from the row's params, and the choice by token count of the s
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, fields
 from typing import NamedTuple, Protocol
 
@@ -73,6 +75,29 @@ def launch_configs(choice: BackendChoice, expected: dict[str, type]) -> dict[str
         raise ArtifactError(f"tuning.json: the {choice.backend!r} backend cannot use these params: "
                             f"{'; '.join(problems)}. Rebuild the artifact with this atom-aot's atom-build.")
     return configs
+
+
+def bucket_params(choice: BackendChoice, kernel: str, names: str) -> tuple[int, ...]:
+    """`choice`'s per-bucket launch configs, `<kernel>@<first count>` -> [names...], as an op's flat table: per
+    bucket (ascending), its first count then its ints. The first bucket must start at 1, so every count has a
+    config (the build measures one per bucket: docs/kernels.md)."""
+    width = len(names.split(","))
+    key = re.compile(re.escape(kernel) + r"@([1-9][0-9]*)")
+    buckets, problems = {}, []
+    for name, values in choice.params.items():
+        match = key.fullmatch(name)
+        if match is None:
+            problems.append(f"params[{name!r}] is not '{kernel}@<count>'")
+        elif len(values) != width or min(values) < 1:
+            problems.append(f"params[{name!r}] must be {width} positive ints [{names}], got {list(values)}")
+        else:
+            buckets[int(match.group(1))] = tuple(values)
+    if 1 not in buckets:
+        problems.append(f"no bucket starts at 1 ('{kernel}@1')")
+    if problems:
+        raise ArtifactError(f"tuning.json: the {choice.backend!r} backend cannot use these params: "
+                            f"{'; '.join(problems)}. Rebuild the artifact with this atom-aot's atom-build.")
+    return tuple(v for start in sorted(buckets) for v in (start, *buckets[start]))
 
 
 def by_token_count(m, max_m: int, small, large, tensors: tuple, bias):

@@ -3,13 +3,13 @@ the `atom::mla_attention` op: latent-cache write + attention, any batch; what th
 and `triton` (the decode phase's: the absorbed decode kernel, atom_aot/ops/triton/mla_decode.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Protocol
 
 import torch
 
 from atom_aot.artifact.tuning import BackendChoice
-from atom_aot.ops.backends.base import AttentionInputs, launch_configs
+from atom_aot.ops.backends.base import AttentionInputs, bucket_params, launch_configs
 from atom_aot.ops.mla import mla_attention
 from atom_aot.ops.rope import apply_rope_interleaved
 
@@ -62,12 +62,19 @@ class TritonMLA:
     Triton kernel over the latent cache, then W_UV on the latent output. An fp8 cache's scales are
     folded outside the kernel, which widens the stored bytes: q_lat times the c_kv scale and q_pe
     times the k_pe scale give the scores of the scaled latents, and the latent output is times the
-    c_kv scale."""
+    c_kv scale.
+
+    The kernel's config comes per batch-size bucket, `mla_decode@<first batch>` (the build measures each);
+    an artifact built before buckets has one `mla_decode` config for every batch."""
 
     def __init__(self, choice: BackendChoice):
         import atom_aot.ops.triton  # noqa: F401  (registers atom_triton::*)
-        from atom_aot.ops.triton.mla_decode import MLADecodeConfig
-        self.kernel_args = launch_configs(choice, {"mla_decode": MLADecodeConfig})["mla_decode"].as_args()
+        from atom_aot.ops.triton.mla_decode import MLADecodeConfig, config_table
+        if set(choice.params) == {"mla_decode"}:
+            self.table = config_table(launch_configs(choice, {"mla_decode": MLADecodeConfig})["mla_decode"])
+        else:
+            self.table = list(bucket_params(choice, "mla_decode", ", ".join(
+                f.name for f in fields(MLADecodeConfig))))
 
     def __call__(self, args: MLAArgs) -> torch.Tensor:
         q_pe, k_pe = roped(args)
@@ -80,7 +87,7 @@ class TritonMLA:
             q_pe = (q_pe.float() * args.kv_scale[1]).to(q_pe.dtype)
         q = torch.cat([q_lat, q_pe], dim=-1)                                               # [T, H, r + rope]
         o_lat = torch.ops.atom_triton.mla_decode(q, step.kv_cache, args.layer, step.block_tables, step.seq_lens,
-                                                 args.scale, args.w_uk.shape[2], *self.kernel_args)
+                                                 args.scale, args.w_uk.shape[2], self.table)
         if args.kv_scale is not None:
             o_lat = (o_lat.float() * args.kv_scale[0]).to(o_lat.dtype)
         return torch.bmm(o_lat.transpose(0, 1), args.w_uv).transpose(0, 1)              # [T, H, v]

@@ -7,17 +7,13 @@ GROUP_M, num_warps, num_stages]; the op picks the bucket from T when it runs (ne
 """
 from __future__ import annotations
 
-import re
 from typing import Protocol
 
 import torch
 
 from atom_aot.artifact.tuning import BackendChoice
-from atom_aot.errors import ArtifactError
-from atom_aot.ops.backends.base import launch_configs
+from atom_aot.ops.backends.base import bucket_params, launch_configs
 
-BUCKET_KEY = re.compile(r"fused_moe@([1-9][0-9]*)")
-NUM_LAUNCH_PARAMS = 6        # BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages
 
 
 class MoEBackend(Protocol):
@@ -40,26 +36,8 @@ class ReferenceMoE:
 
 
 def bucket_table(choice: BackendChoice) -> tuple[int, ...]:
-    """The params as the op's flat table: per bucket (ascending), its first token count then its 6 ints.
-
-    The first bucket must start at 1 token, so every T has a config.
-    """
-    buckets, problems = {}, []
-    for key, values in choice.params.items():
-        match = BUCKET_KEY.fullmatch(key)
-        if match is None:
-            problems.append(f"params[{key!r}] is not 'fused_moe@<tokens>'")
-        elif len(values) != NUM_LAUNCH_PARAMS or min(values) < 1:
-            problems.append(f"params[{key!r}] must be 6 positive ints [BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, "
-                            f"num_warps, num_stages], got {list(values)}")
-        else:
-            buckets[int(match.group(1))] = tuple(values)
-    if 1 not in buckets:
-        problems.append("no bucket starts at 1 token ('fused_moe@1')")
-    if problems:
-        raise ArtifactError(f"tuning.json: the {choice.backend!r} moe backend cannot use these params: "
-                            f"{'; '.join(problems)}. Rebuild the artifact with this atom-aot's atom-build.")
-    return tuple(v for start in sorted(buckets) for v in (start, *buckets[start]))
+    """The params as the op's flat table: per bucket (ascending), its first token count then its 6 ints."""
+    return bucket_params(choice, "fused_moe", "BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages")
 
 
 class TritonMoE:

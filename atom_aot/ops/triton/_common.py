@@ -25,6 +25,30 @@ def check_kv_cache(kv_cache: torch.Tensor) -> None:
     check_last_dim_contiguous("kv_cache", kv_cache)
 
 
+def in_bucket(count, first: int, next_first: int | None):
+    """1 if first <= count < next_first, else 0; on a SymInt an expression of it, never a guard. A kernel
+    launched with this factor in its grid runs only for its bucket's counts (a grid of 0 launches nothing), so
+    one exported graph carries every bucket's config and a CUDA graph of one batch size captures one."""
+    def at_least(n: int):
+        return torch.sym_min(torch.sym_max(count - n + 1, 0), 1)
+    return at_least(first) - (0 if next_first is None else at_least(next_first))
+
+
+def bucket_rows(table: list[int], row: int, what: str) -> list[tuple[int, int | None, tuple[int, ...]]]:
+    """A flat table of rows [first count, config ints...] as (first, next bucket's first or None, ints),
+    adjacent equal configs merged; the first row must start at 1 so every count has a config."""
+    rows = [tuple(table[i:i + row]) for i in range(0, len(table), row)]
+    if not rows or len(table) % row or rows[0][0] != 1 or any(a[0] >= b[0] for a, b in zip(rows, rows[1:])):
+        raise ValueError(f"the {what} config table must be rows of [first count, {row - 1} ints], the first "
+                         f"starting at 1, ascending; got {table}")
+    merged: list[tuple[int, tuple[int, ...]]] = []
+    for first, *ints in rows:
+        if not merged or merged[-1][1] != tuple(ints):
+            merged.append((first, tuple(ints)))
+    nexts = [first for first, _ in merged[1:]] + [None]
+    return [(first, nxt, ints) for (first, ints), nxt in zip(merged, nexts)]
+
+
 @dataclass(frozen=True)
 class GemmConfig:
     """A tiled GEMM kernel's launch config (the FP8 and INT4 linears'): what the build measures and stores."""

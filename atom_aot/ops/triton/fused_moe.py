@@ -43,7 +43,7 @@ from atom_aot.ops.fp8 import BLOCK as FP8_BLOCK
 NO_SCALES = tl.constexpr(0)        # bf16 / fp32 experts
 ROW_SCALES = tl.constexpr(1)       # e4m3 experts, one scale per weight row
 BLOCK_SCALES = tl.constexpr(2)     # e4m3 experts, one scale per 128x128 block
-from atom_aot.ops.triton._common import check_last_dim_contiguous, next_pow2
+from atom_aot.ops.triton._common import bucket_rows, check_last_dim_contiguous, in_bucket, next_pow2
 
 
 @dataclass(frozen=True)
@@ -205,13 +205,6 @@ def sort_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tens
     return order.to(torch.int32), offsets.to(torch.int32)
 
 
-def in_bucket(num_tokens, first: int, next_first: int | None):
-    """1 if first <= num_tokens < next_first, else 0; on a SymInt an expression of it, never a guard."""
-    def at_least(n: int):
-        return torch.sym_min(torch.sym_max(num_tokens - n + 1, 0), 1)
-    return at_least(first) - (0 if next_first is None else at_least(next_first))
-
-
 def check_config(config: MoEConfig) -> None:
     if min(config.block_m, config.block_n, config.block_k) < 16 or config.group_m < 1:
         raise ValueError(f"block_m, block_n, block_k must be >= 16 (tl.dot) and group_m >= 1, got {config}")
@@ -219,18 +212,10 @@ def check_config(config: MoEConfig) -> None:
 
 def table_buckets(table: list[int]) -> list[tuple[int, int | None, MoEConfig]]:
     """The flat table as (first token count, next bucket's first or None, config), adjacent equal configs merged."""
-    rows = [table[i:i + TABLE_ROW] for i in range(0, len(table), TABLE_ROW)]
-    if not rows or len(table) % TABLE_ROW or rows[0][0] != 1 or any(a[0] >= b[0] for a, b in zip(rows, rows[1:])):
-        raise ValueError(f"the config table must be rows of [first tokens, {TABLE_ROW - 1} ints], the first "
-                         f"starting at 1, ascending; got {table}")
-    merged: list[tuple[int, MoEConfig]] = []
-    for first, *ints in rows:
-        config = MoEConfig(*ints)
+    buckets = [(first, nxt, MoEConfig(*ints)) for first, nxt, ints in bucket_rows(table, TABLE_ROW, "fused_moe")]
+    for _, _, config in buckets:
         check_config(config)
-        if not merged or merged[-1][1] != config:
-            merged.append((first, config))
-    nexts = [first for first, _ in merged[1:]] + [None]
-    return [(first, nxt, config) for (first, config), nxt in zip(merged, nexts)]
+    return buckets
 
 
 def launch_fused_moe(

@@ -24,9 +24,9 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from atom_aot.ops.triton._common import check_last_dim_contiguous, next_pow2
+from atom_aot.ops.triton._common import bucket_rows, check_last_dim_contiguous, in_bucket, next_pow2
 from atom_aot.ops.triton.attention_kernels import LOG2E, _store_tile
-from atom_aot.ops.triton.paged_attention import launch_merge_splits, split_count, split_outputs
+from atom_aot.ops.triton.paged_attention import launch_merge_splits, split_count
 from atom_aot.ops.triton.rope_cache import _to_cache
 
 
@@ -126,6 +126,14 @@ def check_latent_cache(kv_cache: torch.Tensor, width: int) -> None:
     check_last_dim_contiguous("kv_cache", kv_cache)
 
 
+TABLE_ROW = 1 + len(MLADecodeConfig().as_args())     # first batch size, then the config's ints
+
+
+def config_table(config: MLADecodeConfig) -> list[int]:
+    """One config for every batch size, as the op's table."""
+    return [1, *config.as_args()]
+
+
 def launch_mla_decode(
     q: torch.Tensor,                # [B, H, r + rope]: absorbed q_nope | roped q_pe, one token per sequence
     kv_cache: torch.Tensor,         # [L, 1, num_blocks, block_size, 1, r + rope]
@@ -134,39 +142,52 @@ def launch_mla_decode(
     seq_lens: torch.Tensor,         # [B] int32: context length, this step's token included
     scale: float,
     kv_lora_rank: int,
-    block_h: int, block_n: int, num_warps: int, num_stages: int, target_programs: int, max_splits: int,
+    table: list[int],               # per batch-size bucket: first batch size, then MLADecodeConfig's 6 ints
 ) -> torch.Tensor:                  # o_lat [B, H, r]
+    """Each bucket's kernels are launched with a grid of 0 unless B falls in it (in_bucket): the build measures
+    which config is fastest at each batch (16 heads per program at batch 1, 64 at batch 256 on an H200)."""
     check_latent_cache(kv_cache, q.shape[2])
     check_last_dim_contiguous("q", q)
-    if block_h < 16 or block_n < 16 or target_programs < 1 or max_splits < 1:
+    num_seqs, num_heads, width = q.shape
+    out = torch.empty((num_seqs, num_heads, kv_lora_rank), dtype=q.dtype, device=q.device)
+    for first, next_first, ints in bucket_rows(table, TABLE_ROW, "mla_decode"):
+        _launch_one(q, kv_cache, layer, block_tables, seq_lens, scale, kv_lora_rank, MLADecodeConfig(*ints), out,
+                    in_bucket(num_seqs, first, next_first))
+    return out
+
+
+def _launch_one(q, kv_cache, layer, block_tables, seq_lens, scale, kv_lora_rank, c: MLADecodeConfig, out, active):
+    if c.block_h < 16 or c.block_n < 16 or c.target_programs < 1 or c.max_splits < 1:
         raise ValueError(f"block_h and block_n must be >= 16 (tl.dot), target_programs and max_splits >= 1; "
-                         f"got {block_h}, {block_n}, {target_programs}, {max_splits}")
+                         f"got {c}")
     num_seqs, num_heads, width = q.shape
     rope = width - kv_lora_rank
-    head_blocks = triton.cdiv(num_heads, block_h)
-    num_splits = split_count(num_seqs, head_blocks, target_programs, max_splits)
-    out, part, lse = split_outputs(q, kv_lora_rank, num_splits, max_splits)
-    wrap_triton(mla_decode_kernel)[(num_seqs, head_blocks, num_splits)](
+    head_blocks = triton.cdiv(num_heads, c.block_h)
+    num_splits = split_count(num_seqs, head_blocks, c.target_programs, c.max_splits)
+    if c.max_splits == 1:
+        part = lse = out                # never read: with one split the tile kernel writes o_lat itself
+    else:                               # fp32 partials and their log2-sum-exp; no rows for an inactive bucket
+        rows = num_seqs * active
+        part = torch.empty((rows, num_heads, num_splits, kv_lora_rank), dtype=torch.float32, device=q.device)
+        lse = torch.empty((rows, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    wrap_triton(mla_decode_kernel)[(num_seqs * active, head_blocks, num_splits)](
         q, kv_cache, out, part, lse, block_tables, seq_lens, scale * LOG2E, num_heads, num_splits,
         layer * kv_cache.stride(0), q.stride(0), q.stride(1), out.stride(0), out.stride(1), *part.stride()[:3],
         *lse.stride()[:2], kv_cache.stride(2), kv_cache.stride(3), block_tables.stride(0),
         RANK=kv_lora_rank, RANK_PAD=next_pow2(kv_lora_rank), ROPE=rope, ROPE_PAD=max(next_pow2(rope), 16),
-        BLOCK_H=block_h, BLOCK_N=block_n, PAGE_SIZE=kv_cache.shape[3], IEEE=q.dtype == torch.float32,
-        MAY_SPLIT=max_splits > 1, num_warps=num_warps, num_stages=num_stages,
+        BLOCK_H=c.block_h, BLOCK_N=c.block_n, PAGE_SIZE=kv_cache.shape[3], IEEE=q.dtype == torch.float32,
+        MAY_SPLIT=c.max_splits > 1, num_warps=c.num_warps, num_stages=c.num_stages,
     )
-    if max_splits > 1:
-        launch_merge_splits(part, lse, out, num_splits, max_splits)
-    return out
+    if c.max_splits > 1:
+        launch_merge_splits(part, lse, out, num_splits, c.max_splits, active)
 
 
 @triton_op("atom_triton::mla_decode", mutates_args=())
 def mla_decode(
     q: torch.Tensor, kv_cache: torch.Tensor, layer: int, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-    scale: float, kv_lora_rank: int,
-    block_h: int, block_n: int, num_warps: int, num_stages: int, target_programs: int, max_splits: int,
+    scale: float, kv_lora_rank: int, table: list[int],
 ) -> torch.Tensor:
-    return launch_mla_decode(q, kv_cache, layer, block_tables, seq_lens, scale, kv_lora_rank,
-                             block_h, block_n, num_warps, num_stages, target_programs, max_splits)
+    return launch_mla_decode(q, kv_cache, layer, block_tables, seq_lens, scale, kv_lora_rank, table)
 
 
 @triton.jit

@@ -147,15 +147,17 @@ def split_outputs(q: torch.Tensor, dim: int, num_splits, max_splits: int):
     return out, part, lse
 
 
-def launch_merge_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, num_splits, max_splits: int) -> None:
+def launch_merge_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, num_splits, max_splits: int,
+                        active=1) -> None:
     """Combine partials [T, H, S, D] by their log2-sum-exp [T, H, S] into out [T, H, D].
 
-    No merge programs when this batch has one split (the tile kernel wrote out itself): the grid's
-    first axis is then 0, which Triton's launcher and AOTInductor's skip.
+    No merge programs when this batch has one split (the tile kernel wrote out itself) or `active` is 0 (a
+    batch-size bucket that is not this batch's): the grid's first axis is then 0, which Triton's launcher and
+    AOTInductor's skip.
     """
     num_tokens, num_heads, head_dim = out.shape
     merging = torch.sym_min(num_splits - 1, 1)
-    wrap_triton(merge_splits_kernel)[(num_tokens * merging, num_heads)](
+    wrap_triton(merge_splits_kernel)[(num_tokens * merging * active, num_heads)](
         part, lse, out, num_splits, *part.stride()[:3], *lse.stride()[:2], out.stride(0), out.stride(1),
         SPLITS_PAD=next_pow2(max_splits), HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), num_warps=4,
     )
