@@ -149,3 +149,37 @@ def test_cache_write_equals_the_reference_and_skips_padding(cache_dtype):
                     None if scale is None else scale.to(DEVICE))
     assert torch.equal(got.cpu().view(torch.uint8), want.view(torch.uint8))
     assert not torch.equal(want.view(torch.uint8), cache.view(torch.uint8))
+
+
+EXPORT_WITH_SYMBOLIC_BATCH = """
+import torch
+from torch.export import Dim, export
+import atom_aot.ops.triton
+from atom_aot.ops.triton.mla_decode import mla_decode
+
+class Decode(torch.nn.Module):
+    def forward(self, q, kv_cache, block_tables, seq_lens):
+        return mla_decode(q, kv_cache, 0, block_tables, seq_lens, 0.1, 32,
+                          [1, 16, 16, 4, 2, 512, 4, 8, 32, 16, 4, 2, 512, 1, 64, 64, 32, 8, 1, 512, 32])
+
+args = (torch.randn(4, 20, 48), torch.randn(1, 1, 8, 16, 1, 48), torch.zeros(4, 2, dtype=torch.int32),
+        torch.full((4,), 5, dtype=torch.int32))
+seqs = Dim("num_seqs", min=1, max=256)
+exported = export(Decode(), args, dynamic_shapes=({0: seqs}, None, {0: seqs}, {0: seqs}))
+print("ops", str(exported.graph_module.code).count("atom_triton.mla_decode"))
+"""
+
+
+def test_a_bucket_table_exports_with_a_symbolic_batch():
+    """The decode package is exported with the batch size symbolic: every bucket's launch must be an expression
+    of it, never a guard (a first version sized its partials by `batch * in_bucket(...)`, which export refused
+    on the GPU: 'Constraints violated (num_seqs)'). In a process of its own: export cannot trace the Triton
+    interpreter these tests run the kernels in."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", EXPORT_WITH_SYMBOLIC_BATCH], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.split("ops")[-1]) == 1

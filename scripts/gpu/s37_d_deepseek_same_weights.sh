@@ -6,7 +6,7 @@
 # reads a few experts per step where ours (normal draws) reads all 256. Here the random checkpoint is written to
 # disk (scripts/make_random_model.py on the GPU: the tensors our dummy-at-load artifact draws) for vLLM to load
 # (call E). Ours: throughput, TPOT, cold start, prefill only, a batch-256 decode profile, the tuning's MLA rows.
-# Call F: the same after the MLA decode configs per batch bucket (SECTIONS=throughput,tpot).
+# Call F: ours after the MLA decode configs per batch bucket (SECTIONS=throughput,tpot NO_CHECKPOINT=1).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 mkdir -p /tmp/vstage /tmp/s37 /tmp/art /tmp/m && cp .vllm/bundle.part05 .vllm/SHA256SUMS .vllm/install.sh /tmp/vstage/ && cp .vllm/sbs.py /tmp/sbs.py
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -16,7 +16,7 @@ $D folder --layers 5 --experts 256 --mtp 0 --tokenizer .gpu/tokenizers/llama3 --
 timeout 400 python3 -m atom_aot.build.cli --max-model-len 4096 --cache-dir /tmp/atom-cache --model $CFG \
   --load-format dummy-at-load --out /tmp/art/ds5-256e > /tmp/s37/build-256e.log 2>&1 &
 PB=$!
-timeout 300 $D folder --weights --hub-expert-names --layers 5 --experts 256 --mtp 0 --tokenizer .gpu/tokenizers/llama3 --out $CKPT > /tmp/s37/ckpt.log 2>&1
+[ "$NO_CHECKPOINT" = 1 ] || timeout 300 $D folder --weights --hub-expert-names --layers 5 --experts 256 --mtp 0 --tokenizer .gpu/tokenizers/llama3 --out $CKPT > /tmp/s37/ckpt.log 2>&1
 at "checkpoint rc=$? $(du -sh $CKPT | cut -f1) $(df -h /tmp | tail -1 | awk '{print $4}') free"
 wait $PB; at "build rc=$?"; tr '\r' '\n' < /tmp/s37/build-256e.log | grep -E '^stages|rror|does not fit' | tail -3 | cut -c1-400
 python3 -c "

@@ -166,10 +166,10 @@ def _launch_one(q, kv_cache, layer, block_tables, seq_lens, scale, kv_lora_rank,
     num_splits = split_count(num_seqs, head_blocks, c.target_programs, c.max_splits)
     if c.max_splits == 1:
         part = lse = out                # never read: with one split the tile kernel writes o_lat itself
-    else:                               # fp32 partials and their log2-sum-exp; no rows for an inactive bucket
-        rows = num_seqs * active
-        part = torch.empty((rows, num_heads, num_splits, kv_lora_rank), dtype=torch.float32, device=q.device)
-        lse = torch.empty((rows, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    else:       # fp32 partials and their log2-sum-exp, sized without `active` (export cannot prove num_seqs *
+                # active >= 0 for a symbolic batch); an inactive bucket's are left unwritten
+        part = torch.empty((num_seqs, num_heads, num_splits, kv_lora_rank), dtype=torch.float32, device=q.device)
+        lse = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)
     wrap_triton(mla_decode_kernel)[(num_seqs * active, head_blocks, num_splits)](
         q, kv_cache, out, part, lse, block_tables, seq_lens, scale * LOG2E, num_heads, num_splits,
         layer * kv_cache.stride(0), q.stride(0), q.stride(1), out.stride(0), out.stride(1), *part.stride()[:3],
