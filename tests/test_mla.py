@@ -113,3 +113,26 @@ def test_an_fp8_latent_cache_stores_scaled_values_and_reads_them_back():
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     exact = mla_attention(q_nope, q_pe, c_kv, k_pe, torch.zeros_like(f32), 0, *args)
     assert (out - exact).norm() / exact.norm() < 0.05
+
+
+@pytest.mark.parametrize("piece", [1 << 27, 2 * H * 20])         # all rows at once; two rows a piece (longest 20)
+@pytest.mark.parametrize("fp8", [False, True])
+def test_decode_rows_together_equal_each_alone(monkeypatch, piece, fp8):
+    """A mixed step's decoding sequences go through decode_rows_absorbed together: each row equals
+    mla_decode_absorbed over that sequence's own cached latents (contexts of different lengths; table slots
+    past a sequence's blocks hold other sequences' blocks or garbage ids, masked or clamped), an fp8 cache
+    read through its scales."""
+    from atom_aot.ops import mla
+    from atom_aot.ops.mla import decode_rows_absorbed, gather_latent, read_latent
+    monkeypatch.setattr(mla, "DECODE_ROWS_SCORES", piece)
+    rand, _, w_uk, w_uv = random_mla(6, torch.float32)
+    cache = (rand(1, 12, 4, 1, RANK + ROPE) * 2).to(torch.float8_e4m3fn if fp8 else torch.float32)
+    kv_scale = torch.tensor([0.5, 2.0]) if fp8 else None
+    tables = torch.tensor([[3, 9, 1, 7, 99], [0, 5, 0, 0, 0], [11, 2, 8, 4, 6], [10, -1, 77, 0, 0]], dtype=torch.int32)
+    lens = [13, 6, 20, 2]
+    q_nope, q_pe = rand(4, H, NOPE), rand(4, H, ROPE)
+    got = decode_rows_absorbed(q_nope, q_pe, cache, tables, lens, w_uk, w_uv, 0.15, kv_scale)
+    for b, n in enumerate(lens):
+        latent = read_latent(gather_latent(cache, tables[b], n), torch.float32, RANK, kv_scale)
+        want = mla_decode_absorbed(q_nope[b:b + 1], q_pe[b:b + 1], latent, w_uk, w_uv, 0.15)
+        torch.testing.assert_close(got[b:b + 1], want, rtol=1e-5, atol=1e-5)

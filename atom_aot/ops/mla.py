@@ -55,14 +55,19 @@ def mla_attention_reference(
     write_latent_cache(kv_cache[layer], c_kv, k_pe, slot_mapping, kv_scale)
     out = q_nope.new_empty(q_nope.shape[0], q_nope.shape[1], w_uv.shape[2])
     starts, lens = query_start_loc.tolist(), seq_lens.tolist()
+    singles = [b for b in range(len(lens)) if starts[b + 1] - starts[b] == 1]
+    if singles:             # decoding sequences of a mixed step, together (one loop turn each cost ~6 launches)
+        rows = torch.tensor([starts[b] for b in singles], device=q_nope.device)
+        out[rows] = decode_rows_absorbed(q_nope[rows], q_pe[rows], kv_cache[layer],
+                                         block_tables[torch.tensor(singles, device=block_tables.device)],
+                                         [lens[b] for b in singles], w_uk, w_uv, scale, kv_scale)
     for b, context_len in enumerate(lens):
         first, last = starts[b], starts[b + 1]
-        if last == first:
+        if last - first < 2:
             continue
         latent = read_latent(gather_latent(kv_cache[layer], block_tables[b], context_len), q_nope.dtype,
                              w_uk.shape[2], kv_scale)
-        attend = mla_decode_absorbed if last - first == 1 else mla_prefill_naive
-        out[first:last] = attend(q_nope[first:last], q_pe[first:last], latent, w_uk, w_uv, scale)
+        out[first:last] = mla_prefill_naive(q_nope[first:last], q_pe[first:last], latent, w_uk, w_uv, scale)
     return out
 
 
@@ -102,11 +107,38 @@ def gather_latent(kv_layer: torch.Tensor, block_table: torch.Tensor, context_len
 
 def read_latent(latent: torch.Tensor, dtype: torch.dtype, rank: int,
                 kv_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Cached latents [L, r + rope] in `dtype`: an fp8 cache's c_kv and k_pe times their scales."""
+    """Cached latents [..., r + rope] in `dtype`: an fp8 cache's c_kv and k_pe times their scales."""
     if kv_scale is None:
         return latent.to(dtype)
-    return torch.cat([from_cache(latent[:, :rank], dtype, kv_scale[0]),
-                      from_cache(latent[:, rank:], dtype, kv_scale[1])], dim=-1)
+    return torch.cat([from_cache(latent[..., :rank], dtype, kv_scale[0]),
+                      from_cache(latent[..., rank:], dtype, kv_scale[1])], dim=-1)
+
+
+DECODE_ROWS_SCORES = 1 << 27     # float32 scores [rows, H, longest context] held at once (512 MiB)
+
+
+def decode_rows_absorbed(q_nope, q_pe, kv_layer, block_tables, context_lens: list[int], w_uk, w_uv, scale,
+                         kv_scale=None) -> torch.Tensor:
+    """mla_decode_absorbed for D sequences that compute one token each, batched: q_nope [D, H, nope], q_pe
+    [D, H, rope], their block tables [D, max_blocks] and context lengths; returns [D, H, v]. Each sequence's
+    latents are gathered up to the longest context and the keys past its own are masked out."""
+    rank, block_size = w_uk.shape[2], kv_layer.shape[2]
+    longest = max(context_lens)
+    lens = torch.tensor(context_lens, device=q_nope.device)
+    step = max(1, DECODE_ROWS_SCORES // (q_nope.shape[1] * longest))
+    parts = []
+    for lo in range(0, len(context_lens), step):
+        tables = block_tables[lo:lo + step, :-(-longest // block_size)].long().clamp(0, kv_layer.shape[1] - 1)
+        latent = read_latent(kv_layer[0, tables].flatten(1, 2)[:, :longest, 0], q_nope.dtype, rank, kv_scale)
+        q_lat = torch.einsum("dhn,hnr->dhr", q_nope[lo:lo + step], w_uk)                # [d, H, r]
+        queries = torch.cat([q_lat, q_pe[lo:lo + step]], dim=-1)                        # [d, H, r + rope]
+        scores = torch.einsum("dhw,dlw->dhl", queries, latent)
+        scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * scale   # softmax in >= float32
+        past_end = torch.arange(longest, device=lens.device)[None, :] >= lens[lo:lo + step, None]   # [d, L]
+        probs = scores.masked_fill(past_end[:, None, :], float("-inf")).softmax(dim=-1).to(latent.dtype)
+        o_lat = torch.einsum("dhl,dlr->dhr", probs, latent[..., :rank])                # [d, H, r]
+        parts.append(torch.einsum("dhr,hrv->dhv", o_lat, w_uv))
+    return torch.cat(parts)
 
 
 def causal_mask(n_q: int, context_len: int, device) -> torch.Tensor:
