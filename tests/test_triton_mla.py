@@ -130,6 +130,9 @@ def test_an_mla_models_tuning_is_written_as_json(monkeypatch):
     # candidate 0 is the fastest at every batch: each bucket names it
     params = read.for_phase(Phase.DECODE).op("mla_attention").params
     assert params == {f"mla_decode@{b}": CANDIDATE_CONFIGS[0].as_args() for b in tune_mla.DECODE_BATCHES}
+    from atom_aot.ops.backends import make_backend              # the backend reads them as the op's table
+    backend = make_backend("mla_attention", read.for_phase(Phase.DECODE).op("mla_attention"))
+    assert backend.table == [v for b in tune_mla.DECODE_BATCHES for v in (b, *CANDIDATE_CONFIGS[0].as_args())]
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float8_e4m3fn])
