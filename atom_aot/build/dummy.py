@@ -86,8 +86,8 @@ def draw(name: str, shape: torch.Size, dtype: torch.dtype, generator: torch.Gene
     30 GiB of noise at once, which ran a 141 GB GPU out of memory); a tensor of one piece is drawn as before."""
     device = generator.device
     out = torch.empty(shape, dtype=dtype, device=device)
-    row = max(1, out[0].numel()) if out.dim() > 1 else out.numel()
-    for piece in (out.split(max(1, DRAW_PIECE_ELEMENTS // row)) if out.dim() > 1 else (out,)):
+    pieces = out.split(max(1, DRAW_PIECE_ELEMENTS // max(1, out[0].numel()))) if out.dim() > 1 else (out,)
+    for piece in pieces:
         noise = torch.randn(piece.shape, generator=generator, device=device)
         piece.copy_(1 + 0.1 * noise if "norm" in name else std * noise)
     return out

@@ -130,15 +130,23 @@ def decode_rows_absorbed(q_nope, q_pe, kv_layer, block_tables, context_lens: lis
     for lo in range(0, len(context_lens), step):
         tables = block_tables[lo:lo + step, :-(-longest // block_size)].long().clamp(0, kv_layer.shape[1] - 1)
         latent = read_latent(kv_layer[0, tables].flatten(1, 2)[:, :longest, 0], q_nope.dtype, rank, kv_scale)
-        q_lat = torch.einsum("dhn,hnr->dhr", q_nope[lo:lo + step], w_uk)                # [d, H, r]
-        queries = torch.cat([q_lat, q_pe[lo:lo + step]], dim=-1)                        # [d, H, r + rope]
-        scores = torch.einsum("dhw,dlw->dhl", queries, latent)
-        scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * scale   # softmax in >= float32
-        past_end = torch.arange(longest, device=lens.device)[None, :] >= lens[lo:lo + step, None]   # [d, L]
-        probs = scores.masked_fill(past_end[:, None, :], float("-inf")).softmax(dim=-1).to(latent.dtype)
-        o_lat = torch.einsum("dhl,dlr->dhr", probs, latent[..., :rank])                # [d, H, r]
-        parts.append(torch.einsum("dhr,hrv->dhv", o_lat, w_uv))
+        seen = torch.arange(longest, device=lens.device)[None, :] < lens[lo:lo + step, None]     # [d, L]
+        parts.append(absorbed_attention(q_nope[lo:lo + step, None], q_pe[lo:lo + step, None], latent,
+                                        seen[:, None, :], w_uk, w_uv, scale)[:, 0])
     return torch.cat(parts)
+
+
+def absorbed_attention(q_nope, q_pe, latent, seen, w_uk, w_uv, scale) -> torch.Tensor:
+    """The absorbed form over D sequences: queries q_nope [D, n, H, nope] and q_pe [D, n, H, rope] over their
+    latents [D, L, r + rope], query i of sequence d seeing key l where seen [D, n, L]; returns [D, n, H, v]."""
+    rank = w_uk.shape[2]
+    q_lat = torch.einsum("dqhn,hnr->dqhr", q_nope, w_uk)                    # [D, n, H, r]
+    queries = torch.cat([q_lat, q_pe], dim=-1)                              # [D, n, H, r + rope]
+    scores = torch.einsum("dqhw,dlw->dhql", queries, latent)                # [D, H, n, L]
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * scale   # softmax in >= float32
+    probs = scores.masked_fill(~seen[:, None], float("-inf")).softmax(dim=-1).to(latent.dtype)
+    o_lat = torch.einsum("dhql,dlr->dqhr", probs, latent[..., :rank])       # [D, n, H, r]
+    return torch.einsum("dqhr,hrv->dqhv", o_lat, w_uv)
 
 
 def causal_mask(n_q: int, context_len: int, device) -> torch.Tensor:
@@ -167,12 +175,5 @@ def mla_prefill_naive(q_nope, q_pe, latent, w_uk, w_uv, scale) -> torch.Tensor:
 def mla_decode_absorbed(q_nope, q_pe, latent, w_uk, w_uv, scale) -> torch.Tensor:
     """The same attention with W_UK folded into the query and W_UV applied after: reads only the
     latents [L, r + rope]; returns [n_q, H, v]."""
-    rank = w_uk.shape[2]
-    q_lat = torch.einsum("qhn,hnr->qhr", q_nope, w_uk)                     # [n_q, H, r]
-    queries = torch.cat([q_lat, q_pe], dim=-1)                             # [n_q, H, r + rope]
-    scores = torch.einsum("qhd,ld->hql", queries, latent)                   # [H, n_q, L]
-    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * scale   # softmax in >= float32
     mask = causal_mask(q_nope.shape[0], latent.shape[0], q_nope.device)
-    probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1).to(latent.dtype)
-    o_lat = torch.einsum("hql,lr->qhr", probs, latent[:, :rank])           # [n_q, H, r]
-    return torch.einsum("qhr,hrv->qhv", o_lat, w_uv)
+    return absorbed_attention(q_nope[None], q_pe[None], latent[None], mask[None], w_uk, w_uv, scale)[0]

@@ -52,7 +52,6 @@ def write(path: str, data: dict) -> None:
 def folder(a) -> None:
     """A config + tokenizer folder (weights drawn by `atom-build --load-format dummy-at-load`), or with
     --weights a random checkpoint transformers can load (scripts/make_random_model.py)."""
-    config = json.loads(CONFIG.read_text())
     override = {"num_hidden_layers": a.layers, "num_nextn_predict_layers": a.mtp, "n_routed_experts": a.experts,
                 "vocab_size": a.vocab, **json.loads(a.override)}
     out = Path(a.out)
@@ -63,7 +62,7 @@ def folder(a) -> None:
                           hub_expert_names=a.hub_expert_names)
     else:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps({**config, **override}, indent=1))
+        (out / "config.json").write_text(json.dumps({**json.loads(CONFIG.read_text()), **override}, indent=1))
         if a.tokenizer:
             for f in Path(a.tokenizer).iterdir():
                 if f.is_file():

@@ -26,7 +26,7 @@ from torch.library import triton_op, wrap_triton
 
 from atom_aot.ops.triton._common import bucket_rows, check_last_dim_contiguous, in_bucket, next_pow2
 from atom_aot.ops.triton.attention_kernels import LOG2E, _store_tile
-from atom_aot.ops.triton.paged_attention import launch_merge_splits, split_count
+from atom_aot.ops.triton.paged_attention import launch_merge_splits, split_count, split_partials
 from atom_aot.ops.triton.rope_cache import _to_cache
 
 
@@ -148,7 +148,7 @@ def launch_mla_decode(
     which config is fastest at each batch (16 heads per program at batch 1, 64 at batch 256 on an H200)."""
     check_latent_cache(kv_cache, q.shape[2])
     check_last_dim_contiguous("q", q)
-    num_seqs, num_heads, width = q.shape
+    num_seqs, num_heads = q.shape[:2]
     out = torch.empty((num_seqs, num_heads, kv_lora_rank), dtype=q.dtype, device=q.device)
     for first, next_first, ints in bucket_rows(table, TABLE_ROW, "mla_decode"):
         _launch_one(q, kv_cache, layer, block_tables, seq_lens, scale, kv_lora_rank, MLADecodeConfig(*ints), out,
@@ -164,12 +164,9 @@ def _launch_one(q, kv_cache, layer, block_tables, seq_lens, scale, kv_lora_rank,
     rope = width - kv_lora_rank
     head_blocks = triton.cdiv(num_heads, c.block_h)
     num_splits = split_count(num_seqs, head_blocks, c.target_programs, c.max_splits)
-    if c.max_splits == 1:
-        part = lse = out                # never read: with one split the tile kernel writes o_lat itself
-    else:       # fp32 partials and their log2-sum-exp, sized without `active` (export cannot prove num_seqs *
-                # active >= 0 for a symbolic batch); an inactive bucket's are left unwritten
-        part = torch.empty((num_seqs, num_heads, num_splits, kv_lora_rank), dtype=torch.float32, device=q.device)
-        lse = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    # sized without `active` (export cannot prove num_seqs * active >= 0 for a symbolic batch): an inactive
+    # bucket's partials are left unwritten
+    part, lse = split_partials(out, num_splits, c.max_splits)
     wrap_triton(mla_decode_kernel)[(num_seqs * active, head_blocks, num_splits)](
         q, kv_cache, out, part, lse, block_tables, seq_lens, scale * LOG2E, num_heads, num_splits,
         layer * kv_cache.stride(0), q.stride(0), q.stride(1), out.stride(0), out.stride(1), *part.stride()[:3],

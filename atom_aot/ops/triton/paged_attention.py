@@ -136,15 +136,21 @@ def fp8_dots_in_fp16(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
 
 
 def split_outputs(q: torch.Tensor, dim: int, num_splits, max_splits: int):
-    """(out [T, H, dim] in q's dtype, partials [T, H, S, dim] and their log2-sum-exp [T, H, S] in fp32, sized
-    by this batch's split count); without splits the partials are `out` itself, never touched."""
+    """(out [T, H, dim] in q's dtype, then split_partials of it)."""
     num_tokens, num_heads = q.shape[:2]
     out = torch.empty((num_tokens, num_heads, dim), dtype=q.dtype, device=q.device)
+    return (out, *split_partials(out, num_splits, max_splits))
+
+
+def split_partials(out: torch.Tensor, num_splits, max_splits: int):
+    """(partials [T, H, S, dim] and their log2-sum-exp [T, H, S] in fp32, sized by this batch's split count) for
+    `out` [T, H, dim]; without splits both are `out` itself, never touched."""
     if max_splits == 1:
-        return out, out, out
-    part = torch.empty((num_tokens, num_heads, num_splits, dim), dtype=torch.float32, device=q.device)
-    lse = torch.empty((num_tokens, num_heads, num_splits), dtype=torch.float32, device=q.device)
-    return out, part, lse
+        return out, out
+    num_tokens, num_heads, dim = out.shape
+    part = torch.empty((num_tokens, num_heads, num_splits, dim), dtype=torch.float32, device=out.device)
+    lse = torch.empty((num_tokens, num_heads, num_splits), dtype=torch.float32, device=out.device)
+    return part, lse
 
 
 def launch_merge_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, num_splits, max_splits: int,
