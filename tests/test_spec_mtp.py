@@ -14,12 +14,12 @@ from atom_aot import LLMEngine, SamplingParams
 from atom_aot.artifact.phase import Phase
 from atom_aot.errors import StartupError
 from atom_aot.runtime.kv_cache import allocate_kv_cache
+from atom_aot.spec.mtp_graphs import MTPGraphs
 from atom_aot.spec.setup import check_mtp
 from deepseek_factories import make_copying_deepseek, make_tiny_deepseek, mtp_reference
 from factories import random_prompts
 from test_deepseek import loaded_model, one_sequence_step
 from test_spec_engine import tokens
-from test_verify_graphs import cpu_verify_graphs  # noqa: F401  (a fixture)
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
@@ -120,19 +120,29 @@ def copying(tmp_path_factory, build_artifact):
     return model_dir, str(build_artifact(model_dir, compile="none"))
 
 
+def with_mtp_graphs(engine, sizes=(1, 2, 4)) -> None:
+    """The engine's MTP step through MTPGraphs (spec/mtp_graphs.py) replayed as plain calls: steps of up to 4
+    rows padded to a capture size, larger ones through the package as it is."""
+    proposer, loaded = engine.core.scheduler.proposer, engine.loaded
+    graphs = MTPGraphs(proposer.mtp, proposer.kv_cache, sizes, -(-engine.core.scheduler.config.max_model_len //
+                                                                  loaded.block_size),
+                       loaded.model_config.hidden_size, loaded.dtype)
+    graphs.capture(record=lambda call: call)
+    proposer.mtp = graphs
+
+
 @pytest.mark.parametrize("which,graphs", [("random", False), ("copying", False), ("random", True), ("copying", True)],
-                         ids=["random", "copying", "random-verify-graphs", "copying-verify-graphs"])
+                         ids=["random", "copying", "random-mtp-graphs", "copying-mtp-graphs"])
 def test_every_draft_and_the_mtp_cache_equal_a_computation_from_scratch(which, graphs, artifact, model_dir, copying,
-                                                                          prompts, request):
+                                                                          prompts):
     """Batched, over many steps, with drafts rejected (random weights) or accepted (the copying model,
     runs of K + 1 tokens): the MTP layer's cache rows of every computed position (caught up after
-    each step, chained positions overwritten) and its drafts equal a from-scratch computation. With
-    verify graphs (runtime/verify_graphs.py, replayed as plain calls on the CPU) the hidden states the
-    MTP layer reads come from the padded verify rows."""
-    if graphs:
-        request.getfixturevalue("cpu_verify_graphs")
+    each step, chained positions overwritten) and its drafts equal a from-scratch computation; the
+    same with the MTP step staged through its graphs (padding rows write nothing)."""
     model_dir, artifact = copying if which == "copying" else (model_dir, artifact)
     engine = mtp_engine(artifact, 3)
+    if graphs:
+        with_mtp_graphs(engine)
     seen = recorded_drafts(engine)
     engine.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
     stats = engine.print_mtp_statistics()
@@ -167,9 +177,10 @@ def test_stops_inside_a_run(artifact, baseline, prompts):
 
 class TestRefusals:
     @staticmethod
-    def loaded(layers: int, forwards: dict):
+    def loaded(layers: int, forwards: dict, world_size: int = 1):
         model = SimpleNamespace(name="tiny-deepseek", architecture="DeepseekV3ForCausalLM")
-        manifest = SimpleNamespace(model=model, rebuild_command=lambda: "atom-build tiny-deepseek --compile aoti")
+        manifest = SimpleNamespace(model=model, rebuild_command=lambda: "atom-build tiny-deepseek --compile aoti",
+                                   layout=SimpleNamespace(world_size=world_size))
         return SimpleNamespace(hf_config={"num_nextn_predict_layers": layers}, manifest=manifest, path="m.atom",
                                forwards=forwards)
 
@@ -180,6 +191,10 @@ class TestRefusals:
     def test_an_artifact_without_the_mtp_package(self):
         with pytest.raises(StartupError, match=r"no `mtp` package.*Rebuild it with: atom-build tiny-deepseek"):
             check_mtp(self.loaded(1, {Phase.MIXED: object()}))
+
+    def test_a_tensor_parallel_artifact(self):
+        with pytest.raises(StartupError, match=r"--method mtp runs on one rank.*has 2 tensor-parallel ranks"):
+            check_mtp(self.loaded(1, {Phase.MIXED: object(), Phase.MTP: object()}, world_size=2))
 
     def test_a_mixed_package_without_hidden_states(self):
         old = SimpleNamespace(returns_hidden=False)

@@ -114,14 +114,12 @@ def cpu_verify_graphs(monkeypatch):
     monkeypatch.setattr(cuda_graphs_module, "CudaGraphRecorder", lambda: (lambda call: call))
 
 
-def test_the_mixed_model_sees_the_same_real_rows(target):
-    """The real tiny model's logits at the real rows and the KV it writes, padded and not."""
-    engine = LLMEngine(target)
-    runner = engine.core.runner
-    mixed = runner.forwards.mixed
-    graphs = graphs_for(mixed, runner, max_blocks=-(-engine.core.scheduler.config.max_model_len // runner.block_size))
-    g = torch.Generator().manual_seed(0)
-    counts = [4, 1, 3]
+def real_verify_inputs(runner, counts: list[int], seed: int = 0) -> StepInputs:
+    """A verify step of a real engine's runner: sequence i (contexts 19, 26, ... of random tokens, its own
+    blocks) computes its newest token and counts[i] - 1 random drafts; the KV cache is filled with random
+    values first (the contexts' keys)."""
+    g = torch.Generator().manual_seed(seed)
+    runner.kv_cache.copy_(torch.randn(runner.kv_cache.shape, generator=g))
     seqs, drafts = [], []
     for i, count in enumerate(counts):
         context = 19 + 7 * i                 # computed; the newest token and count - 1 drafts are this step's
@@ -132,15 +130,31 @@ def test_the_mixed_model_sees_the_same_real_rows(target):
                              status=SequenceStatus.RUNNING, num_computed_tokens=context, block_table=blocks))
         drafts.append(tuple(torch.randint(3, 200, (count - 1,), generator=g).tolist()))
     batch = ScheduledBatch.of(tuple(seqs), tuple(counts), False, draft_token_ids=tuple(drafts))
-    inputs, _ = runner.prepare_inputs(batch)
-    before = runner.kv_cache.clone()
-    padded = graphs(inputs, counts)
-    written = runner.kv_cache.clone()
-    runner.kv_cache.copy_(before)
-    plain = mixed(inputs)
+    return runner.prepare_inputs(batch)[0]
+
+
+def outputs_and_written_kv(forward, inputs: StepInputs, *args):
+    """forward(inputs, *args) and the KV cache it leaves; the cache is then put back as it was."""
+    before = inputs.kv_cache.clone()
+    out = forward(inputs, *args)
+    written = inputs.kv_cache.clone()
+    inputs.kv_cache.copy_(before)
+    return out, written
+
+
+def test_the_mixed_model_sees_the_same_real_rows(target):
+    """The real tiny model's logits at the real rows and the KV it writes, padded and not."""
+    engine = LLMEngine(target, num_kv_blocks=64, max_model_len=256)
+    runner = engine.core.runner
+    mixed = runner.forwards.mixed
+    graphs = graphs_for(mixed, runner, max_blocks=-(-engine.core.scheduler.config.max_model_len // runner.block_size))
+    counts = [4, 1, 3]
+    inputs = real_verify_inputs(runner, counts)
+    padded, written = outputs_and_written_kv(graphs, inputs, counts)
+    plain, expected = outputs_and_written_kv(mixed, inputs)
     assert padded.shape == plain.shape == (sum(counts), plain.shape[1])
     torch.testing.assert_close(padded, plain, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(written, runner.kv_cache, rtol=0, atol=1e-5)
+    torch.testing.assert_close(written, expected, rtol=0, atol=1e-5)
 
 
 def test_greedy_outputs_through_verify_graphs_equal_decoding_without_speculation(target, cpu_verify_graphs, caplog):

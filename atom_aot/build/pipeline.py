@@ -228,9 +228,9 @@ def _compile(staging: Path, model, tuning: Tuning, config: BuildConfig, max_len:
             with progress.stage(f"compile ({phase})"):
                 checkpoints.keep_package(phase, compile_package(exported, staging / package_member(phase)))
     mtp_step = model.mtp_step()
-    if mtp_step is not None:       # the MTP proposer's own package, any batch: the mixed row's kernels
+    if mtp_step is not None:       # the MTP proposer's own package, one row per sequence: the decode row's kernels
         if not _resumed_package(checkpoints, Phase.MTP, staging, progress):
-            model.use_kernels(tuning.for_phase(Phase.MTP))
+            model.use_kernels(tuning.for_phase(Phase.DECODE))
             with progress.stage("export (mtp)"):
                 exported = export_mtp(model, mtp_step, config.kv_torch_dtype, config.block_size, max_len, device)
             with progress.stage("compile (mtp)"):

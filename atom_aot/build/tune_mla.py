@@ -28,8 +28,8 @@ def tune_mla(config: BuildConfig, cfg: ModelConfig, max_model_len: int, best, tu
         arch=config.arch, measured=True,
         phases={Phase.DECODE: PhaseTuning({"mla_attention": BackendChoice("triton", buckets), "moe": moe}),
                 Phase.MIXED: PhaseTuning({"mla_attention": BackendChoice("reference"), "moe": moe})},
-        kernels={"mla_attention": "decode: triton atom_triton::mla_decode (absorbed, split-K, a config per "
-                                  "batch-size bucket); "
+        kernels={"mla_attention": "decode and the MTP step: triton atom_triton::mla_decode (absorbed, split-K, "
+                                  "a config per batch-size bucket); "
                                   "mixed: torch reference atom::mla_attention (naive prefill)",
                  "moe": moe_label,
                  "gemm": "aten -> cuBLAS (Inductor extern call)",

@@ -21,7 +21,8 @@ from atom_aot.artifact.signature import INPUT_NAMES, STEP_INPUTS
 from atom_aot.distributed.group import before_leaving
 from atom_aot.models.step_inputs import StepInputs, input_dtype
 
-Replay = Callable[[], torch.Tensor]
+Outputs = torch.Tensor | tuple[torch.Tensor, ...]
+Replay = Callable[[], Outputs]
 
 # What the s - n padding rows hold. Inputs not listed keep their last values (token ids, positions
 # and block tables of an earlier batch: valid indices whose results are dropped).
@@ -143,7 +144,10 @@ class CudaGraphRecorder:
 
 
 class DecodeGraphs:
-    def __init__(self, forward: Callable[[StepInputs], torch.Tensor], kv_cache: torch.Tensor,
+    """`forward` returns the logits, or (logits, hidden states) for a model with MTP layers (the package's
+    `logits_and_hidden`): the graphs keep what it returns, the model runner's call gets the logits."""
+
+    def __init__(self, forward: Callable[[StepInputs], Outputs], kv_cache: torch.Tensor,
                  capture_sizes: tuple[int, ...], max_blocks_per_seq: int):
         self.forward = forward
         self.static = StaticDecodeInputs(kv_cache, capture_sizes, max_blocks_per_seq)
@@ -157,7 +161,7 @@ class DecodeGraphs:
     def max_batch_size(self) -> int:
         return self.static.max_batch_size
 
-    def forward_at(self, size: int) -> torch.Tensor:
+    def forward_at(self, size: int) -> Outputs:
         """The forward on the static inputs of `size`: what a graph records."""
         return self.forward(self.static.view(size))
 
@@ -166,7 +170,18 @@ class DecodeGraphs:
         """Records every size, largest first; `record` turns a call into its replay (default: a CUDA graph)."""
         self.replays = record_sizes(self.sizes, self.forward_at, record)
 
-    def __call__(self, inputs: StepInputs) -> torch.Tensor:
+    def outputs(self, inputs: StepInputs) -> Outputs:
+        """All the forward returns, at the batch's n rows."""
         n = inputs.input_ids.shape[0]
-        size = self.static.load(inputs)
-        return self.replays[size]()[:n]
+        out = self.replays[self.static.load(inputs)]()
+        return tuple(t[:n] for t in out) if isinstance(out, tuple) else out[:n]
+
+    def __call__(self, inputs: StepInputs) -> torch.Tensor:
+        out = self.outputs(inputs)
+        return out[0] if isinstance(out, tuple) else out
+
+    def logits_and_hidden(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.outputs(inputs)
+        if not isinstance(out, tuple):
+            raise TypeError("these decode graphs were captured on a forward that returns no hidden states")
+        return out

@@ -78,14 +78,16 @@ def split_kv_budget(budget: int, per_block: int, block_size: int, draft_per_bloc
 
 
 def verify_graph_reserve(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
-    """Bytes the verify CUDA graphs' pool keeps (runtime/verify_graphs.py): the largest one's activations,
-    bounded like activation_reserve's at its token count; 0 where they are not captured."""
+    """Bytes the speculative CUDA graphs' pools keep, each bounded like activation_reserve's at its largest
+    token count: the mixed package's verify graphs (runtime/verify_graphs.py) and the MTP step's
+    (spec/mtp_graphs.py), where they are captured; 0 without them."""
     if config.method is None or not uses_graphs(loaded, config):
         return 0
+    mtp = max(loaded.graph_plan.capture_sizes) * widest_row_bytes(loaded) if config.method == "mtp" else 0
     sizes = verify_capture_sizes(loaded.graph_plan.capture_sizes, config.num_speculative_tokens)
     if no_verify_graphs_reason(loaded, config, sizes) is not None:     # the same decision start_speculation makes
-        return 0
-    return MAX_GRAPH_TOKENS * widest_row_bytes(loaded)
+        return mtp
+    return MAX_GRAPH_TOKENS * widest_row_bytes(loaded) + mtp
 
 
 def activation_reserve(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
@@ -112,8 +114,9 @@ def make_forwards(loaded: LoadedArtifact, config: RuntimeConfig, kv_cache, max_m
         return Forwards(mixed, decode)
     from atom_aot.runtime.cuda_graphs import DecodeGraphs
     start = time.perf_counter()
-    graphs = DecodeGraphs(decode, kv_cache, loaded.graph_plan.capture_sizes,
-                          -(-max_model_len // loaded.block_size))
+    # a package that also returns the hidden states (MTP layers) keeps them in its graphs, for MTP's verify rows
+    forward = decode.logits_and_hidden if getattr(decode, "returns_hidden", False) else decode
+    graphs = DecodeGraphs(forward, kv_cache, loaded.graph_plan.capture_sizes, -(-max_model_len // loaded.block_size))
     graphs.capture()
     loaded.timings["graph capture"] = time.perf_counter() - start
     log.info("decode steps: CUDA graphs of the decode package, %d sizes up to %d captured in %.2fs",

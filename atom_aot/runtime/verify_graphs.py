@@ -27,10 +27,9 @@ import numpy as np
 import torch
 
 from atom_aot.models.step_inputs import StepInputs, input_dtype
-from atom_aot.runtime.cuda_graphs import Replay, graph_view, record_sizes, smallest_size, static_buffer
+from atom_aot.runtime.cuda_graphs import Outputs, Replay, graph_view, record_sizes, smallest_size, static_buffer
 from atom_aot.runtime.transfer import to_device
 
-Outputs = torch.Tensor | tuple[torch.Tensor, ...]
 MixedForward = Callable[[StepInputs], Outputs]
 # The widest verify graph: sizes whose s * (K+1) rows pass this are not captured (their logits alone are
 # s * (K+1) x vocab float32: 0.6 GiB at 1024 rows of a 150k vocabulary); such batches run uncaptured.

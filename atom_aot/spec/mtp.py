@@ -78,10 +78,11 @@ class MTPProposer:
         previous = self.tap.hidden[to_device(rows, torch.int64, self.device)]       # [T', hidden]
         seqs = [batch.seqs[i] for i in live]
         starts = [batch.num_computed_tokens[i] for i in live]
-        inputs = self._inputs(seqs, starts, [following[i] for i in live])
-        logits, hidden = self.mtp(inputs, previous)                                 # [B', vocab], [T', hidden]
-        last = hidden[inputs.logits_indices]                                        # [B', hidden]
-        for j, (seq, start, token) in enumerate(zip(seqs, starts, logits.argmax(dim=-1).tolist())):
+        inputs, last_rows = self._inputs(seqs, starts, [following[i] for i in live])
+        logits, hidden = self.mtp(inputs, previous)                                 # [T', vocab], [T', hidden]
+        last_rows = to_device(last_rows, torch.int64, self.device)
+        last = hidden[last_rows]                                                    # [B', hidden]
+        for j, (seq, start, token) in enumerate(zip(seqs, starts, logits[last_rows].argmax(dim=-1).tolist())):
             self._guesses[seq] = Guess(start + len(following[live[j]]), token, last[j])
 
     @torch.inference_mode()
@@ -98,8 +99,8 @@ class MTPProposer:
                 break
             active, hidden = [active[a] for a in keep], hidden[keep]
             chained = [seqs[i] for i in active]
-            inputs = self._inputs(chained, [seq.num_computed_tokens - 1 + step for seq in chained],
-                                  [[drafts[i][-1]] for i in active])
+            inputs, _ = self._inputs(chained, [seq.num_computed_tokens - 1 + step for seq in chained],
+                                     [[drafts[i][-1]] for i in active])          # one row each: every row is last
             logits, hidden = self.mtp(inputs, hidden)                                # [A, vocab], [A, hidden]
             for i, token in zip(active, logits.argmax(dim=-1).tolist()):
                 drafts[i].append(token)
@@ -117,17 +118,22 @@ class MTPProposer:
         for seq in [seq for seq in self._guesses if seq.status != SequenceStatus.RUNNING]:
             del self._guesses[seq]
 
-    def _inputs(self, seqs: list[Sequence], starts: list[int], tokens: list[list[int]]) -> StepInputs:
+    def _inputs(self, seqs: list[Sequence], starts: list[int], tokens: list[list[int]]) -> tuple[StepInputs, np.ndarray]:
         """A step of the MTP layer: sequence i computes len(tokens[i]) positions from starts[i] (tokens[i]
-        its input ids) in its own slots; the logits of each sequence's last position."""
+        its input ids) in its own slots, each position a decode row of its own (the package's one query row
+        per sequence: runtime/verify_rows.py says why that is exact); and the rows of each sequence's last
+        position."""
         tables = np.zeros((len(seqs), max(len(seq.block_table) for seq in seqs)), dtype=np.int32)   # [B, widest]
         for row, seq in zip(tables, seqs):
             row[:len(seq.block_table)] = seq.block_table
-        starts = np.asarray(starts, dtype=np.int64)
-        query_start, _, positions, slots = token_layout(starts, [len(t) for t in tokens], tables, self.block_size)
+        counts = [len(t) for t in tokens]
+        query_start, _, positions, slots = token_layout(np.asarray(starts, dtype=np.int64), counts, tables,
+                                                        self.block_size)
+        rows = np.arange(len(positions))
         host = dict(input_ids=np.concatenate([np.asarray(t, dtype=np.int64) for t in tokens]), positions=positions,
-                    slot_mapping=slots, block_tables=tables, seq_lens=starts + np.diff(query_start),
-                    query_start_loc=query_start, logits_indices=query_start[1:] - 1)
-        return StepInputs(kv_cache=self.kv_cache, **{
+                    slot_mapping=slots, block_tables=tables[np.repeat(np.arange(len(seqs)), counts)],
+                    seq_lens=positions + 1, query_start_loc=np.arange(len(rows) + 1), logits_indices=rows)
+        inputs = StepInputs(kv_cache=self.kv_cache, **{
             name: to_device(array, input_dtype(name, self.kv_cache.dtype), self.device) for name, array in host.items()})
+        return inputs, query_start[1:] - 1
 

@@ -3,6 +3,7 @@ core runs with (None without --method)."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, replace
 
@@ -16,14 +17,22 @@ from atom_aot.runtime.loader import LoadedArtifact, load_artifact
 from atom_aot.runtime.model_runner import ModelRunner
 from atom_aot.runtime.sampler import Sampler
 from atom_aot.runtime.verify_graphs import VerifyGraphs, verify_capture_sizes
+from atom_aot.runtime.verify_rows import DecodeRowsVerify
 from atom_aot.spec.draft import DraftModelProposer
 from atom_aot.spec.mtp import HiddenTap, MTPProposer
+from atom_aot.spec.mtp_graphs import MTPGraphs
 from atom_aot.spec.ngram import NgramProposer
 from atom_aot.spec.proposer import Proposer
 from atom_aot.spec.stats import SpecCounters
 from atom_aot.spec.verifier import SpeculativeRunner, VerifyForward
 
 log = logging.getLogger("atom_aot")
+
+# Which route verify steps take: decode rows (runtime/verify_rows.py) or the mixed package (with its own
+# verify graphs, runtime/verify_graphs.py); `auto` (default) picks by the artifact (verify_route).
+VERIFY_ROUTE_VARIABLE = "ATOM_VERIFY_ROUTE"
+DECODE_ROWS, MIXED_ROUTE = "decode-rows", "mixed"
+VERIFY_ROUTES = (DECODE_ROWS, MIXED_ROUTE)
 
 
 @dataclass(frozen=True)
@@ -39,7 +48,7 @@ def start_speculation(loaded: LoadedArtifact, config: RuntimeConfig, runner: Mod
         return None
     k = config.num_speculative_tokens
     if config.method == "mtp":
-        proposer = start_mtp(loaded, runner, k)
+        proposer = start_mtp(loaded, runner, k, max_model_len)
     elif config.method == "ngram":
         proposer = NgramProposer(k, config.ngram_min_n, config.ngram_max_n)
     else:
@@ -47,8 +56,45 @@ def start_speculation(loaded: LoadedArtifact, config: RuntimeConfig, runner: Mod
     log.info("speculative decoding: %s proposer, %d draft tokens per step; verify steps run synchronously "
              "(async scheduling is off)", config.method, k)
     observer = proposer if isinstance(proposer, MTPProposer) else None
-    verify = start_verify_graphs(loaded, config, runner, max_model_len, observer.tap if observer else None)
+    tap = observer.tap if observer else None
+    route, why = verify_route(loaded)
+    verify = (start_decode_rows(runner, tap, why) if route == DECODE_ROWS
+              else start_verify_graphs(loaded, config, runner, max_model_len, tap))
     return Speculation(proposer, SpeculativeRunner(runner, SpecCounters(config.method, k), observer, verify))
+
+
+def verify_route(loaded: LoadedArtifact) -> tuple[str, str]:
+    """How verify steps run, and why: DECODE_ROWS (runtime/verify_rows.py) where the mixed package cannot be
+    captured, else MIXED (the mixed package, as CUDA graphs where it can be); ATOM_VERIFY_ROUTE decides instead."""
+    forced = os.environ.get(VERIFY_ROUTE_VARIABLE, "auto")
+    if forced not in (*VERIFY_ROUTES, "auto"):
+        raise StartupError(f"{VERIFY_ROUTE_VARIABLE}={forced!r}: use one of auto, {', '.join(VERIFY_ROUTES)}")
+    if forced != "auto":
+        return forced, f"{VERIFY_ROUTE_VARIABLE}={forced}"
+    mla = loaded.tuning.for_phase(Phase.MIXED).ops.get("mla_attention")
+    if mla is not None and mla.backend == "reference":
+        return DECODE_ROWS, "the mixed package's MLA is the reference op, which reads the batch layout on the host"
+    return MIXED_ROUTE, "the mixed package attends over several query tokens per sequence"
+
+
+def start_decode_rows(runner: ModelRunner, tap: HiddenTap | None, why: str) -> VerifyForward:
+    """Verify steps through the decode forward (its CUDA graphs where it has them), one row per query token;
+    where the artifact has no decode package, the mixed one runs the rows."""
+    forwards = runner.forwards
+    decode = forwards.decode if forwards.decode is not None else forwards.mixed
+    graphs = forwards.decode_max_seqs
+    log.info("verify steps: %s, one decode row per query token (%s)%s",
+             "CUDA graphs of the decode package" if graphs else
+             "the decode package" if forwards.decode is not None else "the mixed package", why,
+             f"; verify batches of more than {graphs} rows run the mixed package" if graphs else "")
+    if tap is None:
+        return DecodeRowsVerify(decode, graphs, forwards.mixed)
+    rows = DecodeRowsVerify(decode.logits_and_hidden, graphs, tap.logits_and_hidden)
+
+    def keeping_hidden(inputs, counts):
+        logits, tap.hidden = rows(inputs, counts)
+        return logits
+    return keeping_hidden
 
 
 def start_verify_graphs(loaded: LoadedArtifact, config: RuntimeConfig, runner: ModelRunner, max_model_len: int,
@@ -88,17 +134,32 @@ def start_verify_graphs(loaded: LoadedArtifact, config: RuntimeConfig, runner: M
     return verify
 
 
-def start_mtp(loaded: LoadedArtifact, runner: ModelRunner, k: int) -> MTPProposer:
-    """The model's MTP layer on the target's KV cache (its last cache layer). The runner's mixed
-    forward becomes a tap that keeps the hidden states the MTP layer reads."""
+def start_mtp(loaded: LoadedArtifact, runner: ModelRunner, k: int, max_model_len: int) -> MTPProposer:
+    """The model's MTP layer on the target's KV cache (its last cache layer), replayed as CUDA graphs where
+    the decode steps have them (spec/mtp_graphs.py). The runner's mixed forward becomes a tap that keeps the
+    hidden states the MTP layer reads."""
     check_mtp(loaded)
     tap = HiddenTap(loaded.forwards[Phase.MIXED].logits_and_hidden)
-    runner.forwards = replace(runner.forwards, mixed=tap)      # prefill and verify steps run `mixed`
-    return MTPProposer(loaded.forwards[Phase.MTP], tap, runner.kv_cache, runner.block_size, runner.device, k)
+    runner.forwards = replace(runner.forwards, mixed=tap)      # prefill steps (and mixed-route verify steps)
+    mtp = loaded.forwards[Phase.MTP]
+    if runner.forwards.decode_max_seqs is None:
+        log.info("MTP step: the mtp package as it is (no decode CUDA graphs here)")
+    else:
+        start = time.perf_counter()
+        mtp = MTPGraphs(mtp, runner.kv_cache, loaded.graph_plan.capture_sizes, -(-max_model_len // loaded.block_size),
+                        loaded.model_config.hidden_size, loaded.dtype)
+        mtp.capture()
+        loaded.timings["mtp graph capture"] = time.perf_counter() - start
+        log.info("MTP step: CUDA graphs of the mtp package, %d sizes up to %d rows captured in %.2fs; larger steps "
+                 "run the package as it is", len(loaded.graph_plan.capture_sizes), mtp.max_batch_size,
+                 loaded.timings["mtp graph capture"])
+    return MTPProposer(mtp, tap, runner.kv_cache, runner.block_size, runner.device, k)
 
 
 def no_verify_graphs_reason(loaded: LoadedArtifact, config: RuntimeConfig, sizes: tuple[int, ...]) -> str | None:
-    """Why verify steps cannot run as CUDA graphs here (None: they can)."""
+    """Why verify steps cannot run as CUDA graphs of the mixed package here (None: they can)."""
+    if verify_route(loaded)[0] != MIXED_ROUTE:
+        return "verify steps run as decode rows"
     if loaded.device.type != "cuda":
         return "not a CUDA device"
     if config.enforce_eager:
@@ -118,6 +179,11 @@ def check_mtp(loaded: LoadedArtifact) -> None:
         raise StartupError(f"--method mtp needs a model with MTP layers, and {name} "
                            f"({loaded.manifest.model.architecture}) has none (its config's num_nextn_predict_layers "
                            f"is {layers}). Use --method ngram, or --method draft --draft-model ARTIFACT.")
+    world = loaded.manifest.layout.world_size
+    if world > 1:
+        raise StartupError(f"--method mtp runs on one rank, and {loaded.path} ({name}) has {world} tensor-parallel "
+                           f"ranks (the MTP layer's steps are not sent to the other ranks). Build it with -tp 1, "
+                           f"or use --method ngram.")
     mixed = loaded.forwards[Phase.MIXED]
     if Phase.MTP not in loaded.forwards or not getattr(mixed, "returns_hidden", True):
         lacks = ("no `mtp` package" if Phase.MTP not in loaded.forwards
