@@ -18,13 +18,7 @@ timeout 100 $T --modes mtp --k 3 --out $OUT/tpot-k3-decode-rows.json > $LOGS/tpo
 at "tpot k3 decode rows rc=$?"
 ATOM_VERIFY_ROUTE=mixed timeout 100 $T --modes mtp --k 1 --out $OUT/tpot-k1-mixed.json > $LOGS/tpot-k1-mixed.log 2>&1
 at "tpot k1 mixed rc=$?"
-for f in $OUT/tpot-*.json; do python3 - "$f" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-print(sys.argv[1].split("/")[-1], {k: {p: (round(v[p]["tpot_s"] * 1e3, 3), v[p].get("spec_stats_cumulative", {}).get("acceptance_rate"))
-                                       for p in v} for k, v in d.items() if isinstance(v, dict)})
-PY
-done
+python3 scripts/gpu/tpot_summary.py $OUT/tpot-*.json
 grep -h "verify steps" $LOGS/tpot-*.log | sort | uniq -c | cut -c1-300
 timeout 150 $D mtp --artifact $ART --out $OUT/mtp-greedy.json --k 1,3 > $LOGS/mtp.log 2>&1
 at "mtp greedy rc=$?"; grep -E "greedy_equal|sequences_equal|acceptance_rate|rror" $LOGS/mtp.log | head -8

@@ -15,11 +15,5 @@ at "mixed route rc=$?"
 ATOM_VERIFY_ROUTE=decode-rows timeout 200 $T --modes ngram,draft_self --out $OUT/qwen-decode-rows.json \
   > $LOGS/qwen-rows.log 2>&1
 at "decode rows rc=$?"
-for f in $OUT/qwen-*.json; do python3 - "$f" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-print(sys.argv[1].split("/")[-1], {k: {p: (round(v[p]["tpot_s"] * 1e3, 3), v[p].get("spec_stats_cumulative", {}).get("acceptance_rate"))
-                                       for p in v} for k, v in d.items() if isinstance(v, dict)})
-PY
-done
+python3 scripts/gpu/tpot_summary.py $OUT/qwen-*.json
 grep -h "verify steps" $LOGS/qwen-*.log | sort | uniq -c | cut -c1-300

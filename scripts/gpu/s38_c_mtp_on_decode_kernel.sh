@@ -16,13 +16,7 @@ T="python3 scripts/gpu/spec_tpot.py --artifact $ART --vocab 128256"
 timeout 150 $T --modes baseline,mtp --k 1 --out $OUT/$P-tpot-k1.json > $LOGS/$P-tpot-k1.log 2>&1; at "tpot k1 rc=$?"
 timeout 100 $T --modes mtp --k 3 --out $OUT/$P-tpot-k3.json > $LOGS/$P-tpot-k3.log 2>&1; at "tpot k3 rc=$?"
 rm -f $OUT/*.json.*
-for f in $OUT/$P-tpot-*.json; do python3 - "$f" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-print(sys.argv[1].split("/")[-1], {k: {p: (round(v[p]["tpot_s"] * 1e3, 3), v[p].get("spec_stats_cumulative", {}).get("acceptance_rate"))
-                                       for p in v} for k, v in d.items() if isinstance(v, dict)})
-PY
-done
+python3 scripts/gpu/tpot_summary.py $OUT/$P-tpot-*.json
 for k in 1 3; do timeout 60 python3 scripts/gpu/spec_step_parts.py --artifact $ART --vocab 128256 --k $k \
   --out $OUT/$P-parts-k$k.json > $LOGS/$P-parts-k$k.log 2>&1; at "parts k$k rc=$?"
   python3 -c "import json; d=json.load(open('$OUT/$P-parts-k$k.json')); print(d['steps'], d['ms_per_step'])" 2>&1 | tail -1; done
