@@ -14,7 +14,8 @@ def test_the_default_plan_depends_on_the_world_size():
     for world, (one, two) in DEFAULT_BOUNDS.items():
         assert plan_from_env(world, {}) == AllReducePlan(one, two)
     assert plan_from_env(2, {}).one_shot_max_bytes > plan_from_env(8, {}).one_shot_max_bytes
-    assert plan_from_env(16, {}) == plan_from_env(8, {})          # beyond 8 ranks: the 8-rank bounds
+    beyond = plan_from_env(16, {})                                 # beyond 8 ranks: the 8-rank bounds
+    assert (beyond.one_shot_max_bytes, beyond.two_shot_max_bytes) == DEFAULT_BOUNDS[8]
 
 
 def test_the_environment_overrides_the_bounds_or_turns_the_path_off():
@@ -26,7 +27,8 @@ def test_the_environment_overrides_the_bounds_or_turns_the_path_off():
 
 def test_inspect_says_which_path_each_size_takes_here():
     assert describe_plan(2, {}) == ("on GPUs of one host symmetric-memory one-shot up to 1 MiB, two-shot up to "
-                                    "32 MiB, NCCL above; otherwise NCCL (gloo on the CPU)")
+                                    "32 MiB, NCCL above; before an RMSNorm, summed in the norm's kernel in 64 slabs of 16 KiB; "
+                                    "otherwise NCCL (gloo on the CPU)")
     assert describe_plan(4, {"ATOM_ALL_REDUCE": "nccl"}) == "NCCL for every size (ATOM_ALL_REDUCE=nccl)"
 
 

@@ -53,3 +53,12 @@ def test_small_m_candidates_compile_for_sm90():
     assert {r["constexprs"]["INT8"] for r in results if "INT8" in r["constexprs"]} == {False, True}
     assert_compiled_without_spills(results)
     assert max(r["shared_bytes"] for r in results) <= 227 * 1024
+
+
+def test_the_fused_all_reduce_norm_compiles_for_sm90_and_gfx942():
+    """The all-reduce + residual add + RMSNorm kernel (peer loads, system-scope signals) at hidden sizes 2048 to
+    8192 over 2, 4 and 8 ranks, within the registers of both targets."""
+    results = compile_kernels("--targets", "sm90,gfx942", "--all-reduce-norm")
+    assert {r["kernel"] for r in results} == {"all_reduce_add_rms_norm_kernel"}
+    assert len(results) == 4 * 3 * 2
+    assert_compiled_without_spills(results)

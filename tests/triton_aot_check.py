@@ -21,7 +21,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from atom_aot.ops.triton import paged_attention, rope_cache, small_m_gemm
+from atom_aot.distributed.peer_table import TABLE_SIZE
+from atom_aot.ops.triton import all_reduce_norm, paged_attention, rope_cache, small_m_gemm
 
 TARGETS = {
     "sm90": GPUTarget("cuda", 90, 32),
@@ -155,6 +156,20 @@ def small_m_launches(n: int = 4096, k: int = 14336, m: int = 1) -> list[Launch]:
     return launches
 
 
+def all_reduce_norm_launches(hidden_sizes=(2048, 4096, 7168, 8192), worlds=(2, 4, 8)) -> list[Launch]:
+    """The fused all-reduce + add + RMSNorm at the hidden sizes of Qwen3-30B-A3B, Llama-3.1-8B, DeepSeek-V3 and
+    Llama-3.1-70B, over 2, 4 and 8 ranks (meta tensors, nothing runs)."""
+    meta = dict(device="meta")
+    launches = []
+    for hidden in hidden_sizes:
+        for world in worlds:
+            x = torch.empty(16, hidden, dtype=torch.bfloat16, **meta)
+            launches += record_launches(all_reduce_norm, all_reduce_norm.launch_all_reduce_add_rms_norm, x, x, x,
+                                        torch.empty(hidden, dtype=torch.bfloat16, **meta),
+                                        torch.empty(TABLE_SIZE, dtype=torch.int64, **meta), 1e-5, world)
+    return launches
+
+
 MODELS = {"qwen3-0.6b": dict(num_heads=16, num_kv_heads=8, head_dim=128),
           "llama-3.1-8b": dict(num_heads=32, num_kv_heads=8, head_dim=128)}
 
@@ -198,7 +213,11 @@ def main() -> None:
     parser.add_argument("--fp8-cache", action="store_true")
     parser.add_argument("--all-candidates", action="store_true")
     parser.add_argument("--small-m", action="store_true", help="only the small-M GEMM's candidates (fp8, int8)")
+    parser.add_argument("--all-reduce-norm", action="store_true", help="only the fused all-reduce + RMSNorm")
     args = parser.parse_args()
+    if args.all_reduce_norm:
+        print(json.dumps(compile_all(all_reduce_norm_launches(), args.targets.split(","))))
+        return
     results = check(args.model, args.targets.split(","), torch.float8_e4m3fn if args.fp8_cache else None,
                     args.all_candidates, args.small_m)
     print(json.dumps(results))

@@ -4,6 +4,9 @@ of an attention-data-parallel artifact, whose expert layers gather every rank's 
 
 On GPUs of one host, all-reduce takes peer memory for the sizes NCCL is slow on
 (distributed/symmetric_all_reduce.py: which sizes, and why a group has no such path, is logged).
+An all-reduce whose sum goes into the residual add and RMSNorm (models/layers.py) is two ops on GPUs:
+`atom::all_reduce_unless_fused`, here, then the norm's kernel (ops/triton/all_reduce_norm.py), which sums
+small messages over peer memory itself; both read the same peer table (`peer_table` below).
 
 They are registered through the dispatcher (as ops/attention.py registers attention), so
 torch.export records them as calls by name and AOTInductor compiles around them; on GPUs the NCCL
@@ -23,10 +26,12 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from atom_aot.distributed import peer_table as tables
 from atom_aot.distributed.symmetric_all_reduce import PROCESS_GROUP, SymmetricAllReduce
 
 LIBRARY = torch.library.Library("atom", "FRAGMENT")
 LIBRARY.define("all_reduce(Tensor x) -> Tensor")
+LIBRARY.define("all_reduce_unless_fused(Tensor x) -> Tensor")
 LIBRARY.define("all_gather(Tensor x, int world_size) -> Tensor")
 LIBRARY.define("reduce_scatter(Tensor x, int world_size) -> Tensor")
 
@@ -35,6 +40,7 @@ _gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_
 _scatter_from = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _groups: dict[str, object] = {}
 _peer_memory: SymmetricAllReduce | None = None    # the tensor-parallel group's, when its ranks have one
+_peer_tables: dict[torch.device, torch.Tensor] = {}   # by device: the one table compiled models read, refilled
 TP_GROUP = "tp"
 STAND_IN = "one process standing in for every rank"
 
@@ -45,6 +51,7 @@ def register_tp_group(group: dist.ProcessGroup, symmetric: SymmetricAllReduce | 
     global _peer_memory
     _groups[TP_GROUP] = group
     _peer_memory = symmetric
+    _refill_peer_tables()
 
 
 def unregister_tp_group() -> None:
@@ -52,6 +59,29 @@ def unregister_tp_group() -> None:
     global _peer_memory
     _groups.pop(TP_GROUP, None)
     _peer_memory = None
+    _refill_peer_tables()
+
+
+def peer_table(device: torch.device) -> torch.Tensor:
+    """The peer table (distributed/peer_table.py) the fused all-reduce + RMSNorm kernel reads on `device`: the
+    same tensor for the life of the process, refilled in place as groups come and go, so a package bound to it
+    once always agrees with `all_reduce_unless_fused` about which messages it sums itself."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device not in _peer_tables:
+        _peer_tables[device] = torch.tensor(_table_values(), dtype=torch.int64, device=device)
+    return _peer_tables[device]
+
+
+def _table_values() -> list[int]:
+    return _peer_memory.peer_table if _peer_memory is not None else tables.empty_table()
+
+
+def _refill_peer_tables() -> None:
+    values = _table_values()
+    for table in _peer_tables.values():
+        table.copy_(torch.tensor(values, dtype=torch.int64))
 
 
 def all_reduce_path(x: torch.Tensor) -> str:
@@ -67,6 +97,7 @@ def register_stand_in() -> None:
     global _peer_memory
     _groups[TP_GROUP] = STAND_IN
     _peer_memory = None
+    _refill_peer_tables()
 
 
 def _tp_group():
@@ -86,6 +117,18 @@ def _all_reduce(x: torch.Tensor) -> torch.Tensor:
     if group is not STAND_IN:
         dist.all_reduce(out, group=group)
     return out
+
+
+def summed_in_norm_kernel(x: torch.Tensor) -> bool:
+    """Whether the norm's kernel sums `x` [T, hidden] over peer memory itself (peer_table.peer_path_taken with
+    this rank's table)."""
+    slab = _peer_memory.norm_slab_bytes if _peer_memory is not None else 0
+    return x.is_cuda and tables.peer_path_taken(x.shape[0], x.shape[-1] * x.element_size(), slab)
+
+
+def _all_reduce_unless_fused(x: torch.Tensor) -> torch.Tensor:
+    # not written where the kernel after it sums x itself: that kernel then never reads it
+    return torch.empty_like(x) if summed_in_norm_kernel(x) else _all_reduce(x)
 
 
 def _all_gather(x: torch.Tensor, world_size: int) -> torch.Tensor:
@@ -108,11 +151,17 @@ def _reduce_scatter(x: torch.Tensor, world_size: int) -> torch.Tensor:
 
 for _device in ("CPU", "CUDA"):
     LIBRARY.impl("all_reduce", _all_reduce, _device)
+    LIBRARY.impl("all_reduce_unless_fused", _all_reduce_unless_fused, _device)
     LIBRARY.impl("all_gather", _all_gather, _device)
     LIBRARY.impl("reduce_scatter", _reduce_scatter, _device)
 
 
 @torch.library.register_fake("atom::all_reduce", lib=LIBRARY)
+def _(x):
+    return torch.empty_like(x)
+
+
+@torch.library.register_fake("atom::all_reduce_unless_fused", lib=LIBRARY)
 def _(x):
     return torch.empty_like(x)
 
@@ -130,6 +179,23 @@ def _(x, world_size):
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
     """The sum of `x` over the tensor-parallel ranks (a new tensor; `x` is left alone)."""
     return torch.ops.atom.all_reduce(x)
+
+
+def all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                            peers: torch.Tensor | None, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(residual + sum of x over the ranks), residual + that sum), x [T, hidden] this rank's partial sums.
+    On GPUs one Triton kernel after `all_reduce_unless_fused` (`peers`: the model's peer table); on the CPU the
+    all-reduce, then the add and norm as RMSNorm computes them."""
+    if not x.is_cuda:
+        from atom_aot.ops.norm import rms_norm
+        summed = all_reduce(x) + residual
+        return rms_norm(summed, weight, eps), summed
+    if peers is None:
+        raise RuntimeError("a tensor-parallel model ran on a GPU without its peer table "
+                           "(DecoderForCausalLM.use_kernels attaches it)")
+    from atom_aot.ops.triton import all_reduce_norm  # noqa: F401  (registers atom_triton::all_reduce_add_rms_norm)
+    reduced = torch.ops.atom.all_reduce_unless_fused(x)
+    return torch.ops.atom_triton.all_reduce_add_rms_norm(x, reduced, residual, weight, peers, eps, world_size)
 
 
 def all_gather_columns(x: torch.Tensor, world_size: int) -> torch.Tensor:

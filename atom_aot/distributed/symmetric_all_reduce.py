@@ -12,6 +12,8 @@ Which path a message takes is a plan by size (`AllReducePlan`); what the plan is
 none, is logged once per process. Environment:
 - `ATOM_ALL_REDUCE=nccl` keeps every all-reduce on NCCL (an A/B switch and a way out); `auto` (default) plans.
 - `ATOM_ALL_REDUCE_ONE_SHOT_MAX` / `ATOM_ALL_REDUCE_TWO_SHOT_MAX`: the plan's bounds in bytes.
+- `ATOM_ALL_REDUCE_NORM=separate` keeps the all-reduce out of the RMSNorm after it (the A/B switch for the fused
+  kernel, ops/triton/all_reduce_norm.py); `fused` (default) sums messages up to the one-shot bound inside it.
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from atom_aot.distributed import peer_table
 
 log = logging.getLogger("atom_aot")
 
@@ -37,6 +41,7 @@ VECTOR_BYTES = 16                  # the kernels' widest load; two-shot splits t
 MODE_VARIABLE, ONE_SHOT_VARIABLE, TWO_SHOT_VARIABLE = ("ATOM_ALL_REDUCE", "ATOM_ALL_REDUCE_ONE_SHOT_MAX",
                                                        "ATOM_ALL_REDUCE_TWO_SHOT_MAX")
 MODES = ("auto", "nccl")
+NORM_VARIABLE, NORM_MODES = "ATOM_ALL_REDUCE_NORM", ("fused", "separate")
 ONE_SHOT, TWO_SHOT, PROCESS_GROUP = "one_shot", "two_shot", "process_group"    # the paths (NCCL's is the group's)
 
 
@@ -45,6 +50,7 @@ class AllReducePlan:
     """Which all-reduce a message of a given size takes: one-shot, two-shot, else NCCL."""
     one_shot_max_bytes: int
     two_shot_max_bytes: int
+    fuse_norm: bool = True          # an all-reduce before an RMSNorm sums in the norm's kernel (peer_table.py's rule)
 
     @property
     def buffer_bytes(self) -> int:
@@ -58,8 +64,10 @@ class AllReducePlan:
         return PROCESS_GROUP
 
     def describe(self) -> str:
+        fused = (f"; before an RMSNorm, summed in the norm's kernel in {peer_table.PROGRAMS} slabs of "
+                 f"{_size(peer_table.slab_bytes_for(self.one_shot_max_bytes))}" if self.fuse_norm else "")
         return (f"symmetric-memory one-shot up to {_size(self.one_shot_max_bytes)}, two-shot up to "
-                f"{_size(self.two_shot_max_bytes)}, NCCL above")
+                f"{_size(self.two_shot_max_bytes)}, NCCL above{fused}")
 
 
 def _size(nbytes: int) -> str:
@@ -73,9 +81,13 @@ def plan_from_env(world_size: int, environ=os.environ) -> AllReducePlan | None:
         raise ValueError(f"{MODE_VARIABLE}={mode!r}: expected one of {', '.join(MODES)}")
     if mode == "nccl":
         return None
+    norm = environ.get(NORM_VARIABLE, "fused")
+    if norm not in NORM_MODES:
+        raise ValueError(f"{NORM_VARIABLE}={norm!r}: expected one of {', '.join(NORM_MODES)}")
     one, two = DEFAULT_BOUNDS.get(world_size, DEFAULT_BOUNDS[8])
     return AllReducePlan(_bytes_from_env(environ, ONE_SHOT_VARIABLE, one),
-                         _bytes_from_env(environ, TWO_SHOT_VARIABLE, two))
+                         _bytes_from_env(environ, TWO_SHOT_VARIABLE, two),
+                         norm == "fused" and world_size <= peer_table.MAX_RANKS)
 
 
 def describe_plan(world_size: int, environ=os.environ) -> str:
@@ -100,7 +112,9 @@ def _bytes_from_env(environ, name: str, default: int) -> int:
 
 
 class SymmetricAllReduce:
-    """One peer-mapped buffer per rank (sized by the plan) and the one-shot / two-shot calls on it.
+    """One peer-mapped buffer per rank (sized by the plan) and the one-shot / two-shot calls on it; with the
+    plan's `fuse_norm`, a second buffer and signal pads for the all-reduce + add + RMSNorm kernel, and the peer
+    table (distributed/peer_table.py) that kernel reads.
 
     Every call stages its message in the same buffer: the kernels end with a barrier across the ranks, so
     a rank can only start the next call once every peer has finished reading the last one."""
@@ -115,6 +129,24 @@ class SymmetricAllReduce:
         self.buffer = symmetric_memory.empty(plan.buffer_bytes, dtype=torch.uint8, device=device)
         symmetric_memory.rendezvous(self.buffer, self.group_name)      # collective: every rank of `group`
         self.backend = symmetric_memory.get_backend(device) if hasattr(symmetric_memory, "get_backend") else "default"
+        self.norm_slab_bytes = (peer_table.slab_bytes_for(plan.one_shot_max_bytes)
+                                if plan.fuse_norm else 0)
+        self.peer_table = peer_table.empty_table()
+        if self.norm_slab_bytes:
+            self.peer_table = self._map_norm_buffers(symmetric_memory, group.rank(), device)
+
+    def _map_norm_buffers(self, symmetric_memory, rank: int, device: torch.device) -> list[int]:
+        """The fused kernel's two buffer halves (a slab per program each) and signal pads (a slot per program
+        and rank, starting at 0), mapped on every rank; returns this rank's peer table."""
+        self.norm_buffer = symmetric_memory.empty(2 * peer_table.PROGRAMS * self.norm_slab_bytes, dtype=torch.uint8,
+                                                  device=device)
+        self.norm_signals = symmetric_memory.empty(peer_table.PROGRAMS * self.world_size, dtype=torch.int64,
+                                                   device=device)
+        self.norm_signals.zero_()
+        torch.cuda.synchronize(device)          # zeroed before any peer can signal into it (after the rendezvous)
+        buffers = symmetric_memory.rendezvous(self.norm_buffer, self.group_name).buffer_ptrs
+        signals = symmetric_memory.rendezvous(self.norm_signals, self.group_name).buffer_ptrs
+        return peer_table.table_values(rank, self.norm_slab_bytes, list(buffers), list(signals))
 
     def path(self, x: torch.Tensor) -> str:
         # one-shot wants the input and the buffer equally aligned: the buffer starts 16-byte aligned

@@ -16,7 +16,8 @@ from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.kv_layout import KVCacheLayout
 from atom_aot.models.layers import RMSNorm, RotaryEmbedding, make_linear
-from atom_aot.models.parallel import (ONE_RANK, Split, check_splittable, local_kv_heads, make_embedding,
+from atom_aot.models.parallel import (ONE_RANK, PEER_TABLE_BUFFER, PartialSums, Split, attach_peer_table,
+                                      check_splittable, defer_reduction, local_kv_heads, make_embedding,
                                       reduce_partial_sums, vocab_logits)
 from atom_aot.models.quant_layers import use_linear_kernels
 from atom_aot.models.step_inputs import StepInputs
@@ -42,6 +43,7 @@ class DecoderAttention(nn.Module):
         self.register_buffer("kv_scale", torch.ones(2, dtype=torch.float32))
         # the reference backend until DecoderForCausalLM.use_kernels sets the phase's choice
         self.attention_backend: AttentionBackend = make_backend("attention", BackendChoice("reference"))
+        self.defer_reduce = False      # True: the output stays partial sums for the next norm (parallel.py)
 
     def forward(self, positions, x, rotary: RotaryEmbedding, attn: AttentionInputs):
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -52,7 +54,7 @@ class DecoderAttention(nn.Module):
         kv_scale = self.kv_scale if attn.kv_cache.element_size() == 1 else None   # only an fp8 cache is scaled
         o = self.attention_backend(AttentionArgs(self.layer, q, k, v, positions, rotary.cos_sin_cache, qk_norm,
                                                  self.scale, attn, kv_scale))   # [T, H, D]
-        return reduce_partial_sums(self.o_proj(o.flatten(-2)), self.tp)
+        return reduce_partial_sums(self.o_proj(o.flatten(-2)), self.tp, self.defer_reduce)
 
 
 class GatedMLP(nn.Module):
@@ -65,13 +67,17 @@ class GatedMLP(nn.Module):
         width = (intermediate_size or cfg.intermediate_size) // tp
         self.gate_up_proj = make_linear(cfg.hidden_size, 2 * width, False, dtype, quant)
         self.down_proj = make_linear(width, cfg.hidden_size, False, dtype, quant)
+        self.defer_reduce = False      # True: the output stays partial sums for the next norm (parallel.py)
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return reduce_partial_sums(self.down_proj(F.silu(gate) * up), self.tp)
+        return reduce_partial_sums(self.down_proj(F.silu(gate) * up), self.tp, self.defer_reduce)
 
 
 class DecoderLayer(nn.Module):
+    # whether attention / the MLP hand their partial sums to the norm after them (DecoderModel.defer_reductions)
+    attn_partial = mlp_partial = False
+
     def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, quant: str, qk_norm: bool, mlp: nn.Module,
                  tp: int = 1):
         super().__init__()
@@ -80,13 +86,18 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.mlp = mlp     # [T, hidden] -> [T, hidden]: GatedMLP, or a family's MoE block
 
-    def forward(self, positions, hidden, residual, rotary, attn: AttentionInputs):
+    def forward(self, positions, hidden, residual, rotary, attn: AttentionInputs, partial: PartialSums | None = None,
+                hidden_partial: bool = False):
+        """`partial`: how this layer's norms all-reduce the partial sums handed to them: attention's where
+        `attn_partial`, and `hidden` itself where `hidden_partial` (the layer before's MLP's)."""
+        if partial is None and (self.attn_partial or hidden_partial):
+            raise RuntimeError("a layer with partial sums to all-reduce was called without PartialSums")
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
-            hidden, residual = self.input_layernorm(hidden, residual)
+            hidden, residual = self.input_layernorm(hidden, residual, partial if hidden_partial else None)
         hidden = self.self_attn(positions, hidden, rotary, attn)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        hidden, residual = self.post_attention_layernorm(hidden, residual, partial if self.attn_partial else None)
         return self.mlp(hidden), residual
 
 
@@ -99,12 +110,23 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, quant, qk_norm, make_mlp(i), tp)
                                     for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.defer_reductions(tp)
+
+    def defer_reductions(self, tp: int) -> None:
+        """Over tp > 1 ranks, attention and dense MLPs leave their all-reduce to the RMSNorm after them, which
+        does it with the residual add in one kernel on GPUs (distributed/collectives.all_reduce_add_rms_norm)."""
+        self.tp = tp
+        for layer in self.layers:
+            layer.attn_partial = tp > 1 and defer_reduction(layer.self_attn)
+            layer.mlp_partial = tp > 1 and defer_reduction(layer.mlp)
 
     def forward(self, input_ids, positions, attn: AttentionInputs):
-        hidden, residual = self.embed_tokens(input_ids), None   # [T, hidden]
+        partial = PartialSums(self.tp, getattr(self, PEER_TABLE_BUFFER, None)) if self.tp > 1 else None
+        hidden, residual, hidden_partial = self.embed_tokens(input_ids), None, False   # [T, hidden]
         for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual, self.rotary, attn)
-        hidden, _ = self.norm(hidden, residual)
+            hidden, residual = layer(positions, hidden, residual, self.rotary, attn, partial, hidden_partial)
+            hidden_partial = layer.mlp_partial
+        hidden, _ = self.norm(hidden, residual, partial if hidden_partial else None)
         return hidden
 
 
@@ -168,7 +190,13 @@ class DecoderForCausalLM(nn.Module):
         for layer in self.model.layers:
             layer.self_attn.attention_backend = attention
         use_linear_kernels(self, row)
+        self.attach_peer_table()
         return self
+
+    def attach_peer_table(self) -> None:
+        """Over tp > 1 ranks on GPUs, the peer table the norms' fused all-reduce reads (models/parallel.py)."""
+        if self.split.tp > 1:
+            attach_peer_table(self.model, self.model.embed_tokens.weight.device)
 
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """Runs T tokens of B sequences; returns float32 logits [N, vocab] for the rows in logits_indices."""

@@ -39,6 +39,7 @@ class DeepseekModel(DecoderModel):
         self.layers = nn.ModuleList(DeepseekDecoderLayer(cfg, i, dtype, quant, split)
                                     for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.defer_reductions(split.tp)
 
 
 class DeepseekV3ForCausalLM(DecoderForCausalLM):
@@ -77,6 +78,7 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
         for layer in [*self.model.layers, *(m.block for m in self.mtp)]:
             layer.self_attn.mla_backend = mla
         use_moe_kernels(self, row.op("moe"))
+        self.attach_peer_table()
         return self
 
     def hidden_states(self, inputs: StepInputs) -> torch.Tensor:

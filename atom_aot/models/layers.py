@@ -11,6 +11,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from atom_aot.distributed.collectives import all_reduce_add_rms_norm
 from atom_aot.models.quant_layers import make_quantized_linear
 from atom_aot.ops.norm import rms_norm
 
@@ -23,7 +24,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(size, dtype=dtype))
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, partial=None):
+        """`partial` (models/parallel.py PartialSums): x holds this rank's partial sums, all-reduced here."""
+        if partial is not None:
+            return all_reduce_add_rms_norm(x, residual, self.weight, self.eps, partial.peers, partial.world_size)
         if residual is not None:
             x = x + residual
             residual = x

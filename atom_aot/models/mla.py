@@ -51,6 +51,7 @@ class MLAAttention(nn.Module):
         self.register_buffer("kv_scale", torch.ones(2, dtype=torch.float32))
         # the reference backend until the model's use_kernels sets the phase's choice
         self.mla_backend: MLABackend = make_backend("mla_attention", BackendChoice("reference"))
+        self.defer_reduce = False      # True: the output stays partial sums for the next norm (parallel.py)
 
     def query(self, x: torch.Tensor) -> torch.Tensor:
         if hasattr(self, "q_proj"):
@@ -65,4 +66,4 @@ class MLAAttention(nn.Module):
         o = self.mla_backend(MLAArgs(self.layer, q_nope, q_pe, self.kv_a_layernorm(c_kv), k_pe, positions,
                                      rotary.cos_sin_cache, self.w_uk, self.w_uv, self.scale, attn,
                                      kv_scale))                                            # [T, H, v]
-        return reduce_partial_sums(self.o_proj(o.flatten(-2)), self.tp)
+        return reduce_partial_sums(self.o_proj(o.flatten(-2)), self.tp, self.defer_reduce)

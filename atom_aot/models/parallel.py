@@ -29,7 +29,9 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from atom_aot.distributed.collectives import all_gather_columns, all_gather_rows, all_reduce, reduce_scatter_rows
+from atom_aot.distributed.collectives import (all_gather_columns, all_gather_rows, all_reduce, peer_table,
+                                              reduce_scatter_rows)
+from atom_aot.distributed.peer_table import BUFFER_NAME as PEER_TABLE_BUFFER
 from atom_aot.models.config import ModelConfig
 from atom_aot.ops.fp8 import BLOCK as FP8_BLOCK
 
@@ -152,9 +154,34 @@ def vocab_shard_size(vocab_size: int, tp: int) -> int:
     return -(-vocab_size // tp)
 
 
-def reduce_partial_sums(x: torch.Tensor, tp: int) -> torch.Tensor:
-    """The output of a row-parallel linear: each rank's product is a partial sum of the whole."""
-    return x if tp == 1 else all_reduce(x)
+def reduce_partial_sums(x: torch.Tensor, tp: int, deferred: bool = False) -> torch.Tensor:
+    """The output of a row-parallel linear: each rank's product is a partial sum of the whole. `deferred`: left
+    to the next RMSNorm, which all-reduces it with its residual add (`defer_reduction`)."""
+    return x if tp == 1 or deferred else all_reduce(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class PartialSums:
+    """Tells an RMSNorm that its input is this rank's partial sums, to all-reduce with the residual add
+    (collectives.all_reduce_add_rms_norm): on GPUs one kernel with the add and the norm, reading `peers`."""
+    world_size: int
+    peers: torch.Tensor | None       # the model's peer table (GPU weights; none on the CPU)
+
+
+def defer_reduction(module: nn.Module) -> bool:
+    """Let `module` (attention or a dense MLP whose output goes straight into a residual add and RMSNorm) hand
+    back its partial sums for that norm to all-reduce; True when it does (it has `defer_reduce`)."""
+    if not hasattr(module, "defer_reduce"):
+        return False
+    module.defer_reduce = True
+    return True
+
+
+def attach_peer_table(model: nn.Module, device: torch.device) -> None:
+    """Give `model` (tp > 1) the peer table of `device` as its buffer `all_reduce_peers`: a constant of the compiled
+    GPU packages that the runtime binds to its own (runtime/compiled.py), never a stored weight."""
+    if device.type == "cuda":
+        model.register_buffer(PEER_TABLE_BUFFER, peer_table(device), persistent=False)
 
 
 def gather_ranks_tokens(x: torch.Tensor, dp: int) -> torch.Tensor:

@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 
 import atom_aot.ops  # noqa: F401  (the package calls atom:: custom ops by name)
-import atom_aot.distributed.collectives  # noqa: F401  (a tensor-parallel package calls atom::all_reduce)
+from atom_aot.distributed.collectives import peer_table  # (a tensor-parallel package calls atom::all_reduce*)
+from atom_aot.distributed.peer_table import BUFFER_NAME as PEER_TABLE_BUFFER
 from atom_aot.errors import ArtifactError
 from atom_aot.models.step_inputs import SERIALIZED_NAME, StepInputs
 
@@ -28,6 +29,7 @@ class CompiledModel:
         # with cudaErrorStreamCaptureInvalidated). One engine thread drives each model, so the
         # locking it buys is not needed.
         self._loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", True, 1, device_index)
+        self.device = device
         self._constants: dict[str, torch.Tensor] | None = None
         found = input_type_names(self._loader.get_call_spec()[0])
         if found != self.INPUT_TYPES:
@@ -36,8 +38,11 @@ class CompiledModel:
                                 f"atom-aot's atom-build.")
 
     def bind(self, constants: dict[str, torch.Tensor]) -> "CompiledModel":
-        """Hands the package the artifact's weights (borrowed, not copied)."""
+        """Hands the package the artifact's weights (borrowed, not copied), and the process's peer table where a
+        tensor-parallel GPU package reads one (distributed/peer_table.py: the runtime's, never stored)."""
         needed = set(self._loader.get_constant_fqns())
+        tables = {name for name in needed if name.rsplit(".", 1)[-1] == PEER_TABLE_BUFFER}
+        constants = {**constants, **{name: peer_table(self.device) for name in tables}}
         missing = needed - set(constants)
         if missing:
             raise ValueError(f"the compiled model needs weights the artifact lacks: {sorted(missing)[:5]}")

@@ -53,8 +53,8 @@ def _time_cuda(fn, iters: int) -> float:
 _GRAPHS: list = []     # freed before the process group is destroyed (NCCL's destroy waits on them otherwise)
 
 
-def _graphed(fn) -> "callable":
-    """fn called CALLS_PER_GRAPH times, captured in one CUDA graph; returns the replay."""
+def _graphed(fn, calls: int = CALLS_PER_GRAPH) -> "callable":
+    """fn called `calls` times, captured in one CUDA graph; returns the replay."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -63,7 +63,7 @@ def _graphed(fn) -> "callable":
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(CALLS_PER_GRAPH):
+        for _ in range(calls):
             fn()
     _GRAPHS.append(graph)
     return graph.replay
