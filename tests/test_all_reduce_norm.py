@@ -52,12 +52,15 @@ def test_the_table_lays_out_rank_slab_buffers_and_signal_pads():
 
 
 def test_the_plan_fuses_by_default_and_the_environment_splits_it():
-    assert plan_from_env(2, {}).fuse_norm and "summed in the norm's kernel in 64 slabs of 16 KiB" in \
-        plan_from_env(2, {}).describe()
+    assert plan_from_env(2, {}).norm_slab_bytes == 16384
+    assert "summed in the norm's kernel in 64 slabs of 16 KiB" in plan_from_env(2, {}).describe()
+    assert plan_from_env(2, {"ATOM_ALL_REDUCE_NORM_SLAB": "32768"}).norm_slab_bytes == 32768
+    with pytest.raises(ValueError, match="ATOM_ALL_REDUCE_NORM_SLAB=100: expected whole 16-byte vectors"):
+        plan_from_env(2, {"ATOM_ALL_REDUCE_NORM_SLAB": "100"})
     assert peer_table.slab_bytes_for(256 << 10) == peer_table.MIN_SLAB_BYTES     # four ranks: still one row each
     separate = plan_from_env(2, {"ATOM_ALL_REDUCE_NORM": "separate"})
-    assert not separate.fuse_norm and "norm" not in separate.describe()
-    assert not plan_from_env(16, {}).fuse_norm                     # more ranks than the table holds
+    assert separate.norm_slab_bytes == 0 and "norm" not in separate.describe()
+    assert plan_from_env(16, {}).norm_slab_bytes == 0              # more ranks than the table holds
     with pytest.raises(ValueError, match="ATOM_ALL_REDUCE_NORM="):
         plan_from_env(2, {"ATOM_ALL_REDUCE_NORM": "on"})
 

@@ -13,7 +13,9 @@ none, is logged once per process. Environment:
 - `ATOM_ALL_REDUCE=nccl` keeps every all-reduce on NCCL (an A/B switch and a way out); `auto` (default) plans.
 - `ATOM_ALL_REDUCE_ONE_SHOT_MAX` / `ATOM_ALL_REDUCE_TWO_SHOT_MAX`: the plan's bounds in bytes.
 - `ATOM_ALL_REDUCE_NORM=separate` keeps the all-reduce out of the RMSNorm after it (the A/B switch for the fused
-  kernel, ops/triton/all_reduce_norm.py); `fused` (default) sums messages up to the one-shot bound inside it.
+  kernel, ops/triton/all_reduce_norm.py); `fused` (default) sums the messages that fit its slabs inside it.
+- `ATOM_ALL_REDUCE_NORM_SLAB`: each of the fused kernel's 64 slabs in bytes (whole 16-byte vectors; default
+  peer_table.slab_bytes_for the one-shot bound), which sets how many rows it sums itself.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ VECTOR_BYTES = 16                  # the kernels' widest load; two-shot splits t
 MODE_VARIABLE, ONE_SHOT_VARIABLE, TWO_SHOT_VARIABLE = ("ATOM_ALL_REDUCE", "ATOM_ALL_REDUCE_ONE_SHOT_MAX",
                                                        "ATOM_ALL_REDUCE_TWO_SHOT_MAX")
 MODES = ("auto", "nccl")
-NORM_VARIABLE, NORM_MODES = "ATOM_ALL_REDUCE_NORM", ("fused", "separate")
+NORM_VARIABLE, NORM_MODES, SLAB_VARIABLE = "ATOM_ALL_REDUCE_NORM", ("fused", "separate"), "ATOM_ALL_REDUCE_NORM_SLAB"
 ONE_SHOT, TWO_SHOT, PROCESS_GROUP = "one_shot", "two_shot", "process_group"    # the paths (NCCL's is the group's)
 
 
@@ -50,7 +52,7 @@ class AllReducePlan:
     """Which all-reduce a message of a given size takes: one-shot, two-shot, else NCCL."""
     one_shot_max_bytes: int
     two_shot_max_bytes: int
-    fuse_norm: bool = True          # an all-reduce before an RMSNorm sums in the norm's kernel (peer_table.py's rule)
+    norm_slab_bytes: int = 0        # > 0: an all-reduce before an RMSNorm sums in the norm's kernel, in slabs this big
 
     @property
     def buffer_bytes(self) -> int:
@@ -65,7 +67,7 @@ class AllReducePlan:
 
     def describe(self) -> str:
         fused = (f"; before an RMSNorm, summed in the norm's kernel in {peer_table.PROGRAMS} slabs of "
-                 f"{_size(peer_table.slab_bytes_for(self.one_shot_max_bytes))}" if self.fuse_norm else "")
+                 f"{_size(self.norm_slab_bytes)}" if self.norm_slab_bytes else "")
         return (f"symmetric-memory one-shot up to {_size(self.one_shot_max_bytes)}, two-shot up to "
                 f"{_size(self.two_shot_max_bytes)}, NCCL above{fused}")
 
@@ -85,9 +87,12 @@ def plan_from_env(world_size: int, environ=os.environ) -> AllReducePlan | None:
     if norm not in NORM_MODES:
         raise ValueError(f"{NORM_VARIABLE}={norm!r}: expected one of {', '.join(NORM_MODES)}")
     one, two = DEFAULT_BOUNDS.get(world_size, DEFAULT_BOUNDS[8])
-    return AllReducePlan(_bytes_from_env(environ, ONE_SHOT_VARIABLE, one),
-                         _bytes_from_env(environ, TWO_SHOT_VARIABLE, two),
-                         norm == "fused" and world_size <= peer_table.MAX_RANKS)
+    one, two = _bytes_from_env(environ, ONE_SHOT_VARIABLE, one), _bytes_from_env(environ, TWO_SHOT_VARIABLE, two)
+    slab = _bytes_from_env(environ, SLAB_VARIABLE, peer_table.slab_bytes_for(one))
+    if slab % peer_table.VECTOR_BYTES:
+        raise ValueError(f"{SLAB_VARIABLE}={slab}: expected whole {peer_table.VECTOR_BYTES}-byte vectors")
+    fused = norm == "fused" and world_size <= peer_table.MAX_RANKS
+    return AllReducePlan(one, two, slab if fused else 0)
 
 
 def describe_plan(world_size: int, environ=os.environ) -> str:
@@ -113,7 +118,7 @@ def _bytes_from_env(environ, name: str, default: int) -> int:
 
 class SymmetricAllReduce:
     """One peer-mapped buffer per rank (sized by the plan) and the one-shot / two-shot calls on it; with the
-    plan's `fuse_norm`, a second buffer and signal pads for the all-reduce + add + RMSNorm kernel, and the peer
+    plan's `norm_slab_bytes`, a second buffer and signal pads for the all-reduce + add + RMSNorm kernel, and the peer
     table (distributed/peer_table.py) that kernel reads.
 
     Every call stages its message in the same buffer: the kernels end with a barrier across the ranks, so
@@ -129,8 +134,7 @@ class SymmetricAllReduce:
         self.buffer = symmetric_memory.empty(plan.buffer_bytes, dtype=torch.uint8, device=device)
         symmetric_memory.rendezvous(self.buffer, self.group_name)      # collective: every rank of `group`
         self.backend = symmetric_memory.get_backend(device) if hasattr(symmetric_memory, "get_backend") else "default"
-        self.norm_slab_bytes = (peer_table.slab_bytes_for(plan.one_shot_max_bytes)
-                                if plan.fuse_norm else 0)
+        self.norm_slab_bytes = plan.norm_slab_bytes
         self.peer_table = peer_table.empty_table()
         if self.norm_slab_bytes:
             self.peer_table = self._map_norm_buffers(symmetric_memory, group.rank(), device)
