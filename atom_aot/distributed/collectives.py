@@ -23,6 +23,8 @@ releases the GIL.
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.distributed as dist
 
@@ -41,6 +43,7 @@ _scatter_from = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scat
 _groups: dict[str, object] = {}
 _peer_memory: SymmetricAllReduce | None = None    # the tensor-parallel group's, when its ranks have one
 _peer_tables: dict[torch.device, torch.Tensor] = {}   # by device: the one table compiled models read, refilled
+_peer_tables_lock = threading.Lock()     # a table made while a group registers (a load beside the join) is not stale
 TP_GROUP = "tp"
 STAND_IN = "one process standing in for every rank"
 
@@ -69,9 +72,10 @@ def peer_table(device: torch.device) -> torch.Tensor:
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    if device not in _peer_tables:
-        _peer_tables[device] = torch.tensor(_table_values(), dtype=torch.int64, device=device)
-    return _peer_tables[device]
+    with _peer_tables_lock:
+        if device not in _peer_tables:
+            _peer_tables[device] = torch.tensor(_table_values(), dtype=torch.int64, device=device)
+        return _peer_tables[device]
 
 
 def _table_values() -> list[int]:
@@ -79,9 +83,10 @@ def _table_values() -> list[int]:
 
 
 def _refill_peer_tables() -> None:
-    values = _table_values()
-    for table in _peer_tables.values():
-        table.copy_(torch.tensor(values, dtype=torch.int64))
+    with _peer_tables_lock:
+        values = _table_values()
+        for table in _peer_tables.values():
+            table.copy_(torch.tensor(values, dtype=torch.int64))
 
 
 def all_reduce_path(x: torch.Tensor) -> str:
