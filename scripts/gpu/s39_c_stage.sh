@@ -14,8 +14,3 @@ if [ "$ARN4" = 1 ]; then     # the 4-rank kernel again with slabs of at least 16
   NCCL_NVLS_ENABLE=0 timeout 100 python3 scripts/gpu/all_reduce_norm_gpus.py --world 4 --out $OUT/arn-tp4-slab16k.json > $LOGS/arn-tp4b.log 2>&1
   at "kernel checks (4 ranks, 16 KiB slabs) rc=$?"; grep -E "Error|Traceback" $LOGS/arn-tp4b.log | tail -3; python3 scripts/gpu/arn_summary.py $OUT/arn-tp4-slab16k.json
 fi
-if [ "$OURS4" = 1 ]; then    # our -tp 4 again with the fused kernel taking small batches
-  CUDA_VISIBLE_DEVICES=0,1,2,3 NCCL_NVLS_ENABLE=0 timeout 200 python3 /tmp/sbs.py ours --model /tmp/m/llama-3.1-8b --artifact /tmp/art/llama-tp4 \
-    --out $OUT/sbs-ours-llama-tp4-slab16k.json --sections tpot,throughput > $LOGS/sbs-tp4b.log 2>&1
-  at "ours tp4 (16 KiB slabs) rc=$?"; grep -E "output_tok_s|tpot_s\"|init_s|rror" $LOGS/sbs-tp4b.log | tail -4; grep -E "all-reduce" $LOGS/sbs-tp4b.log | sort | uniq -c | head -2 | cut -c1-300
-fi
