@@ -127,7 +127,7 @@ def _all_reduce(x: torch.Tensor) -> torch.Tensor:
 def summed_in_norm_kernel(x: torch.Tensor) -> bool:
     """Whether the norm's kernel sums `x` [T, hidden] over peer memory itself (peer_table.peer_path_taken with
     this rank's table)."""
-    slab = _peer_memory.norm_slab_bytes if _peer_memory is not None else 0
+    slab = _peer_memory.plan.norm_slab_bytes if _peer_memory is not None else 0
     return x.is_cuda and tables.peer_path_taken(x.shape[0], x.shape[-1] * x.element_size(), slab)
 
 

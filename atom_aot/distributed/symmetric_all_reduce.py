@@ -134,23 +134,22 @@ class SymmetricAllReduce:
         self.buffer = symmetric_memory.empty(plan.buffer_bytes, dtype=torch.uint8, device=device)
         symmetric_memory.rendezvous(self.buffer, self.group_name)      # collective: every rank of `group`
         self.backend = symmetric_memory.get_backend(device) if hasattr(symmetric_memory, "get_backend") else "default"
-        self.norm_slab_bytes = plan.norm_slab_bytes
         self.peer_table = peer_table.empty_table()
-        if self.norm_slab_bytes:
+        if plan.norm_slab_bytes:
             self.peer_table = self._map_norm_buffers(symmetric_memory, group.rank(), device)
 
     def _map_norm_buffers(self, symmetric_memory, rank: int, device: torch.device) -> list[int]:
         """The fused kernel's two buffer halves (a slab per program each) and signal pads (a slot per program
         and rank, starting at 0), mapped on every rank; returns this rank's peer table."""
-        self.norm_buffer = symmetric_memory.empty(2 * peer_table.PROGRAMS * self.norm_slab_bytes, dtype=torch.uint8,
-                                                  device=device)
+        self.norm_buffer = symmetric_memory.empty(2 * peer_table.PROGRAMS * self.plan.norm_slab_bytes,
+                                                  dtype=torch.uint8, device=device)
         self.norm_signals = symmetric_memory.empty(peer_table.PROGRAMS * self.world_size, dtype=torch.int64,
                                                    device=device)
         self.norm_signals.zero_()
         torch.cuda.synchronize(device)          # zeroed before any peer can signal into it (after the rendezvous)
         buffers = symmetric_memory.rendezvous(self.norm_buffer, self.group_name).buffer_ptrs
         signals = symmetric_memory.rendezvous(self.norm_signals, self.group_name).buffer_ptrs
-        return peer_table.table_values(rank, self.norm_slab_bytes, list(buffers), list(signals))
+        return peer_table.table_values(rank, self.plan.norm_slab_bytes, list(buffers), list(signals))
 
     def path(self, x: torch.Tensor) -> str:
         # one-shot wants the input and the buffer equally aligned: the buffer starts 16-byte aligned

@@ -31,7 +31,7 @@ from torch.library import triton_op, wrap_triton
 
 from atom_aot.distributed.peer_table import (BUFFERS, MAX_RANKS, PROGRAMS, RANK, ROWS_PER_PROGRAM_MAX, SIGNALS,
                                              SLAB_BYTES, TABLE_SIZE)
-from atom_aot.ops.triton._common import next_pow2
+from atom_aot.ops.triton._common import in_bucket, next_pow2
 
 
 @triton.jit
@@ -112,7 +112,7 @@ def all_reduce_add_rms_norm_kernel(x_ptr, reduced_ptr, residual_ptr, weight_ptr,
 def _programs(rows):
     """PROGRAMS while the message may take the peer path, else one per row; on a SymInt an expression of it,
     never a guard (the mixed phase exports one graph for every token count)."""
-    many = torch.sym_min(torch.sym_max(rows - PROGRAMS * ROWS_PER_PROGRAM_MAX, 0), 1)
+    many = in_bucket(rows, PROGRAMS * ROWS_PER_PROGRAM_MAX + 1, None)
     return PROGRAMS + many * (rows - PROGRAMS)
 
 
