@@ -111,11 +111,16 @@ def test_ranks_sum_over_each_others_buffers_call_after_call(world):
 
 
 def test_on_the_cpu_the_norm_all_reduces_then_adds_and_normalizes(monkeypatch):
+    from atom_aot.models.layers import RMSNorm
+    from atom_aot.models.parallel import PartialSums
     monkeypatch.setattr(collectives, "_groups", {})
     collectives.register_stand_in()                    # the group's all-reduce returns its input
-    x, residual, weight = torch.randn(3, 32), torch.randn(3, 32), torch.randn(32)
-    out, residual_out = collectives.all_reduce_add_rms_norm(x, residual, weight, 1e-6, None, 2)
+    x, residual, norm = torch.randn(3, 32), torch.randn(3, 32), RMSNorm(32, 1e-6, torch.float32)
+    weight = norm.weight.data.copy_(torch.randn(32))
+    out, residual_out = norm(x, residual, PartialSums(2, None))
     assert torch.equal(residual_out, x + residual) and torch.equal(out, rms_norm(x + residual, weight, 1e-6))
+    with pytest.raises(ValueError, match="runs on GPUs"):
+        collectives.all_reduce_add_rms_norm(x, residual, weight, 1e-6, None, 2)
     assert not collectives.summed_in_norm_kernel(x)    # the CPU never takes the peer path
     collectives.unregister_tp_group()
 

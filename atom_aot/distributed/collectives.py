@@ -188,13 +188,11 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
 
 def all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                             peers: torch.Tensor | None, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(residual + sum of x over the ranks), residual + that sum), x [T, hidden] this rank's partial sums.
-    On GPUs one Triton kernel after `all_reduce_unless_fused` (`peers`: the model's peer table); on the CPU the
-    all-reduce, then the add and norm as RMSNorm computes them."""
+    """(rms_norm(residual + sum of x over the ranks), residual + that sum), x [T, hidden] this rank's partial sums
+    on a GPU: one Triton kernel after `all_reduce_unless_fused` (`peers`: the model's peer table). The CPU has no
+    such kernel: RMSNorm all-reduces first there (models/layers.py)."""
     if not x.is_cuda:
-        from atom_aot.ops.norm import rms_norm
-        summed = all_reduce(x) + residual
-        return rms_norm(summed, weight, eps), summed
+        raise ValueError(f"all_reduce_add_rms_norm runs on GPUs; x is on {x.device}")
     if peers is None:
         raise RuntimeError("a tensor-parallel model ran on a GPU without its peer table "
                            "(DecoderForCausalLM.use_kernels attaches it)")

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from atom_aot.distributed.collectives import all_reduce_add_rms_norm
+from atom_aot.distributed.collectives import all_reduce, all_reduce_add_rms_norm
 from atom_aot.models.quant_layers import make_quantized_linear
 from atom_aot.ops.norm import rms_norm
 
@@ -25,9 +25,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size, dtype=dtype))
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, partial=None):
-        """`partial` (models/parallel.py PartialSums): x holds this rank's partial sums, all-reduced here."""
-        if partial is not None:
+        """`partial` (models/parallel.py PartialSums): x holds this rank's partial sums, all-reduced here (on GPUs
+        in the kernel that adds and normalizes; on the CPU first, then the add and norm below)."""
+        if partial is not None and x.is_cuda:
             return all_reduce_add_rms_norm(x, residual, self.weight, self.eps, partial.peers, partial.world_size)
+        if partial is not None:
+            x = all_reduce(x)
         if residual is not None:
             x = x + residual
             residual = x
