@@ -51,7 +51,7 @@ def rank_main(rank: int, world: int, buffers, pads, outputs) -> None:
 
 def main(world: int) -> dict:
     from atom_aot.distributed import peer_table
-    from atom_aot.ops.norm import rms_norm
+    from triton_kernel_checks import all_reduce_norm_reference
     buffers = [torch.zeros(2 * peer_table.PROGRAMS * SLAB_BYTES, dtype=torch.uint8).share_memory_()
                for _ in range(world)]
     pads = [torch.zeros(peer_table.PROGRAMS * world, dtype=torch.int64).share_memory_() for _ in range(world)]
@@ -64,9 +64,7 @@ def main(world: int) -> dict:
         process.join(240)
     result = {"exit_codes": [p.exitcode for p in ranks], "calls": []}
     for call, (rows, seed) in enumerate(CALLS):
-        partial, residual, weight = call_inputs(rows, seed, world)
-        summed = torch.stack([p.float() for p in partial]).sum(0).to(DTYPE) + residual
-        expected = rms_norm(summed, weight, 1e-6)
+        expected, summed = all_reduce_norm_reference(*call_inputs(rows, seed, world), 1e-6)
         result["calls"].append({"rows": rows, "peer": peer_table.peer_path_taken(rows, HIDDEN * 2, SLAB_BYTES),
                                 "out": [(o[0, :rows].float() - expected.float()).abs().max().item() for o in outputs[call]],
                                 "residual": [(o[1, :rows].float() - summed.float()).abs().max().item()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from triton_kernel_checks import all_reduce_norm_reference as reference
 from triton_support import DEVICE, poisoned_outputs  # noqa: F401 (an autouse fixture)
 
 from atom_aot.distributed import collectives, peer_table
@@ -19,12 +20,6 @@ from atom_aot.ops.norm import rms_norm
 from atom_aot.ops.triton.all_reduce_norm import all_reduce_add_rms_norm
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def reference(partials: list[torch.Tensor], residual: torch.Tensor, weight: torch.Tensor, eps: float):
-    """All-reduce (a float32 sum in rank order, cast back), then RMSNorm's add and norm."""
-    summed = torch.stack([p.float() for p in partials]).sum(0).to(residual.dtype) + residual
-    return rms_norm(summed, weight, eps), summed
 
 
 def test_the_rule_takes_messages_that_fit_a_slab_per_program():

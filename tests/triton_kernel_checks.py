@@ -1,5 +1,5 @@
 """What the kernel tests and scripts/bench_kernels.py check the atom_triton ops with: an error
-metric, the torch reference of the fused rope/cache op, and the patch that makes Triton's CPU
+metric, the torch references of the fused rope/cache op and the fused all-reduce + norm, and the patch that makes Triton's CPU
 interpreter compute what compiled kernels compute. Plain Python (no pytest), so the benchmark
 script imports it too."""
 from __future__ import annotations
@@ -26,6 +26,14 @@ def rope_cache_reference(q, k, v, positions, cos_sin_cache, q_norm_weight, k_nor
     q, k = apply_rope(positions, q, k, cos_sin_cache)
     write_kv_cache(kv_cache[layer], k, v, slot_mapping)
     return q
+
+
+def all_reduce_norm_reference(partials: list[torch.Tensor], residual: torch.Tensor, weight: torch.Tensor,
+                              eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, residual_out) of the fused all-reduce + add + RMSNorm: the ranks' partial sums summed in float32 in
+    rank order and cast back (the all-reduce), then RMSNorm's add and norm."""
+    summed = torch.stack([p.float() for p in partials]).sum(0).to(residual.dtype) + residual
+    return rms_norm(summed, weight, eps), summed
 
 
 def patch_triton_interpreter() -> None:
