@@ -58,6 +58,8 @@ def test_the_plan_fuses_by_default_and_the_environment_splits_it():
     assert plan_from_env(16, {}).norm_slab_bytes == 0              # more ranks than the table holds
     with pytest.raises(ValueError, match="ATOM_ALL_REDUCE_NORM="):
         plan_from_env(2, {"ATOM_ALL_REDUCE_NORM": "on"})
+    with pytest.raises(ValueError, match="ATOM_ALL_REDUCE_NORM_SLAB sizes the fused kernel's slabs"):
+        plan_from_env(2, {"ATOM_ALL_REDUCE_NORM": "separate", "ATOM_ALL_REDUCE_NORM_SLAB": "32768"})
 
 
 @pytest.mark.parametrize("rows", [1, 7, 513], ids=["one row", "seven rows", "a program per row"])

@@ -91,6 +91,8 @@ def plan_from_env(world_size: int, environ=os.environ) -> AllReducePlan | None:
     slab = _bytes_from_env(environ, SLAB_VARIABLE, peer_table.slab_bytes_for(one))
     if slab % peer_table.VECTOR_BYTES:
         raise ValueError(f"{SLAB_VARIABLE}={slab}: expected whole {peer_table.VECTOR_BYTES}-byte vectors")
+    if norm == "separate" and SLAB_VARIABLE in environ:
+        raise ValueError(f"{SLAB_VARIABLE} sizes the fused kernel's slabs, which {NORM_VARIABLE}=separate turns off")
     fused = norm == "fused" and world_size <= peer_table.MAX_RANKS
     return AllReducePlan(one, two, slab if fused else 0)
 
