@@ -185,13 +185,14 @@ def test_forked_ranks_give_the_same_greedy_output_exit_with_the_engine_and_are_w
 
 def test_the_offline_engine_starts_its_ranks_before_any_thread_of_its_own(monkeypatch, build_artifact, tiny_llama_dir):
     """A thread running when the ranks start makes them new interpreters instead of forks (rank_processes.py):
-    the tokenizer's thread waited for the ranks, or every -tp 2 start on GPUs spawned (session 35)."""
+    the tokenizer's thread and the load's (runtime/rank_load.py) wait for the ranks, or every -tp 2 start on GPUs
+    spawned (session 35)."""
     import threading
     from atom_aot.runtime import tp_lead
     seen = []
 
     def start_method(arch):
-        seen.append(sorted(t.name for t in threading.enumerate() if t.name.startswith("atom-beside")))
+        seen.append(sorted(t.name for t in threading.enumerate() if t.name.startswith(("atom-beside", "atom-rank"))))
         return original(arch)
     original = tp_lead.start_method
     monkeypatch.setattr(tp_lead, "start_method", start_method)
@@ -201,6 +202,7 @@ def test_the_offline_engine_starts_its_ranks_before_any_thread_of_its_own(monkey
         assert engine.loaded.timings["tokenizer (overlapped)"] >= 0
         assert next(iter(engine.loaded.timings)) == "ranks start + join"     # first in the startup breakdown
         assert engine.loaded.timings["ranks start + join"] > 0
+        assert engine.loaded.timings["join + load (wall)"] > 0     # rank 0's load ran beside the join
     finally:
         engine.close()
 

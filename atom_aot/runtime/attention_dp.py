@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from atom_aot.artifact.reader import Artifact
-from atom_aot.distributed.group import RankGroup, RankPlace, join, leave, rank_device
+from atom_aot.distributed.group import RankGroup, RankPlace, leave, rank_device
 from atom_aot.errors import RankStopped, StartupError
 from atom_aot.models.step_inputs import StepInputs, input_dtype
 from atom_aot.runtime.forwards import Forward, Forwards
@@ -30,9 +30,10 @@ from atom_aot.runtime.scheduler import ScheduledBatch
 log = logging.getLogger("atom_aot")
 
 
-def join_attention_dp(artifact: Artifact) -> RankGroup:
+def attention_dp_place(artifact: Artifact) -> tuple[RankPlace, torch.device]:
     """This engine process's place among the artifact's data-parallel ranks (from torchrun's variables,
-    which the server's front end sets for each engine process it starts)."""
+    which the server's front end sets for each engine process it starts), and its device, made current;
+    `group.join` meets the others there."""
     from atom_aot.runtime.loader import check_target
     check_target(artifact)                 # refuse before meeting the other ranks
     artifact_path, world_size = artifact.path, artifact.manifest.layout.world_size
@@ -45,7 +46,7 @@ def join_attention_dp(artifact: Artifact) -> RankGroup:
             f"balance requests across them")
     if place.world_size != world_size:
         raise StartupError(f"WORLD_SIZE is {place.world_size}, but the artifact has {world_size} data-parallel ranks")
-    return join(place, rank_device(artifact.manifest.target.arch, place.local_rank))
+    return place, rank_device(artifact.manifest.target.arch, place.local_rank)
 
 
 def agree(values: list[int], group: RankGroup, op=dist.ReduceOp.MAX) -> list[int]:

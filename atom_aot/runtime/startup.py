@@ -4,15 +4,16 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Callable, TypeVar
 
 import torch
 
 from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.reader import Artifact
-from atom_aot.distributed.group import RankGroup, leave
+from atom_aot.distributed.group import RankGroup, join, leave
 from atom_aot.errors import StartupError
-from atom_aot.runtime.attention_dp import AlignedForwards, Lockstep, join_attention_dp
+from atom_aot.runtime.attention_dp import AlignedForwards, Lockstep, attention_dp_place
 from atom_aot.runtime.block_manager import BlockManager
 from atom_aot.runtime.bytecode import warn_if_torch_uncached
 from atom_aot.runtime.compile_counter import TRITON
@@ -22,6 +23,7 @@ from atom_aot.runtime.forwards import Forwards
 from atom_aot.runtime.kv_cache import allocate_kv_cache, bytes_per_block
 from atom_aot.runtime.loader import LoadedArtifact, load_artifact
 from atom_aot.runtime.model_runner import ModelRunner
+from atom_aot.runtime.rank_load import meet_beside_load
 from atom_aot.runtime.sampler import Sampler
 from atom_aot.runtime.scheduler import Scheduler, SchedulerConfig
 from atom_aot.runtime.structured_output import Grammars
@@ -179,7 +181,8 @@ def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig, ranks: Lead
 def load_and_start(artifact_path, config: RuntimeConfig,
                    beside: Callable[[], None] | None = None) -> tuple[LoadedArtifact, EngineCore]:
     """This process's engine core: rank 0 leading the other tensor-parallel ranks (if any), or one rank of a
-    data-parallel-attention artifact stepping with the others (runtime/attention_dp.py).
+    data-parallel-attention artifact stepping with the others (runtime/attention_dp.py). Over several ranks,
+    this rank's weights load while the ranks meet (runtime/rank_load.py).
 
     `beside`: work for a thread beside the load (the offline engine's tokenizer), started once the ranks this
     process forks are forked: a thread running before then makes them new interpreters (rank_processes.py),
@@ -188,19 +191,27 @@ def load_and_start(artifact_path, config: RuntimeConfig,
     warn_if_torch_uncached()
     set_torch_threads(config.num_threads)
     artifact = Artifact.open(artifact_path)
-    joining = time.perf_counter()
+    starting = time.perf_counter()
     if artifact.manifest.layout.attention_data_parallel:
-        group = join_attention_dp(artifact)
-        rank, links, release = group.rank, {"dp_group": group}, leave
+        place, device = attention_dp_place(artifact)
+        rank, meet, link, release = place.rank, partial(join, place, device), "dp_group", lambda group: leave()
     else:
-        ranks = start_other_ranks(artifact, config)
-        rank, links, release = 0, {"ranks": ranks}, ranks.abort if ranks is not None else (lambda: None)
-    joined = time.perf_counter() - joining      # the ranks' start, the process group, the peer memory
+        ranks = start_other_ranks(artifact, config)     # started (forked, spawned or placed elsewhere), not met
+        rank, link, release = 0, "ranks", LeadRank.abort
+        meet, device = (ranks.join, ranks.device) if ranks is not None else (None, None)
+    load = partial(load_artifact, artifact_path, enforce_eager=config.enforce_eager, rank=rank)
+    met = []                                            # what to release if the start fails after the meet
 
     def load_and_start_core() -> tuple[LoadedArtifact, EngineCore]:
-        loaded = load_artifact(artifact_path, enforce_eager=config.enforce_eager, rank=rank)
-        if artifact.manifest.layout.world_size > 1:
-            loaded.timings = {"ranks start + join": joined, **loaded.timings}
+        if meet is None:
+            loaded, links = load(), {}
+        else:
+            before = time.perf_counter() - starting     # the ranks' start (fork or spawn)
+            ready = meet_beside_load(meet, load, device, release)
+            met.append(ready.met)
+            loaded, links = ready.loaded, {link: ready.met}
+            loaded.timings = {"ranks start + join": before + ready.join_s, "join + load (wall)": ready.wall_s,
+                              **loaded.timings}
         start = time.perf_counter()
         core = start_engine_core(loaded, config, **links)
         loaded.timings["kv cache"] = time.perf_counter() - start - loaded.timings.get("graph capture", 0.0)
@@ -208,7 +219,8 @@ def load_and_start(artifact_path, config: RuntimeConfig,
     try:
         return alongside(beside, load_and_start_core)
     except BaseException:
-        release()
+        for group in met:
+            release(group)
         raise
 
 

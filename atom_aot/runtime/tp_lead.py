@@ -44,8 +44,8 @@ class RankFailure(RuntimeError):
     """Another tensor-parallel rank died or stopped answering: the engine cannot go on."""
 
 
-def start_other_ranks(artifact: Artifact, config: RuntimeConfig) -> "LeadRank | None":
-    """Rank 0's link to the other ranks of the artifact's layout (None for a one-rank artifact).
+def start_other_ranks(artifact: Artifact, config: RuntimeConfig) -> "StartingRanks | None":
+    """Ranks 1..N-1 of the artifact's layout, started but not met yet (None for a one-rank artifact).
 
     Placed by torchrun's variables, this process must be rank 0 and the others are started
     elsewhere; otherwise ranks 1..N-1 are started here as child processes."""
@@ -64,24 +64,43 @@ def start_other_ranks(artifact: Artifact, config: RuntimeConfig) -> "LeadRank | 
     from atom_aot.runtime.loader import check_target
     if place is not None:                  # the other ranks are started elsewhere
         check_target(artifact)
-        return LeadRank(join(place, rank_device(artifact.manifest.target.arch, place.local_rank)), [])
+        return StartingRanks(place, rank_device(artifact.manifest.target.arch, place.local_rank), [])
     place = RankPlace.local_leader(world)
     method, why = start_method(artifact.manifest.target.arch)
     if method == "spawn":
         check_target(artifact)             # refuse before anything starts
     log.info("tensor-parallel ranks 1..%d: %s (%s)", world - 1,
              "forked from this process" if method == "fork" else "started as new processes", why)
-    children = [start_rank(artifact_path, config, place.peer(rank, started_by_leader=True), method)
-                for rank in range(1, world)]
+    starting = StartingRanks(place, None, [start_rank(artifact_path, config, place.peer(rank, started_by_leader=True),
+                                                      method) for rank in range(1, world)])
     try:
         if method == "fork":               # checked after the fork: the check opens this process's CUDA context
             check_target(artifact)
-        device = rank_device(artifact.manifest.target.arch, place.local_rank)
-        return LeadRank(join(place, device, waiting=partial(_all_alive, children)), children)
-    except BaseException:                  # the ranks started here would wait for this one until their timeout
-        for child in children:
-            child.kill()
+        starting.device = rank_device(artifact.manifest.target.arch, place.local_rank)
+    except BaseException:
+        starting.kill()
         raise
+    return starting
+
+
+class StartingRanks:
+    """Ranks 1..N-1 started (here, or elsewhere by torchrun), before rank 0 meets them: `join` meets them and
+    gives rank 0's LeadRank. Between the two, rank 0 loads its weights (runtime/rank_load.py)."""
+
+    def __init__(self, place: RankPlace, device, children: list):
+        self.place, self.device, self.children = place, device, children
+
+    def join(self) -> "LeadRank":
+        waiting = partial(_all_alive, self.children) if self.children else None
+        try:
+            return LeadRank(join(self.place, self.device, waiting=waiting), self.children)
+        except BaseException:              # the ranks started here would wait for this one until their timeout
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        for child in self.children:
+            child.kill()
 
 
 def _exited(children: list) -> str | None:

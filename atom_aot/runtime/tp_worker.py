@@ -1,5 +1,5 @@
-"""Ranks 1..N-1 of a tensor-parallel engine (`atom-run ART worker`): load this rank's weights, then
-run whatever forward rank 0 sends, until it says stop or goes away.
+"""Ranks 1..N-1 of a tensor-parallel engine (`atom-run ART worker`): load this rank's weights while meeting
+the others (runtime/rank_load.py), then run whatever forward rank 0 sends, until it says stop or goes away.
 
 Placed by torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK), set by
 rank 0 for the ranks it starts on its machine or by hand / torchrun on other nodes.
@@ -7,6 +7,7 @@ rank 0 for the ranks it starts on its machine or by hand / torchrun on other nod
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -17,6 +18,7 @@ from atom_aot.distributed.group import RankPlace, agree_min, join, leave, rank_d
 from atom_aot.artifact.reader import Artifact
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.loader import load_artifact
+from atom_aot.runtime.rank_load import meet_beside_load
 from atom_aot.runtime.startup import kv_block_count, prepare_model
 from atom_aot.runtime.step_broadcast import StepReceiver
 from atom_aot.runtime.threads import set_torch_threads
@@ -32,9 +34,11 @@ def run_worker(artifact_path: str | Path, config: RuntimeConfig) -> None:
                          "WORLD_SIZE, MASTER_ADDR and MASTER_PORT as for torchrun; rank 0 is `atom-run ART serve` "
                          "or `generate` (docs/parallelism.md)")
     set_torch_threads(config.num_threads)
-    group = join(place, rank_device(Artifact.open(artifact_path).manifest.target.arch, place.local_rank))
+    device = rank_device(Artifact.open(artifact_path).manifest.target.arch, place.local_rank)
+    load = partial(load_artifact, artifact_path, enforce_eager=config.enforce_eager, rank=place.rank)
+    ready = meet_beside_load(partial(join, place, device), load, device, release=lambda group: leave())
     try:
-        loaded = load_artifact(artifact_path, enforce_eager=config.enforce_eager, rank=place.rank)
+        loaded, group = ready.loaded, ready.met
         kv_cache, forwards = prepare_model(loaded, config, agree_min(kv_block_count(loaded, config), group))
         serve_steps(StepReceiver(group, kv_cache), [forwards.mixed, forwards.decode])
     except dist.DistError as e:
