@@ -24,10 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_rule_takes_messages_that_fit_a_slab_per_program():
     row = 4096 * 2                                     # a Llama-3.1-8B row in bf16
-    slab = peer_table.slab_bytes_for(1 << 20)          # two ranks' one-shot bound: 16 KiB per program
-    assert slab == 16384
-    assert peer_table.peer_path_taken(1, row, slab) and peer_table.peer_path_taken(128, row, slab)
-    assert not peer_table.peer_path_taken(129, row, slab)         # 3 rows for some program: 24 KiB
+    slab = peer_table.slab_bytes_for(1 << 20)          # two ranks' one-shot bound, 16 KiB per program: the minimum
+    assert slab == peer_table.MIN_SLAB_BYTES == 32768
+    assert peer_table.peer_path_taken(1, row, slab) and peer_table.peer_path_taken(256, row, slab)
+    assert not peer_table.peer_path_taken(257, row, slab)         # 5 rows for some program: 40 KiB
     assert not peer_table.peer_path_taken(1, row, 0)               # no peer memory
     assert peer_table.slab_bytes_for(4 << 20) == 65536
     assert not peer_table.peer_path_taken(1, 4094, slab)           # rows not whole 16-byte vectors
@@ -47,12 +47,12 @@ def test_the_table_lays_out_rank_slab_buffers_and_signal_pads():
 
 
 def test_the_plan_fuses_by_default_and_the_environment_splits_it():
-    assert plan_from_env(2, {}).norm_slab_bytes == 16384
-    assert "summed in the norm's kernel in 64 slabs of 16 KiB" in plan_from_env(2, {}).describe()
-    assert plan_from_env(2, {"ATOM_ALL_REDUCE_NORM_SLAB": "32768"}).norm_slab_bytes == 32768
+    assert plan_from_env(2, {}).norm_slab_bytes == 32768
+    assert "summed in the norm's kernel in 64 slabs of 32 KiB" in plan_from_env(2, {}).describe()
+    assert plan_from_env(2, {"ATOM_ALL_REDUCE_NORM_SLAB": "16384"}).norm_slab_bytes == 16384
     with pytest.raises(ValueError, match="ATOM_ALL_REDUCE_NORM_SLAB=100: expected whole 16-byte vectors"):
         plan_from_env(2, {"ATOM_ALL_REDUCE_NORM_SLAB": "100"})
-    assert peer_table.slab_bytes_for(256 << 10) == peer_table.MIN_SLAB_BYTES     # four ranks: still one row each
+    assert peer_table.slab_bytes_for(256 << 10) == peer_table.MIN_SLAB_BYTES     # four ranks: the same 4 rows each
     separate = plan_from_env(2, {"ATOM_ALL_REDUCE_NORM": "separate"})
     assert separate.norm_slab_bytes == 0 and "norm" not in separate.describe()
     assert plan_from_env(16, {}).norm_slab_bytes == 0              # more ranks than the table holds

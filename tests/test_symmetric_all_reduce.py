@@ -12,7 +12,7 @@ from atom_aot.distributed.symmetric_all_reduce import (
 
 def test_the_default_plan_depends_on_the_world_size():
     for world, (one, two) in DEFAULT_BOUNDS.items():
-        assert plan_from_env(world, {}) == AllReducePlan(one, two, max(one // 64, 16 * KIB))
+        assert plan_from_env(world, {}) == AllReducePlan(one, two, max(one // 64, 32 * KIB))
     assert plan_from_env(2, {}).one_shot_max_bytes > plan_from_env(8, {}).one_shot_max_bytes
     beyond = plan_from_env(16, {})                                 # beyond 8 ranks: the 8-rank bounds
     assert (beyond.one_shot_max_bytes, beyond.two_shot_max_bytes) == DEFAULT_BOUNDS[8]
@@ -20,14 +20,14 @@ def test_the_default_plan_depends_on_the_world_size():
 
 def test_the_environment_overrides_the_bounds_or_turns_the_path_off():
     plan = plan_from_env(4, {"ATOM_ALL_REDUCE_ONE_SHOT_MAX": "4096", "ATOM_ALL_REDUCE_TWO_SHOT_MAX": "65536"})
-    assert plan == AllReducePlan(4096, 65536, 16 * KIB) and plan.buffer_bytes == 65536
+    assert plan == AllReducePlan(4096, 65536, 32 * KIB) and plan.buffer_bytes == 65536
     assert plan_from_env(2, {"ATOM_ALL_REDUCE": "nccl"}) is None
     assert plan_from_env(2, {"ATOM_ALL_REDUCE": "auto"}) == plan_from_env(2, {})
 
 
 def test_inspect_says_which_path_each_size_takes_here():
     assert describe_plan(2, {}) == ("on GPUs of one host symmetric-memory one-shot up to 1 MiB, two-shot up to "
-                                    "32 MiB, NCCL above; before an RMSNorm, summed in the norm's kernel in 64 slabs of 16 KiB; "
+                                    "32 MiB, NCCL above; before an RMSNorm, summed in the norm's kernel in 64 slabs of 32 KiB; "
                                     "otherwise NCCL (gloo on the CPU)")
     assert describe_plan(4, {"ATOM_ALL_REDUCE": "nccl"}) == "NCCL for every size (ATOM_ALL_REDUCE=nccl)"
 

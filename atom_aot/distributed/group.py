@@ -15,10 +15,11 @@ set, serves the store there and waits for them to count themselves in (a rank th
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Callable
 
@@ -27,6 +28,8 @@ import torch.distributed as dist
 
 from atom_aot.distributed.collectives import register_tp_group, unregister_tp_group
 from atom_aot.distributed.symmetric_all_reduce import open_symmetric_all_reduce
+
+log = logging.getLogger("atom_aot")
 
 COLLECTIVE_TIMEOUT = timedelta(seconds=300)
 IDLE_TIMEOUT = timedelta(days=30)
@@ -90,6 +93,7 @@ class RankGroup:
     rank: int
     world_size: int
     control: dist.ProcessGroup
+    join_timings: dict[str, float] = field(default_factory=dict)   # seconds of each part of `join`
 
 
 def free_port() -> int:
@@ -124,16 +128,22 @@ def join(place: RankPlace, device: torch.device, waiting: Callable[[], None] | N
     global _joined_before
     _joined_before = True
     backend = "nccl" if device.type == "cuda" else "gloo"
+    timings, start = {}, time.perf_counter()
     dist.init_process_group(backend, **_rendezvous(place, waiting),
                             rank=place.rank, world_size=place.world_size, timeout=COLLECTIVE_TIMEOUT,
                             device_id=device if device.type == "cuda" else None)
+    timings["join: process group (with the rendezvous)"], start = time.perf_counter() - start, time.perf_counter()
     try:
         register_tp_group(dist.group.WORLD, open_symmetric_all_reduce(dist.group.WORLD, device))
+        timings["join: peer memory"], start = time.perf_counter() - start, time.perf_counter()
         control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+        timings["join: control group"] = time.perf_counter() - start
     except BaseException:                  # met, then failed: leave, so that this process can start another engine
         leave()
         raise
-    return RankGroup(place.rank, place.world_size, control)
+    log.info("rank %d joined %d ranks: %s", place.rank, place.world_size,
+             ", ".join(f"{k.removeprefix('join: ')} {v:.2f}s" for k, v in timings.items()))
+    return RankGroup(place.rank, place.world_size, control, timings)
 
 
 def _rendezvous(place: RankPlace, waiting: Callable[[], None] | None) -> dict:

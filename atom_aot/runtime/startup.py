@@ -210,8 +210,8 @@ def load_and_start(artifact_path, config: RuntimeConfig,
             ready = meet_beside_load(meet, load, device, release)
             met.append(ready.met)
             loaded, links = ready.loaded, {link: ready.met}
-            loaded.timings = {"ranks start + join": before + ready.join_s, "join + load (wall)": ready.wall_s,
-                              **loaded.timings}
+            loaded.timings = {"ranks start + join": before + ready.join_s, **ready.met.join_timings,
+                              "join + load (wall)": ready.wall_s, **loaded.timings}
         start = time.perf_counter()
         core = start_engine_core(loaded, config, **links)
         loaded.timings["kv cache"] = time.perf_counter() - start - loaded.timings.get("graph capture", 0.0)

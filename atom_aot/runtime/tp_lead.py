@@ -127,6 +127,10 @@ class LeadRank:
         threading.Thread(target=self._watch, name="atom-rank-watch", daemon=True).start()
         atexit.register(self.close)
 
+    @property
+    def join_timings(self) -> dict[str, float]:
+        return self.group.join_timings
+
     def agree_num_blocks(self, num_blocks: int) -> int:
         return agree_min(num_blocks, self.group)
 

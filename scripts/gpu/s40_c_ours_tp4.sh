@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 40, call C (carry .vllm/bundle.part01): stage vLLM part 1; our Llama-3.1-8B -tp 4 on GPUs 0-3: as call B
-# (throughput + TPOT, throughput with 32 KiB slabs, three fresh-process starts, generate breakdowns new / old),
+# (throughput + TPOT, throughput with 32 KiB slabs, three fresh-process starts, generate breakdowns new / old: as
+# run in session 40 both ran this session's code, see call B),
 # then the fused kernel at 4 ranks with 32 KiB slabs.
 LOGS=/tmp/s40; source scripts/gpu/prelude.sh
 mkdir -p /tmp/vstage && cp .vllm/bundle.part0* /tmp/vstage/
@@ -14,8 +15,8 @@ timeout 200 $R --out $OUT/sbs-ours-tp4-cold.json --sections cold > $LOGS/cold-tp
 at "tp4 cold rc=$?"; grep -E "first_token_s|rror" $LOGS/cold-tp4.log | tail -3
 G="python3 -m atom_aot.entrypoints.run_cli /tmp/art/llama-tp4 generate Hello --max-tokens 4"
 for v in new old; do
-  [ $v = old ] && P=/tmp/site:/tmp/old || P=$PYTHONPATH
-  PYTHONPATH=$P timeout 60 $G > $LOGS/generate-tp4-$v.log 2>&1; at "generate tp4 $v rc=$?"; grep -E "^startup" $LOGS/generate-tp4-$v.log | cut -c1-400
+  [ $v = old ] && D=/tmp/old || D=$PWD     # python -m puts the working directory first on sys.path
+  (cd $D && PYTHONPATH=/tmp/site:$D timeout 60 $G) > $LOGS/generate-tp4-$v.log 2>&1; at "generate tp4 $v rc=$?"; grep -E "^startup" $LOGS/generate-tp4-$v.log | cut -c1-400
   cp $LOGS/generate-tp4-$v.log $OUT/
 done
 ATOM_ALL_REDUCE_NORM_SLAB=32768 timeout 120 python3 scripts/gpu/all_reduce_norm_gpus.py --world 4 --out $OUT/arn-tp4-slab32k.json > $LOGS/arn4.log 2>&1
