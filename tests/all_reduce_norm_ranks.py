@@ -4,8 +4,10 @@ tests/test_all_reduce_norm.py as `python tests/all_reduce_norm_ranks.py WORLD`, 
 Each rank is a spawned process running the kernel on its own partial sums; their buffers and signal pads are
 shared CPU memory, each rank's peer table holding the addresses at which its process maps them, as peer-mapped
 GPU memory would be. The calls alternate between messages that take the peer path and ones too large for the
-slabs (summed before the kernel), so the buffer halves and signal counts carry over calls as on a GPU. Prints
-one JSON line: per call, the largest difference of each rank's outputs from the reference, and the pads.
+slabs (summed before the kernel), and between one-shot and two-shot sums (peer_table.two_shot_rows_for the world
+size: from 2 rows per program on 2 ranks, 3 on 3), so the buffer halves and signal values carry over calls as on
+a GPU. Prints one JSON line: per call, the largest difference of each rank's outputs from the reference, and
+the pads.
 """
 from __future__ import annotations
 
@@ -21,8 +23,8 @@ import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 HIDDEN, DTYPE = 96, torch.bfloat16
-SLAB_BYTES = 2 * HIDDEN * 2                       # two rows per program: 128 rows at most take the peer path
-CALLS = [(5, 0), (1, 1), (600, 2), (9, 3), (130, 4), (128, 5)]    # (rows, seed)
+SLAB_BYTES = 3 * HIDDEN * 2                       # three rows per program: 192 rows at most take the peer path
+CALLS = [(5, 0), (1, 1), (600, 2), (9, 3), (130, 4), (128, 5), (192, 6), (70, 7), (200, 8)]    # (rows, seed)
 MAX_ROWS = max(rows for rows, _ in CALLS)
 
 
@@ -38,7 +40,8 @@ def rank_main(rank: int, world: int, buffers, pads, outputs) -> None:
     from atom_aot.distributed import peer_table
     from atom_aot.ops.triton.all_reduce_norm import all_reduce_add_rms_norm
     table = torch.tensor(peer_table.table_values(rank, SLAB_BYTES, [b.data_ptr() for b in buffers],
-                                                 [p.data_ptr() for p in pads]), dtype=torch.int64)
+                                                 [p.data_ptr() for p in pads], peer_table.two_shot_rows_for(world)),
+                         dtype=torch.int64)
     for call, (rows, seed) in enumerate(CALLS):
         partial, residual, weight = call_inputs(rows, seed, world)
         if peer_table.peer_path_taken(rows, HIDDEN * partial[0].element_size(), SLAB_BYTES):
@@ -65,7 +68,9 @@ def main(world: int) -> dict:
     result = {"exit_codes": [p.exitcode for p in ranks], "calls": []}
     for call, (rows, seed) in enumerate(CALLS):
         expected, summed = all_reduce_norm_reference(*call_inputs(rows, seed, world), 1e-6)
-        result["calls"].append({"rows": rows, "peer": peer_table.peer_path_taken(rows, HIDDEN * 2, SLAB_BYTES),
+        peer = peer_table.peer_path_taken(rows, HIDDEN * 2, SLAB_BYTES)
+        result["calls"].append({"rows": rows, "peer": peer,
+                                "two_shot": peer and peer_table.two_shot_taken(rows, peer_table.two_shot_rows_for(world)),
                                 "out": [(o[0, :rows].float() - expected.float()).abs().max().item() for o in outputs[call]],
                                 "residual": [(o[1, :rows].float() - summed.float()).abs().max().item()
                                              for o in outputs[call]]})

@@ -31,13 +31,17 @@ def test_the_rule_takes_messages_that_fit_a_slab_per_program():
     assert not peer_table.peer_path_taken(1, row, 0)               # no peer memory
     assert peer_table.slab_bytes_for(4 << 20) == 65536
     assert not peer_table.peer_path_taken(1, 4094, slab)           # rows not whole 16-byte vectors
+    assert not peer_table.two_shot_taken(128, 0) and not peer_table.two_shot_taken(64, 2)
+    assert peer_table.two_shot_taken(65, 2) and peer_table.two_shot_taken(256, peer_table.two_shot_rows_for(4))
+    assert not peer_table.two_shot_taken(192, peer_table.two_shot_rows_for(4))
     huge = peer_table.PROGRAMS * peer_table.ROWS_PER_PROGRAM_MAX
     assert peer_table.peer_path_taken(huge, 16, 1 << 20) and not peer_table.peer_path_taken(huge + 1, 16, 1 << 20)
 
 
 def test_the_table_lays_out_rank_slab_buffers_and_signal_pads():
-    values = peer_table.table_values(1, 4096, [10, 20], [30, 40])
-    assert len(values) == peer_table.TABLE_SIZE
+    values = peer_table.table_values(1, 4096, [10, 20], [30, 40], 2)
+    assert len(values) == peer_table.TABLE_SIZE and values[peer_table.TWO_SHOT_ROWS] == 2
+    assert peer_table.TWO_SHOT_ROWS == peer_table.TABLE_SIZE - 1     # last: packages built before read the rest
     assert values[peer_table.RANK] == 1 and values[peer_table.SLAB_BYTES] == 4096
     assert values[peer_table.BUFFERS:peer_table.BUFFERS + 2] == [10, 20]
     assert values[peer_table.SIGNALS:peer_table.SIGNALS + 2] == [30, 40]
@@ -49,6 +53,9 @@ def test_the_table_lays_out_rank_slab_buffers_and_signal_pads():
 def test_the_plan_fuses_by_default_and_the_environment_splits_it():
     assert plan_from_env(2, {}).norm_slab_bytes == 32768
     assert "summed in the norm's kernel in 64 slabs of 32 KiB" in plan_from_env(2, {}).describe()
+    assert plan_from_env(2, {}).norm_two_shot_rows == 0                          # one-shot: what GPUs have run
+    two_shot = plan_from_env(4, {"ATOM_ALL_REDUCE_NORM": "fused-two-shot"})
+    assert two_shot.norm_two_shot_rows == 4 and two_shot.describe().endswith("32 KiB, two-shot from 4 rows per slab")
     assert plan_from_env(2, {"ATOM_ALL_REDUCE_NORM_SLAB": "16384"}).norm_slab_bytes == 16384
     with pytest.raises(ValueError, match="ATOM_ALL_REDUCE_NORM_SLAB=100: expected whole 16-byte vectors"):
         plan_from_env(2, {"ATOM_ALL_REDUCE_NORM_SLAB": "100"})
@@ -99,12 +106,17 @@ def test_ranks_sum_over_each_others_buffers_call_after_call(world):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.splitlines()[-1])
     assert result["exit_codes"] == [0] * world
-    assert [c["peer"] for c in result["calls"]] == [True, True, False, True, False, True]
+    assert [c["peer"] for c in result["calls"]] == [True, True, False, True, True, True, True, True, False]
+    two_shot = {2: [False, False, False, False, True, True, True, True, False],     # from 2 rows per program
+                3: [False, False, False, False, True, False, True, False, False]}   # from 3
+    assert [c["two_shot"] for c in result["calls"]] == two_shot[world]
     for call in result["calls"]:
         assert call["out"] == [0.0] * world and call["residual"] == [0.0] * world, call
     peer_calls = sum(c["peer"] for c in result["calls"])
-    for pads in result["pads"]:               # program p's slots: its own count, then each peer's signal
-        assert set(pads) == {peer_calls}
+    for rank, pads in enumerate(result["pads"]):     # slot p * world + r: rank r's last meeting with program p
+        own = [v for i, v in enumerate(pads) if i % world == rank]              # ... or, for r = rank, its calls
+        signals = [v for i, v in enumerate(pads) if i % world != rank]
+        assert set(own) == {peer_calls} and set(signals) == {2 * peer_calls}
 
 
 def test_on_the_cpu_the_norm_all_reduces_then_adds_and_normalizes(monkeypatch):

@@ -3,8 +3,11 @@ buffers (atom_aot/ops/triton/all_reduce_norm.py), and the rule for when it does.
 
 It is a constant of a tensor-parallel GPU package (`model.all_reduce_peers`), filled by the runtime, never by
 the build: int64 [rank, slab_bytes, the buffer address of each rank (MAX_RANKS slots), the signal pad address
-of each rank (MAX_RANKS slots)]. slab_bytes 0 means no peer memory: the graph's all-reduce before the kernel
-sums the message (NCCL, or the two-shot kernel), and the kernel only adds and normalizes. This module holds
+of each rank (MAX_RANKS slots), two_shot_rows]. slab_bytes 0 means no peer memory: the graph's all-reduce before
+the kernel sums the message (NCCL, or the two-shot kernel), and the kernel only adds and normalizes.
+two_shot_rows: from how many rows per program the kernel sums two-shot (each rank sums a share of the rows and
+writes them to every rank) instead of one-shot (every rank reads every row of every rank); 0: never. The entry
+came last (session 40), so a package built before reads the entries it knows where they were. This module holds
 no Triton and no CUDA: the CPU side (the rule, the table's layout) is testable anywhere.
 """
 from __future__ import annotations
@@ -15,7 +18,8 @@ MAX_RANKS = 8              # ranks the table has room for (peer memory spans one
 VECTOR_BYTES = 16          # the kernel reads peers' rows in 16-byte vectors: rows must be whole vectors
 RANK, SLAB_BYTES, BUFFERS = 0, 1, 2
 SIGNALS = BUFFERS + MAX_RANKS
-TABLE_SIZE = SIGNALS + MAX_RANKS
+TWO_SHOT_ROWS = SIGNALS + MAX_RANKS
+TABLE_SIZE = TWO_SHOT_ROWS + 1
 BUFFER_NAME = "all_reduce_peers"     # the model's buffer, and so the package constant's last name
 
 
@@ -39,13 +43,24 @@ def slab_bytes_for(one_shot_max_bytes: int) -> int:
     return max(one_shot_max_bytes // PROGRAMS // VECTOR_BYTES * VECTOR_BYTES, MIN_SLAB_BYTES)
 
 
-def table_values(rank: int, slab_bytes: int, buffers: list[int], signals: list[int]) -> list[int]:
+def two_shot_rows_for(world_size: int) -> int:
+    """Two-shot once every rank has a row of each program's to sum (fewer rows would leave ranks idle while the
+    others read and write for them, after two meetings instead of one)."""
+    return world_size
+
+
+def two_shot_taken(rows: int, two_shot_rows: int) -> bool:
+    """Whether a message of `rows` rows that takes the peer path sums two-shot (the kernel's rule)."""
+    return 0 < two_shot_rows <= -(-rows // PROGRAMS)
+
+
+def table_values(rank: int, slab_bytes: int, buffers: list[int], signals: list[int], two_shot_rows: int = 0) -> list[int]:
     """The table's entries (addresses as the process maps them; empty slots 0)."""
     if len(buffers) != len(signals) or len(buffers) > MAX_RANKS:
         raise ValueError(f"a peer table holds up to {MAX_RANKS} ranks' buffers and signal pads, got "
                          f"{len(buffers)} and {len(signals)}")
     pad = [0] * (MAX_RANKS - len(buffers))
-    return [rank, slab_bytes, *buffers, *pad, *signals, *pad]
+    return [rank, slab_bytes, *buffers, *pad, *signals, *pad, two_shot_rows]
 
 
 def empty_table() -> list[int]:

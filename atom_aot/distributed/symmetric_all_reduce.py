@@ -13,7 +13,9 @@ none, is logged once per process. Environment:
 - `ATOM_ALL_REDUCE=nccl` keeps every all-reduce on NCCL (an A/B switch and a way out); `auto` (default) plans.
 - `ATOM_ALL_REDUCE_ONE_SHOT_MAX` / `ATOM_ALL_REDUCE_TWO_SHOT_MAX`: the plan's bounds in bytes.
 - `ATOM_ALL_REDUCE_NORM=separate` keeps the all-reduce out of the RMSNorm after it (the A/B switch for the fused
-  kernel, ops/triton/all_reduce_norm.py); `fused` (default) sums the messages that fit its slabs inside it.
+  kernel, ops/triton/all_reduce_norm.py); `fused` (default) sums the messages that fit its slabs inside it,
+  one-shot; `fused-two-shot` sums them two-shot from peer_table.two_shot_rows_for rows per program (built in
+  session 40 and tested on CPUs only: not the default until a GPU run says it pays).
 - `ATOM_ALL_REDUCE_NORM_SLAB`: each of the fused kernel's 64 slabs in bytes (whole 16-byte vectors; default
   peer_table.slab_bytes_for the one-shot bound), which sets how many rows it sums itself.
 """
@@ -43,7 +45,8 @@ VECTOR_BYTES = 16                  # the kernels' widest load; two-shot splits t
 MODE_VARIABLE, ONE_SHOT_VARIABLE, TWO_SHOT_VARIABLE = ("ATOM_ALL_REDUCE", "ATOM_ALL_REDUCE_ONE_SHOT_MAX",
                                                        "ATOM_ALL_REDUCE_TWO_SHOT_MAX")
 MODES = ("auto", "nccl")
-NORM_VARIABLE, NORM_MODES, SLAB_VARIABLE = "ATOM_ALL_REDUCE_NORM", ("fused", "separate"), "ATOM_ALL_REDUCE_NORM_SLAB"
+NORM_VARIABLE, SLAB_VARIABLE = "ATOM_ALL_REDUCE_NORM", "ATOM_ALL_REDUCE_NORM_SLAB"
+NORM_MODES = ("fused", "fused-two-shot", "separate")
 ONE_SHOT, TWO_SHOT, PROCESS_GROUP = "one_shot", "two_shot", "process_group"    # the paths (NCCL's is the group's)
 
 
@@ -53,6 +56,7 @@ class AllReducePlan:
     one_shot_max_bytes: int
     two_shot_max_bytes: int
     norm_slab_bytes: int = 0        # > 0: an all-reduce before an RMSNorm sums in the norm's kernel, in slabs this big
+    norm_two_shot_rows: int = 0     # > 0: that kernel sums two-shot from this many rows per program (peer_table.py)
 
     @property
     def buffer_bytes(self) -> int:
@@ -66,8 +70,9 @@ class AllReducePlan:
         return PROCESS_GROUP
 
     def describe(self) -> str:
+        two_shot = f", two-shot from {self.norm_two_shot_rows} rows per slab" if self.norm_two_shot_rows else ""
         fused = (f"; before an RMSNorm, summed in the norm's kernel in {peer_table.PROGRAMS} slabs of "
-                 f"{_size(self.norm_slab_bytes)}" if self.norm_slab_bytes else "")
+                 f"{_size(self.norm_slab_bytes)}{two_shot}" if self.norm_slab_bytes else "")
         return (f"symmetric-memory one-shot up to {_size(self.one_shot_max_bytes)}, two-shot up to "
                 f"{_size(self.two_shot_max_bytes)}, NCCL above{fused}")
 
@@ -93,8 +98,9 @@ def plan_from_env(world_size: int, environ=os.environ) -> AllReducePlan | None:
         raise ValueError(f"{SLAB_VARIABLE}={slab}: expected whole {peer_table.VECTOR_BYTES}-byte vectors")
     if norm == "separate" and SLAB_VARIABLE in environ:
         raise ValueError(f"{SLAB_VARIABLE} sizes the fused kernel's slabs, which {NORM_VARIABLE}=separate turns off")
-    fused = norm == "fused" and world_size <= peer_table.MAX_RANKS
-    return AllReducePlan(one, two, slab if fused else 0)
+    if not norm.startswith("fused") or world_size > peer_table.MAX_RANKS:
+        return AllReducePlan(one, two)
+    return AllReducePlan(one, two, slab, peer_table.two_shot_rows_for(world_size) if norm == "fused-two-shot" else 0)
 
 
 def describe_plan(world_size: int, environ=os.environ) -> str:
@@ -151,7 +157,8 @@ class SymmetricAllReduce:
         torch.cuda.synchronize(device)          # zeroed before any peer can signal into it (after the rendezvous)
         buffers = symmetric_memory.rendezvous(self.norm_buffer, self.group_name).buffer_ptrs
         signals = symmetric_memory.rendezvous(self.norm_signals, self.group_name).buffer_ptrs
-        return peer_table.table_values(rank, self.plan.norm_slab_bytes, list(buffers), list(signals))
+        return peer_table.table_values(rank, self.plan.norm_slab_bytes, list(buffers), list(signals),
+                                       self.plan.norm_two_shot_rows)
 
     def path(self, x: torch.Tensor) -> str:
         # one-shot wants the input and the buffer equally aligned: the buffer starts 16-byte aligned

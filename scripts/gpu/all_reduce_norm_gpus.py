@@ -55,6 +55,7 @@ def _same_on_every_rank(t: torch.Tensor, world: int) -> bool:
 
 def correct(rank: int, world: int, device, table) -> list[dict]:
     from atom_aot.distributed.collectives import all_reduce_add_rms_norm, summed_in_norm_kernel
+    from atom_aot.distributed.peer_table import TWO_SHOT_ROWS, two_shot_taken
     rows = []
     for i, tokens in enumerate(CHECK_TOKENS):
         parts = _parts(tokens, world, i, device)
@@ -63,7 +64,9 @@ def correct(rank: int, world: int, device, table) -> list[dict]:
         weight = torch.randn(HIDDEN, device=device, dtype=torch.bfloat16, generator=g)
         out, residual_out = all_reduce_add_rms_norm(parts[rank], residual, weight, EPS, table, world)
         want_out, want_residual = _expected(parts, residual, weight)
-        rows.append({"tokens": tokens, "peer_path": summed_in_norm_kernel(parts[rank]),
+        peer_path = summed_in_norm_kernel(parts[rank])
+        rows.append({"tokens": tokens, "peer_path": peer_path,
+                     "two_shot": peer_path and two_shot_taken(tokens, int(table[TWO_SHOT_ROWS])),
                      "out_max_err": (out.double() - want_out).abs().max().item(),
                      "out_ref_max": want_out.abs().max().item(),
                      "residual_max_err": (residual_out.double() - want_residual).abs().max().item(),
@@ -126,7 +129,10 @@ def timing(rank: int, world: int, device, table, tokens: int) -> dict:
         reduced = x.clone()
         dist.all_reduce(reduced)
         kernel(x, reduced, residual, weight, no_peers, EPS, world)
-    row = {"tokens": tokens, "bytes": tokens * HIDDEN * 2, "peer_path": collectives.summed_in_norm_kernel(x),
+    from atom_aot.distributed.peer_table import TWO_SHOT_ROWS, two_shot_taken
+    peer_path = collectives.summed_in_norm_kernel(x)
+    row = {"tokens": tokens, "bytes": tokens * HIDDEN * 2, "peer_path": peer_path,
+           "two_shot": peer_path and two_shot_taken(tokens, int(table[TWO_SHOT_ROWS])),
            "planned_all_reduce": collectives.all_reduce_path(x)}
     for name, fn in (("fused", fused), ("planned_all_reduce_then_norm", planned_then_norm),
                      ("nccl_then_norm", nccl_then_norm)):
@@ -142,14 +148,14 @@ def rank_main(rank: int, world: int, port: int, out_path: str) -> None:
     join(RankPlace(rank, world, "127.0.0.1", port, rank), device)
     table = peer_table(device)
     result = {"world_size": world, "hidden": HIDDEN, "dtype": "bfloat16", "device": torch.cuda.get_device_name(device),
-              "table_slab_bytes": int(table[1])}
+              "table_slab_bytes": int(table[1]), "table_two_shot_rows": int(table[-1])}
 
     def save(key, value):
         result[key] = value
         if rank == 0:
             Path(out_path).write_text(json.dumps(result, indent=1))
     save("correct", correct(rank, world, device, table))
-    save("replays", [replays(rank, world, device, table, t) for t in (1, 64)])
+    save("replays", [replays(rank, world, device, table, t) for t in (1, 64, 256)])   # 256: two-shot
     save("timing", [timing(rank, world, device, table, t) for t in TIME_TOKENS])
     torch.cuda.synchronize()
     for graph in _GRAPHS:

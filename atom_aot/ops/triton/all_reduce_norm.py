@@ -19,8 +19,18 @@ path; program p handles rows p, p + PROGRAMS, ... and stages them in its own sla
 only ever written and read by program p of each rank. Each call alternates between two halves of the buffer
 (by the program's count of calls, kept in its rank's own signal pad), so a rank can start the next call while
 a slower peer still reads the last: it writes the other half, and it can only come back to this one after
-that peer has met it again. Meeting = each program stores its new count into its slot of every peer's pad
-(release, system scope) and waits until every peer's slot in its own pad has reached it (acquire).
+that peer has met it again. Meeting = each program stores a new value into its slot of every peer's pad
+(release, system scope) and waits until every peer's slot in its own pad has reached it (acquire); call c's
+meetings are at 2c + 1 and 2c + 2, so the values only grow whichever way each call sums.
+
+Two ways to sum, by the table's two_shot_rows (peer_table.two_shot_taken, the same on every rank):
+- one-shot: meet once (2c + 2), then every rank reads every rank's copy of all the program's rows. Fewest
+  steps; each rank reads W - 1 remote copies of every row, which dominates from a few rows per program.
+- two-shot: meet (2c + 1); each rank sums its share of the program's rows (rows i with i % W == rank), adds
+  the residual and writes the result over its own staged copy of those rows (no other rank reads them); meet
+  (2c + 2); every rank reads each row's result from the rank that summed it. Each rank reads about 2 (W - 1) / W
+  rows' worth remotely per row instead of W - 1 (torch's and vLLM's two-shot all-reduces, with the add in the
+  middle). Both give the same bits: the same rank-order float32 sum, rounding, residual add and norm.
 """
 from __future__ import annotations
 
@@ -30,21 +40,37 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from atom_aot.distributed.peer_table import (BUFFERS, MAX_RANKS, PROGRAMS, RANK, ROWS_PER_PROGRAM_MAX, SIGNALS,
-                                             SLAB_BYTES, TABLE_SIZE)
+                                             SLAB_BYTES, TABLE_SIZE, TWO_SHOT_ROWS)
 from atom_aot.ops.triton._common import in_bucket, next_pow2
 
 
 @triton.jit
-def _finish_row(summed, residual_ptr, weight, out_ptr, residual_out_ptr, offsets, mask, hidden, eps):
-    """residual_out = summed + residual; out = weight * rms_norm(residual_out), in the activations' dtype."""
-    dtype = out_ptr.dtype.element_ty
+def _with_residual(summed, residual_ptr, offsets, mask, dtype: tl.constexpr):
+    """summed + residual in float32, rounded to the activations' dtype (the residual stream's next value)."""
     residual = tl.load(residual_ptr + offsets, mask=mask, other=0.0)
-    h = (summed.to(tl.float32) + residual.to(tl.float32)).to(dtype)
+    return (summed.to(dtype).to(tl.float32) + residual.to(tl.float32)).to(dtype)
+
+
+@triton.jit
+def _store_normed(h, weight, out_ptr, residual_out_ptr, offsets, mask, hidden, eps):
+    """residual_out = h; out = weight * rms_norm(h), in the activations' dtype."""
+    dtype = out_ptr.dtype.element_ty
     tl.store(residual_out_ptr + offsets, h, mask=mask)
     hf = h.to(tl.float32)
     inverse_rms = tl.rsqrt(tl.sum(hf * hf, axis=0) / hidden + eps)
     normed = (hf * inverse_rms).to(dtype)
     tl.store(out_ptr + offsets, (weight * normed.to(tl.float32)).to(dtype), mask=mask)
+
+
+@triton.jit
+def _sum_ranks(table_ptr, slab, at, mask, BUFFERS_AT: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+               dtype: tl.constexpr):
+    """Every rank's staged elements at `at` of this program's slab, summed in rank order in float32."""
+    total = tl.zeros([BLOCK], dtype=tl.float32)
+    for r in tl.static_range(WORLD):
+        copy = tl.multiple_of(tl.load(table_ptr + BUFFERS_AT + r).to(tl.pointer_type(dtype)) + slab, 16)
+        total += tl.load(copy + at, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    return total
 
 
 @triton.jit
@@ -69,19 +95,21 @@ def all_reduce_add_rms_norm_kernel(x_ptr, reduced_ptr, residual_ptr, weight_ptr,
                                    WORLD: tl.constexpr, WORLD_POW2: tl.constexpr, BLOCK: tl.constexpr,
                                    PEER_PROGRAMS: tl.constexpr, ROWS_MAX: tl.constexpr, RANK_AT: tl.constexpr,
                                    SLAB_BYTES_AT: tl.constexpr, BUFFERS_AT: tl.constexpr,
-                                   SIGNALS_AT: tl.constexpr):
+                                   SIGNALS_AT: tl.constexpr, TWO_SHOT_ROWS_AT: tl.constexpr):
     program = tl.program_id(0)
     programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK)
     inside = cols < hidden
+    dtype = out_ptr.dtype.element_ty
     weight = tl.load(weight_ptr + cols, mask=inside, other=0.0).to(tl.float32)
     slab_bytes = tl.load(table_ptr + SLAB_BYTES_AT)
     per_program = tl.cdiv(n_rows, PEER_PROGRAMS)
     # peer_path_taken's rule; the grid is PEER_PROGRAMS whenever it can hold
     row_bytes = hidden * ELEMENT_BYTES
     if (slab_bytes > 0) & (row_bytes % 16 == 0) & (per_program <= ROWS_MAX) & (per_program * row_bytes <= slab_bytes):
-        dtype = out_ptr.dtype.element_ty
         rank = tl.load(table_ptr + RANK_AT).to(tl.int32)
+        two_shot_rows = tl.load(table_ptr + TWO_SHOT_ROWS_AT)
+        two_shot = (two_shot_rows > 0) & (per_program >= two_shot_rows)          # peer_table.two_shot_taken
         signal_table = table_ptr + SIGNALS_AT
         count_slot = tl.load(signal_table + rank).to(tl.pointer_type(tl.int64)) + program * WORLD + rank
         count = tl.load(count_slot)           # this program's calls so far (no peer writes this slot)
@@ -91,22 +119,38 @@ def all_reduce_add_rms_norm_kernel(x_ptr, reduced_ptr, residual_ptr, weight_ptr,
             row = program + i * programs
             mask = inside & (row < n_rows)
             tl.store(staged + i * hidden + cols, tl.load(x_ptr + row * hidden + cols, mask=mask), mask=mask)
-        _meet_peers(signal_table, program, rank, count + 1, WORLD, WORLD_POW2)
-        for i in range(0, per_program):
-            row = program + i * programs
-            mask = inside & (row < n_rows)
-            total = tl.zeros([BLOCK], dtype=tl.float32)
-            for r in tl.static_range(WORLD):
-                copy = tl.multiple_of(tl.load(table_ptr + BUFFERS_AT + r).to(tl.pointer_type(dtype)) + slab, 16)
-                total += tl.load(copy + i * hidden + cols, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-            _finish_row(total.to(dtype), residual_ptr, weight, out_ptr, residual_out_ptr, row * hidden + cols, mask,
-                        hidden, eps)
+        if two_shot:
+            # call `count` meets twice: at 2 count + 1 once every rank has staged its rows, at 2 count + 2 once each
+            # has summed its share (every WORLD-th row from its rank) over its own staged copy of those rows
+            _meet_peers(signal_table, program, rank, 2 * count + 1, WORLD, WORLD_POW2)
+            for i in range(rank, per_program, WORLD):
+                row = program + i * programs
+                mask = inside & (row < n_rows)
+                total = _sum_ranks(table_ptr, slab, i * hidden + cols, mask, BUFFERS_AT, WORLD, BLOCK, dtype)
+                h = _with_residual(total, residual_ptr, row * hidden + cols, mask, dtype)
+                tl.store(staged + i * hidden + cols, h, mask=mask)     # only this rank read the rows it overwrites
+            _meet_peers(signal_table, program, rank, 2 * count + 2, WORLD, WORLD_POW2)
+            for i in range(0, per_program):
+                row = program + i * programs
+                mask = inside & (row < n_rows)
+                owner = tl.load(table_ptr + BUFFERS_AT + i % WORLD).to(tl.pointer_type(dtype))
+                h = tl.load(tl.multiple_of(owner + slab, 16) + i * hidden + cols, mask=mask, other=0.0,
+                            cache_modifier=".cg")
+                _store_normed(h, weight, out_ptr, residual_out_ptr, row * hidden + cols, mask, hidden, eps)
+        else:
+            _meet_peers(signal_table, program, rank, 2 * count + 2, WORLD, WORLD_POW2)
+            for i in range(0, per_program):
+                row = program + i * programs
+                mask = inside & (row < n_rows)
+                total = _sum_ranks(table_ptr, slab, i * hidden + cols, mask, BUFFERS_AT, WORLD, BLOCK, dtype)
+                h = _with_residual(total, residual_ptr, row * hidden + cols, mask, dtype)
+                _store_normed(h, weight, out_ptr, residual_out_ptr, row * hidden + cols, mask, hidden, eps)
         tl.store(count_slot, count + 1)
     else:
         for row in range(program, n_rows, programs):
             summed = tl.load(reduced_ptr + row * hidden + cols, mask=inside, other=0.0)
-            _finish_row(summed, residual_ptr, weight, out_ptr, residual_out_ptr, row * hidden + cols, inside,
-                        hidden, eps)
+            h = _with_residual(summed, residual_ptr, row * hidden + cols, inside, dtype)
+            _store_normed(h, weight, out_ptr, residual_out_ptr, row * hidden + cols, inside, hidden, eps)
 
 
 def _programs(rows):
@@ -140,7 +184,7 @@ def launch_all_reduce_add_rms_norm(x: torch.Tensor, reduced: torch.Tensor, resid
         x, reduced, residual, weight, peers, out, residual_out, rows, hidden, eps,
         ELEMENT_BYTES=x.element_size(), WORLD=world_size, WORLD_POW2=next_pow2(world_size), BLOCK=block,
         PEER_PROGRAMS=PROGRAMS, ROWS_MAX=ROWS_PER_PROGRAM_MAX, RANK_AT=RANK, SLAB_BYTES_AT=SLAB_BYTES,
-        BUFFERS_AT=BUFFERS, SIGNALS_AT=SIGNALS, num_warps=_num_warps(block))
+        BUFFERS_AT=BUFFERS, SIGNALS_AT=SIGNALS, TWO_SHOT_ROWS_AT=TWO_SHOT_ROWS, num_warps=_num_warps(block))
     return out, residual_out
 
 
