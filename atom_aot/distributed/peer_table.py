@@ -5,8 +5,8 @@ It is a constant of a tensor-parallel GPU package (`model.all_reduce_peers`), fi
 the build: int64 [rank, slab_bytes, the buffer address of each rank (MAX_RANKS slots), the signal pad address
 of each rank (MAX_RANKS slots), two_shot_rows]. slab_bytes 0 means no peer memory: the graph's all-reduce before
 the kernel sums the message (NCCL, or the two-shot kernel), and the kernel only adds and normalizes.
-two_shot_rows: from how many rows per program the kernel sums two-shot (each rank sums a share of the rows and
-writes them to every rank) instead of one-shot (every rank reads every row of every rank); 0: never. The entry
+two_shot_rows: from how many rows per program the kernel sums two-shot (each rank sums a share of the rows, the
+others read those sums from it) instead of one-shot (every rank reads every row of every rank); 0: never. The entry
 came last (session 40), so a package built before reads the entries it knows where they were. This module holds
 no Triton and no CUDA: the CPU side (the rule, the table's layout) is testable anywhere.
 """

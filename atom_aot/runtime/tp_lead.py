@@ -24,6 +24,7 @@ import threading
 import time
 from functools import partial
 
+import torch
 import torch.distributed as dist
 
 from atom_aot.artifact.reader import Artifact
@@ -71,36 +72,38 @@ def start_other_ranks(artifact: Artifact, config: RuntimeConfig) -> "StartingRan
         check_target(artifact)             # refuse before anything starts
     log.info("tensor-parallel ranks 1..%d: %s (%s)", world - 1,
              "forked from this process" if method == "fork" else "started as new processes", why)
-    starting = StartingRanks(place, None, [start_rank(artifact_path, config, place.peer(rank, started_by_leader=True),
-                                                      method) for rank in range(1, world)])
+    children = [start_rank(artifact_path, config, place.peer(rank, started_by_leader=True), method)
+                for rank in range(1, world)]
     try:
         if method == "fork":               # checked after the fork: the check opens this process's CUDA context
             check_target(artifact)
-        starting.device = rank_device(artifact.manifest.target.arch, place.local_rank)
+        return StartingRanks(place, rank_device(artifact.manifest.target.arch, place.local_rank), children)
     except BaseException:
-        starting.kill()
+        _kill(children)
         raise
-    return starting
 
 
 class StartingRanks:
     """Ranks 1..N-1 started (here, or elsewhere by torchrun), before rank 0 meets them: `join` meets them and
     gives rank 0's LeadRank. Between the two, rank 0 loads its weights (runtime/rank_load.py)."""
 
-    def __init__(self, place: RankPlace, device, children: list):
+    def __init__(self, place: RankPlace, device: torch.device, children: list):
         self.place, self.device, self.children = place, device, children
 
     def join(self) -> "LeadRank":
         waiting = partial(_all_alive, self.children) if self.children else None
         try:
             return LeadRank(join(self.place, self.device, waiting=waiting), self.children)
-        except BaseException:              # the ranks started here would wait for this one until their timeout
-            self.kill()
+        except BaseException:
+            _kill(self.children)
             raise
 
-    def kill(self) -> None:
-        for child in self.children:
-            child.kill()
+
+def _kill(children: list) -> None:
+    """Kill the ranks started here after a start that failed before they met (they would wait for this one
+    until their rendezvous timeout)."""
+    for child in children:
+        child.kill()
 
 
 def _exited(children: list) -> str | None:
