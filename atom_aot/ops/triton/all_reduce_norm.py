@@ -90,6 +90,30 @@ def _meet_peers(signal_table, program, rank, target, WORLD: tl.constexpr, WORLD_
 
 
 @triton.jit
+def _sum_two_shot(table_ptr, residual_ptr, weight, out_ptr, residual_out_ptr, staged, slab, signal_table, program,
+                  programs, rank, count, per_program, n_rows, hidden, eps, cols, inside, WORLD: tl.constexpr,
+                  WORLD_POW2: tl.constexpr, BLOCK: tl.constexpr, BUFFERS_AT: tl.constexpr):
+    """The two-shot sum of this program's staged rows (module docstring). Call `count` meets at 2 count + 1 once
+    every rank has staged its rows, at 2 count + 2 once each has summed its share (every WORLD-th row from its
+    rank) over its own staged copy of those rows."""
+    dtype = out_ptr.dtype.element_ty
+    _meet_peers(signal_table, program, rank, 2 * count + 1, WORLD, WORLD_POW2)
+    for i in range(rank, per_program, WORLD):
+        row = program + i * programs
+        mask = inside & (row < n_rows)
+        total = _sum_ranks(table_ptr, slab, i * hidden + cols, mask, BUFFERS_AT, WORLD, BLOCK, dtype)
+        h = _with_residual(total, residual_ptr, row * hidden + cols, mask, dtype)
+        tl.store(staged + i * hidden + cols, h, mask=mask)     # only this rank read the rows it overwrites
+    _meet_peers(signal_table, program, rank, 2 * count + 2, WORLD, WORLD_POW2)
+    for i in range(0, per_program):
+        row = program + i * programs
+        mask = inside & (row < n_rows)
+        owner = tl.load(table_ptr + BUFFERS_AT + i % WORLD).to(tl.pointer_type(dtype))
+        h = tl.load(tl.multiple_of(owner + slab, 16) + i * hidden + cols, mask=mask, other=0.0, cache_modifier=".cg")
+        _store_normed(h, weight, out_ptr, residual_out_ptr, row * hidden + cols, mask, hidden, eps)
+
+
+@triton.jit
 def all_reduce_add_rms_norm_kernel(x_ptr, reduced_ptr, residual_ptr, weight_ptr, table_ptr, out_ptr,
                                    residual_out_ptr, n_rows, hidden, eps, ELEMENT_BYTES: tl.constexpr,
                                    WORLD: tl.constexpr, WORLD_POW2: tl.constexpr, BLOCK: tl.constexpr,
@@ -120,23 +144,9 @@ def all_reduce_add_rms_norm_kernel(x_ptr, reduced_ptr, residual_ptr, weight_ptr,
             mask = inside & (row < n_rows)
             tl.store(staged + i * hidden + cols, tl.load(x_ptr + row * hidden + cols, mask=mask), mask=mask)
         if two_shot:
-            # call `count` meets twice: at 2 count + 1 once every rank has staged its rows, at 2 count + 2 once each
-            # has summed its share (every WORLD-th row from its rank) over its own staged copy of those rows
-            _meet_peers(signal_table, program, rank, 2 * count + 1, WORLD, WORLD_POW2)
-            for i in range(rank, per_program, WORLD):
-                row = program + i * programs
-                mask = inside & (row < n_rows)
-                total = _sum_ranks(table_ptr, slab, i * hidden + cols, mask, BUFFERS_AT, WORLD, BLOCK, dtype)
-                h = _with_residual(total, residual_ptr, row * hidden + cols, mask, dtype)
-                tl.store(staged + i * hidden + cols, h, mask=mask)     # only this rank read the rows it overwrites
-            _meet_peers(signal_table, program, rank, 2 * count + 2, WORLD, WORLD_POW2)
-            for i in range(0, per_program):
-                row = program + i * programs
-                mask = inside & (row < n_rows)
-                owner = tl.load(table_ptr + BUFFERS_AT + i % WORLD).to(tl.pointer_type(dtype))
-                h = tl.load(tl.multiple_of(owner + slab, 16) + i * hidden + cols, mask=mask, other=0.0,
-                            cache_modifier=".cg")
-                _store_normed(h, weight, out_ptr, residual_out_ptr, row * hidden + cols, mask, hidden, eps)
+            _sum_two_shot(table_ptr, residual_ptr, weight, out_ptr, residual_out_ptr, staged, slab, signal_table,
+                          program, programs, rank, count, per_program, n_rows, hidden, eps, cols, inside,
+                          WORLD, WORLD_POW2, BLOCK, BUFFERS_AT)
         else:
             _meet_peers(signal_table, program, rank, 2 * count + 2, WORLD, WORLD_POW2)
             for i in range(0, per_program):
