@@ -148,6 +148,32 @@ def test_tensor_parallel_layers_hand_their_partial_sums_to_the_norms():
         assert all(layer.self_attn.defer_reduce == layer.mlp.defer_reduce == deferred for layer in layers)
 
 
+@pytest.mark.parametrize("ep", [False, True])
+def test_a_moe_block_hands_its_partial_sums_to_the_norm_and_they_add_up(ep, monkeypatch):
+    """Over 2 ranks a Qwen3-MoE block's output is its rank's partial sums (the next norm all-reduces them), and the
+    ranks' outputs add up to the whole block's; with one rank it is the whole output."""
+    from moe_checks import one_layer_qwen3_moe
+    from atom_aot.build.shard import shard_state_dict
+    from atom_aot.models import model_class, parallel
+    from atom_aot.models.parallel import Split
+    cfg, whole = one_layer_qwen3_moe()
+    assert not whole.model.layers[0].mlp_partial and not whole.model.layers[0].mlp.defer_reduce
+    hidden = torch.randn(5, 32)
+    expected = whole.model.layers[0].mlp(hidden)
+    calls = []
+    monkeypatch.setattr(parallel, "all_reduce", lambda x: calls.append(x) or x)
+    partial_sums = []
+    for rank in range(2):
+        with torch.device("meta"):
+            part = model_class(cfg.architecture)(cfg, torch.float32, split=Split(2, ep))
+        part.load_state_dict(shard_state_dict(whole.state_dict(), cfg, Split(2, ep), rank), assign=True)
+        layer = part.model.layers[0]
+        assert layer.mlp_partial and layer.mlp.defer_reduce
+        partial_sums.append(layer.mlp(hidden))
+    assert calls == []                                   # the block itself all-reduced nothing
+    torch.testing.assert_close(partial_sums[0] + partial_sums[1], expected, rtol=1e-5, atol=1e-5)
+
+
 def test_a_package_that_reads_a_peer_table_is_bound_to_the_process_table():
     """The table is the runtime's (runtime/compiled.py): never a stored weight, always the one tensor that
     registering a group refills, so the package and atom::all_reduce_unless_fused agree."""

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.decoder import GatedMLP
 from atom_aot.models.moe import MoEExperts
-from atom_aot.models.parallel import ONE_RANK, Split, gather_ranks_tokens, scatter_token_sums
+from atom_aot.models.parallel import ONE_RANK, Split, gather_ranks_tokens, reduce_partial_sums, scatter_token_sums
 
 
 def deepseek_topk(hidden: torch.Tensor, router: "DeepseekRouter", cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,16 +54,22 @@ class DeepseekRouter(nn.Module):
 class DeepseekMoE(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str, split: Split = ONE_RANK):
         """Over `split.tp` ranks the routed experts split like any MoE layer's (width, or whole under `ep`)
-        and the shared experts like a dense MLP; each all-reduces its partial sums."""
+        and the shared experts like a dense MLP; their partial sums are added and all-reduced once (or, with
+        `defer_reduce`, by the next RMSNorm)."""
         super().__init__()
-        self.config, self.dp = cfg, split.dp
+        self.config, self.dp, self.tp = cfg, split.dp, split.tp
         self.gate = DeepseekRouter(cfg, dtype)
         self.experts = MoEExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype, split, quant)
         shared = cfg.moe_intermediate_size * cfg.deepseek.n_shared_experts
         self.shared_experts = GatedMLP(cfg, dtype, quant, split.tp, intermediate_size=shared) if shared else None
+        if self.shared_experts is not None:
+            self.shared_experts.defer_reduce = True      # summed with the routed experts' before the all-reduce
+        self.defer_reduce = False      # True: the output stays partial sums for the next norm (parallel.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = gather_ranks_tokens(x, self.dp)                              # [dp * T, H]
         weights, ids = deepseek_topk(tokens, self.gate, self.config)
-        out = scatter_token_sums(self.experts(tokens, weights, ids), self.dp)  # [T, H]: this rank's tokens
-        return out if self.shared_experts is None else out + self.shared_experts(x)
+        out = scatter_token_sums(self.experts(tokens, weights, ids, deferred=True), self.dp)   # [T, H]: this rank's
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return reduce_partial_sums(out, self.tp, self.defer_reduce)

@@ -62,14 +62,16 @@ class MoEExperts(nn.Module):
         # the reference backend until use_moe_kernels sets the phase's choice
         self.moe_backend: MoEBackend = make_backend("moe", BackendChoice("reference"))
 
-    def forward(self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                deferred: bool = False) -> torch.Tensor:
         # hidden: [T, H]; topk_weights: [T, k] float32; topk_ids: [T, k] int32 (global ids) -> [T, H]
+        # deferred: the partial sums are handed back for the caller (or the next RMSNorm) to all-reduce
         if self.ep:
             local = topk_ids - self.expert_start                                    # [T, k]
             mine = (local >= 0) & (local < self.w13.shape[0])
             topk_ids = torch.where(mine, local, -1).to(torch.int32)
         partial = self.moe_backend(hidden, self.w13, self.w2, topk_weights, topk_ids, self.w13_scale, self.w2_scale)
-        return reduce_partial_sums(partial, self.tp)         # tp is 1 under dp: the block reduce-scatters
+        return reduce_partial_sums(partial, self.tp, deferred)     # tp is 1 under dp: the block reduce-scatters
 
 
 def expert_scales(quant: str) -> str | None:
@@ -94,11 +96,12 @@ class SparseMoeBlock(nn.Module):
         self.top_k, self.renormalize, self.dp = cfg.num_experts_per_tok, renormalize, split.dp
         self.gate = Linear(cfg.hidden_size, cfg.num_experts, False, dtype)
         self.experts = MoEExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype, split, quant)
+        self.defer_reduce = False      # True: the output stays partial sums for the next norm (parallel.py)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = gather_ranks_tokens(hidden, self.dp)                                 # [dp * T, H]
         weights, ids = softmax_topk(self.gate(hidden), self.top_k, self.renormalize)   # [dp * T, k] each
-        return scatter_token_sums(self.experts(hidden, weights, ids), self.dp)
+        return scatter_token_sums(self.experts(hidden, weights, ids, self.defer_reduce), self.dp)
 
 
 def use_moe_kernels(model: nn.Module, choice: BackendChoice) -> None:
