@@ -113,8 +113,8 @@ class DecoderModel(nn.Module):
         self.defer_reductions(tp)
 
     def defer_reductions(self, tp: int) -> None:
-        """Over tp > 1 ranks, attention and dense MLPs leave their all-reduce to the RMSNorm after them, which
-        does it with the residual add in one kernel on GPUs (distributed/collectives.all_reduce_add_rms_norm)."""
+        """Over tp > 1 ranks, attention, dense MLPs and MoE blocks leave their all-reduce to the RMSNorm after
+        them, which does it with the residual add in one kernel on GPUs (collectives.all_reduce_add_rms_norm)."""
         self.tp = tp
         for layer in self.layers:
             layer.attn_partial = tp > 1 and defer_reduction(layer.self_attn)

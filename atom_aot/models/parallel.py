@@ -169,8 +169,8 @@ class PartialSums:
 
 
 def defer_reduction(module: nn.Module) -> bool:
-    """Let `module` (attention or a dense MLP whose output goes straight into a residual add and RMSNorm) hand
-    back its partial sums for that norm to all-reduce; True when it does (it has `defer_reduce`)."""
+    """Let `module` (attention, a dense MLP or a MoE block, whose output goes straight into a residual add and
+    RMSNorm) hand back its partial sums for that norm to all-reduce; True when it does (it has `defer_reduce`)."""
     if not hasattr(module, "defer_reduce"):
         return False
     module.defer_reduce = True
