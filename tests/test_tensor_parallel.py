@@ -203,8 +203,9 @@ def test_the_offline_engine_starts_its_ranks_before_any_thread_of_its_own(monkey
         assert next(iter(engine.loaded.timings)) == "ranks start + join"     # first in the startup breakdown
         assert engine.loaded.timings["ranks start + join"] > 0
         assert engine.loaded.timings["join + load (wall)"] > 0     # rank 0's load ran beside the join
-        parts = [k for k in engine.loaded.timings if k.startswith("join: ")]
-        assert parts == ["join: process group (with the rendezvous)", "join: peer memory", "join: control group"]
+        parts = [k for k in engine.loaded.timings if k.startswith(("join: ", "ranks start: "))]
+        assert parts == ["ranks start: processes", "ranks start: target check + device",
+                         "join: process group (with the rendezvous)", "join: peer memory", "join: control group"]
     finally:
         engine.close()
 

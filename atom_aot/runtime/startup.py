@@ -195,10 +195,12 @@ def load_and_start(artifact_path, config: RuntimeConfig,
     if artifact.manifest.layout.attention_data_parallel:
         place, device = attention_dp_place(artifact)
         rank, meet, link, release = place.rank, partial(join, place, device), "dp_group", lambda group: leave()
+        start_timings = {}
     else:
         ranks = start_other_ranks(artifact, config)     # started (forked, spawned or placed elsewhere), not met
         rank, link, release = 0, "ranks", LeadRank.abort
         meet, device = (ranks.join, ranks.device) if ranks is not None else (None, None)
+        start_timings = ranks.timings if ranks is not None else {}
     load = partial(load_artifact, artifact_path, enforce_eager=config.enforce_eager, rank=rank)
     met = []                                            # what to release if the start fails after the meet
 
@@ -210,7 +212,7 @@ def load_and_start(artifact_path, config: RuntimeConfig,
             ready = meet_beside_load(meet, load, device, release)
             met.append(ready.met)
             loaded, links = ready.loaded, {link: ready.met}
-            loaded.timings = {"ranks start + join": before + ready.join_s, **ready.met.join_timings,
+            loaded.timings = {"ranks start + join": before + ready.join_s, **start_timings, **ready.met.join_timings,
                               "join + load (wall)": ready.wall_s, **loaded.timings}
         start = time.perf_counter()
         core = start_engine_core(loaded, config, **links)

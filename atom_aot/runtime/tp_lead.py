@@ -72,12 +72,17 @@ def start_other_ranks(artifact: Artifact, config: RuntimeConfig) -> "StartingRan
         check_target(artifact)             # refuse before anything starts
     log.info("tensor-parallel ranks 1..%d: %s (%s)", world - 1,
              "forked from this process" if method == "fork" else "started as new processes", why)
+    start = time.perf_counter()
     children = [start_rank(artifact_path, config, place.peer(rank, started_by_leader=True), method)
                 for rank in range(1, world)]
+    processes_s = time.perf_counter() - start
     try:
         if method == "fork":               # checked after the fork: the check opens this process's CUDA context
             check_target(artifact)
-        return StartingRanks(place, rank_device(artifact.manifest.target.arch, place.local_rank), children)
+        device = rank_device(artifact.manifest.target.arch, place.local_rank)
+        return StartingRanks(place, device, children, {"ranks start: processes": processes_s,
+                                                       "ranks start: target check + device":
+                                                       time.perf_counter() - start - processes_s})
     except BaseException:
         _kill(children)
         raise
@@ -87,8 +92,9 @@ class StartingRanks:
     """Ranks 1..N-1 started (here, or elsewhere by torchrun), before rank 0 meets them: `join` meets them and
     gives rank 0's LeadRank. Between the two, rank 0 loads its weights (runtime/rank_load.py)."""
 
-    def __init__(self, place: RankPlace, device: torch.device, children: list):
+    def __init__(self, place: RankPlace, device: torch.device, children: list, timings: dict[str, float] | None = None):
         self.place, self.device, self.children = place, device, children
+        self.timings = timings or {}       # seconds of the parts of the start (the processes, the target check)
 
     def join(self) -> "LeadRank":
         waiting = partial(_all_alive, self.children) if self.children else None
