@@ -98,7 +98,7 @@ def plan_from_env(world_size: int, environ=os.environ) -> AllReducePlan | None:
         raise ValueError(f"{SLAB_VARIABLE}={slab}: expected whole {peer_table.VECTOR_BYTES}-byte vectors")
     if norm == "separate" and SLAB_VARIABLE in environ:
         raise ValueError(f"{SLAB_VARIABLE} sizes the fused kernel's slabs, which {NORM_VARIABLE}=separate turns off")
-    if not norm.startswith("fused") or world_size > peer_table.MAX_RANKS:
+    if norm == "separate" or world_size > peer_table.MAX_RANKS:
         return AllReducePlan(one, two)
     return AllReducePlan(one, two, slab, peer_table.two_shot_rows_for(world_size) if norm == "fused-two-shot" else 0)
 

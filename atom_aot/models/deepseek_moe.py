@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.decoder import GatedMLP
 from atom_aot.models.moe import MoEExperts
-from atom_aot.models.parallel import ONE_RANK, Split, gather_ranks_tokens, reduce_partial_sums, scatter_token_sums
+from atom_aot.models.parallel import (ONE_RANK, Split, defer_reduction, gather_ranks_tokens, reduce_partial_sums,
+                                      scatter_token_sums)
 
 
 def deepseek_topk(hidden: torch.Tensor, router: "DeepseekRouter", cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,7 +64,7 @@ class DeepseekMoE(nn.Module):
         shared = cfg.moe_intermediate_size * cfg.deepseek.n_shared_experts
         self.shared_experts = GatedMLP(cfg, dtype, quant, split.tp, intermediate_size=shared) if shared else None
         if self.shared_experts is not None:
-            self.shared_experts.defer_reduce = True      # summed with the routed experts' before the all-reduce
+            defer_reduction(self.shared_experts)         # summed with the routed experts' before the all-reduce
         self.defer_reduce = False      # True: the output stays partial sums for the next norm (parallel.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
