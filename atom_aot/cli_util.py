@@ -6,12 +6,13 @@ import sys
 import textwrap
 
 from atom_aot.errors import USER_ERRORS
+from atom_aot.logging_setup import DATE_FORMAT, FORMAT
 
 EXIT_USER_ERROR = 2
 
 
 def run_cli(fn) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=FORMAT, datefmt=DATE_FORMAT)
     try:
         return fn()
     except KeyboardInterrupt:

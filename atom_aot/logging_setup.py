@@ -10,7 +10,11 @@ import os
 
 LEVEL_VARIABLE = "ATOM_LOGGING_LEVEL"
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-FORMAT = "%(levelname)s %(name)s: %(message)s"         # the CLI's (cli_util.run_cli)
+# Every process's lines (the CLI's, the server's engine process, the offline engine's) carry the wall clock to
+# the millisecond, as vLLM's do: the ranks of a tensor-parallel start log from separate processes, and only the
+# clock lines their steps up against each other.
+FORMAT = "%(levelname)s %(asctime)s.%(msecs)03d %(name)s: %(message)s"
+DATE_FORMAT = "%m-%d %H:%M:%S"
 
 
 def show_engine_logs(environ=os.environ) -> None:
@@ -23,7 +27,7 @@ def show_engine_logs(environ=os.environ) -> None:
     if level not in LEVELS:
         raise ValueError(f"{LEVEL_VARIABLE}={environ[LEVEL_VARIABLE]!r}: expected one of {', '.join(LEVELS)}")
     handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter(FORMAT))
+    handler.setFormatter(logging.Formatter(FORMAT, DATE_FORMAT))
     logger.addHandler(handler)
     logger.setLevel(level)
     logger.propagate = False            # a root handler the program adds later would print each line twice

@@ -7,6 +7,7 @@ rank 0 for the ranks it starts on its machine or by hand / torchrun on other nod
 from __future__ import annotations
 
 import logging
+import time
 from functools import partial
 from pathlib import Path
 
@@ -34,9 +35,14 @@ def run_worker(artifact_path: str | Path, config: RuntimeConfig) -> None:
                          "WORLD_SIZE, MASTER_ADDR and MASTER_PORT as for torchrun; rank 0 is `atom-run ART serve` "
                          "or `generate` (docs/parallelism.md)")
     set_torch_threads(config.num_threads)
+    start = time.perf_counter()
     device = rank_device(Artifact.open(artifact_path).manifest.target.arch, place.local_rank)
+    log.info("rank %d: on %s in %.2f s; meets the others while it loads", place.rank, device,
+             time.perf_counter() - start)
     load = partial(load_artifact, artifact_path, enforce_eager=config.enforce_eager, rank=place.rank)
     ready = meet_beside_load(partial(join, place, device), load, device, release=lambda group: leave())
+    log.info("rank %d: met the others in %.2f s, loaded beside it (%.2f s both; %s)", place.rank, ready.join_s,
+             ready.wall_s, ", ".join(f"{k} {v:.2f}s" for k, v in ready.loaded.timings.items()))
     try:
         loaded, group = ready.loaded, ready.met
         kv_cache, forwards = prepare_model(loaded, config, agree_min(kv_block_count(loaded, config), group))

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import zmq
 
 from atom_aot.errors import ContextLengthError, RankStopped, RequestError
+from atom_aot.logging_setup import DATE_FORMAT, FORMAT
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.threads import prefer_passive_openmp_wait
 from atom_aot.server.messages import (HEARTBEAT_S, Abort, Added, AddRequests, Call, EngineInfo, EngineStats, Failure,
@@ -46,7 +47,7 @@ def run_engine_process(artifact_path: str, config: RuntimeConfig, inputs_addr: s
     """Entry point of the spawned process."""
     prefer_passive_openmp_wait()
     _install_signal_handlers()
-    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=log_level.upper(), format=FORMAT, datefmt=DATE_FORMAT)
     context = zmq.Context()
     inbox = context.socket(zmq.PULL)
     inbox.connect(inputs_addr)
