@@ -4,7 +4,7 @@ import threading
 import pytest
 import torch
 
-from atom_aot.runtime.rank_load import meet_beside_load
+from atom_aot.runtime.rank_load import ORDER_VARIABLE, meet_beside_load
 
 CPU = torch.device("cpu")
 WAIT_S = 10.0
@@ -34,7 +34,10 @@ def test_the_load_runs_in_a_thread_while_the_ranks_meet():
     assert 0 <= ready.join_s <= ready.wall_s
 
 
-def test_a_failed_load_releases_what_the_meet_gave():
+@pytest.mark.parametrize("order", ["beside", "after-join"])
+def test_a_failed_load_releases_what_the_meet_gave(monkeypatch, order):
+    monkeypatch.setenv(ORDER_VARIABLE, order)
+
     def load():
         raise OSError("weights file damaged")
     released = []
@@ -58,3 +61,15 @@ def test_a_failed_meet_waits_for_the_load_and_raises_the_meets_error():
         meet_beside_load(meet, load, CPU, released.append)
     assert loaded.is_set() and released == []       # the load ended before the error came out; nothing met
     assert not [t for t in threading.enumerate() if t.name.startswith("atom-rank-load")]
+
+
+def test_after_join_meets_first_then_loads_on_this_thread(monkeypatch):
+    """The A/B order (ATOM_RANK_LOAD=after-join): no overlap; an unknown order is refused by name."""
+    monkeypatch.setenv(ORDER_VARIABLE, "after-join")
+    order = []
+    ready = meet_beside_load(lambda: order.append("meet") or "group",
+                             lambda: order.append(("load", threading.current_thread().name)) or "loaded", CPU, print)
+    assert order == ["meet", ("load", threading.main_thread().name)] and (ready.met, ready.loaded) == ("group", "loaded")
+    monkeypatch.setenv(ORDER_VARIABLE, "sideways")
+    with pytest.raises(ValueError, match="ATOM_RANK_LOAD='sideways'"):
+        meet_beside_load(lambda: "group", lambda: "loaded", CPU, print)

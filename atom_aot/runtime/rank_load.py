@@ -11,12 +11,19 @@ meeting from a thread was tried in session 36 and one CPU CI run hung there (doc
 """
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Generic, TypeVar
 
 import torch
+
+# The A/B switch for this module: beside (default) | after-join (no overlap). On four H200s at -tp 4 (session 41,
+# Llama-3.1-8B, two starts each) beside reached the first token in 6.1-7.1 s, after-join in 8.2-8.6 s; the load on a
+# CUDA stream of its own instead of the thread's default one was tried there too and gained nothing (6.8-7.7 s).
+ORDER_VARIABLE = "ATOM_RANK_LOAD"
+ORDERS = ("beside", "after-join")
 
 M = TypeVar("M")
 L = TypeVar("L")
@@ -41,17 +48,30 @@ def on_device(device: torch.device, work: Callable[[], L]) -> Callable[[], L]:
 
 def meet_beside_load(meet: Callable[[], M], load: Callable[[], L], device: torch.device,
                      release: Callable[[M], None]) -> MetAndLoaded[M, L]:
-    """meet() here while load() runs in a thread on `device`. A failed load after a successful meet calls
-    release(met) (the ranks would otherwise wait for this one); a failed meet waits for the load to end,
-    drops it, and raises the meet's error (the meet cleans up after itself)."""
+    """meet() here while load() runs in a thread on `device` (ATOM_RANK_LOAD=after-join: meet(), then load() here).
+    A failed load after a successful meet calls release(met) (the ranks would otherwise wait for this one); a
+    failed meet waits for the load to end, drops it, and raises the meet's error (the meet cleans up after
+    itself)."""
+    order = os.environ.get(ORDER_VARIABLE, "beside")
+    if order not in ORDERS:
+        raise ValueError(f"{ORDER_VARIABLE}={order!r}: expected one of {', '.join(ORDERS)}")
     start = time.perf_counter()
-    with ThreadPoolExecutor(1, thread_name_prefix="atom-rank-load") as pool:
-        loading = pool.submit(on_device(device, load))
+    if order == "after-join":
         met = meet()
         join_s = time.perf_counter() - start
-        try:
-            loaded = loading.result()
-        except BaseException:
-            release(met)
-            raise
+        loaded = _or_release(on_device(device, load), met, release)
+    else:
+        with ThreadPoolExecutor(1, thread_name_prefix="atom-rank-load") as pool:
+            loading = pool.submit(on_device(device, load))
+            met = meet()
+            join_s = time.perf_counter() - start
+            loaded = _or_release(loading.result, met, release)
     return MetAndLoaded(met, loaded, join_s, time.perf_counter() - start)
+
+
+def _or_release(finish_load: Callable[[], L], met: M, release: Callable[[M], None]) -> L:
+    try:
+        return finish_load()
+    except BaseException:
+        release(met)
+        raise
