@@ -1,13 +1,15 @@
 """The peer-memory all-reduce's plan (which size takes which path, from the environment) and the dispatch
 inside `atom::all_reduce`. The kernels themselves need GPUs of one host: scripts/gpu/tp_two_gpus.py
 collectives checks their sums against float64 and times them against NCCL."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
-from atom_aot.distributed import collectives
+from atom_aot.distributed import collectives, peer_table, symmetric_all_reduce
 from atom_aot.distributed.symmetric_all_reduce import (
-    DEFAULT_BOUNDS, KIB, MIB, ONE_SHOT, PROCESS_GROUP, TWO_SHOT, AllReducePlan, SymmetricAllReduce, describe_plan,
-    open_symmetric_all_reduce, peer_memory_problem, plan_from_env)
+    DEFAULT_BOUNDS, KIB, MIB, ONE_SHOT, PROCESS_GROUP, TWO_SHOT, AllReducePlan, PeerMemoryLayout, SymmetricAllReduce,
+    describe_plan, open_symmetric_all_reduce, peer_memory_problem, plan_from_env)
 
 
 def test_the_default_plan_depends_on_the_world_size():
@@ -58,6 +60,59 @@ def test_tensors_the_kernels_cannot_take_go_to_the_process_group():
     assert peer.path(x[1:]) == PROCESS_GROUP                      # 2 bytes past a 16-byte boundary
     assert peer.path(torch.randn(8, 8).t()) == PROCESS_GROUP       # not contiguous
     assert peer.path(torch.ones(64, dtype=torch.int64)) == PROCESS_GROUP
+
+
+class FakeSymmetricMemory:
+    """torch's symmetric memory as SymmetricAllReduce calls it, on the CPU: what it allocates and maps, and the
+    signal pads' contents when the peers would map them. Peers' mappings sit at 1 TiB x (rank + 1)."""
+
+    def __init__(self, world: int):
+        self.world, self.allocations, self.rendezvous_calls = world, [], []
+
+    def empty(self, nbytes, dtype, device):
+        memory = torch.full((nbytes,), 0x5A, dtype=dtype)       # not zeros: the signal pads must be zeroed
+        self.allocations.append(memory)
+        return memory
+
+    def rendezvous(self, tensor, group_name):
+        self.rendezvous_calls.append((tensor.data_ptr(), tensor.numel(), tensor.clone()))
+        return SimpleNamespace(buffer_ptrs=[(rank + 1) << 40 for rank in range(self.world)])
+
+
+@pytest.mark.parametrize("world, norm_slab, two_shot_rows", [(2, 32 * KIB, 0), (4, 32 * KIB, 4), (3, 48, 3), (4, 0, 0)])
+def test_one_allocation_and_one_rendezvous_hold_every_part(monkeypatch, world, norm_slab, two_shot_rows):
+    import torch.distributed._symmetric_memory as symmetric_memory
+    fake = FakeSymmetricMemory(world)
+    monkeypatch.setattr(symmetric_memory, "empty", fake.empty)
+    monkeypatch.setattr(symmetric_memory, "rendezvous", fake.rendezvous)
+    monkeypatch.setattr(symmetric_all_reduce, "_mapped_before", False)
+    plan = AllReducePlan(*DEFAULT_BOUNDS[4], norm_slab, two_shot_rows)
+    group = SimpleNamespace(group_name="0", size=lambda: world, rank=lambda: 1)
+    peer = SymmetricAllReduce(group, torch.device("cpu"), plan)
+
+    assert len(fake.allocations) == 1 and len(fake.rendezvous_calls) == 1
+    memory = fake.allocations[0]
+    ptr, numel, at_rendezvous = fake.rendezvous_calls[0]
+    assert (ptr, numel) == (memory.data_ptr(), memory.numel())      # the whole allocation is mapped, once
+    layout = PeerMemoryLayout.of(plan, world)
+    assert memory.numel() == layout.total_bytes
+    assert peer.buffer.data_ptr() == memory.data_ptr() and peer.buffer.numel() == plan.buffer_bytes
+    if not norm_slab:
+        assert peer.peer_table == peer_table.empty_table() and layout.total_bytes == plan.buffer_bytes
+        return
+    parts = [(peer.buffer.data_ptr(), peer.buffer.numel()),
+             (peer.norm_buffer.data_ptr(), peer.norm_buffer.numel()),
+             (peer.norm_signals.data_ptr(), peer.norm_signals.numel() * 8)]
+    assert parts[1][1] == 2 * peer_table.PROGRAMS * norm_slab and parts[2][1] == peer_table.PROGRAMS * world * 8
+    for (begin, size), (next_begin, _) in zip(parts, parts[1:]):     # in order, apart, 16-byte aligned, inside
+        assert begin + size <= next_begin and (next_begin - memory.data_ptr()) % 16 == 0
+    assert parts[2][0] + parts[2][1] == memory.data_ptr() + memory.numel()
+    signals = slice(layout.signals_offset, layout.signals_offset + layout.signals_bytes)
+    assert at_rendezvous[signals].eq(0).all() and at_rendezvous[:layout.signals_offset].eq(0x5A).all()
+    bases = [(rank + 1) << 40 for rank in range(world)]
+    assert peer.peer_table == peer_table.table_values(
+        1, norm_slab, [b + layout.norm_buffer_offset for b in bases], [b + layout.signals_offset for b in bases],
+        two_shot_rows)
 
 
 def test_no_peer_memory_on_the_cpu_or_for_one_rank():

@@ -134,8 +134,10 @@ def join(place: RankPlace, device: torch.device, waiting: Callable[[], None] | N
                             device_id=device if device.type == "cuda" else None)
     timings["join: process group (with the rendezvous)"], start = time.perf_counter() - start, time.perf_counter()
     try:
-        register_tp_group(dist.group.WORLD, open_symmetric_all_reduce(dist.group.WORLD, device))
+        parts: dict[str, float] = {}
+        register_tp_group(dist.group.WORLD, open_symmetric_all_reduce(dist.group.WORLD, device, parts))
         timings["join: peer memory"], start = time.perf_counter() - start, time.perf_counter()
+        timings.update({f"join: {name}": seconds for name, seconds in parts.items()})
         control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
         timings["join: control group"] = time.perf_counter() - start
     except BaseException:                  # met, then failed: leave, so that this process can start another engine

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 
 import torch
@@ -124,10 +125,42 @@ def _bytes_from_env(environ, name: str, default: int) -> int:
     return value
 
 
+@dataclass(frozen=True)
+class PeerMemoryLayout:
+    """Where each part lies in the one peer-mapped allocation of a rank (byte offsets, each 16-byte aligned):
+    the staged messages of torch's one-shot / two-shot kernels first, then the fused kernel's two buffer halves
+    (a slab per program each) and its signal pads (an int64 slot per program and rank).
+
+    Why one allocation: each allocation is its own rendezvous, and on four H200s mapping the three this module
+    used to make (the staged buffer, the fused kernel's buffer, its signal pads) took 2.0-3.4 s of a -tp 4 start
+    (the ranks' join, session 41), against 0.2 s at -tp 2. What one rendezvous saves there was not yet measured."""
+    staged_bytes: int
+    norm_buffer_offset: int
+    norm_buffer_bytes: int
+    signals_offset: int
+    signals_bytes: int
+
+    @classmethod
+    def of(cls, plan: AllReducePlan, world_size: int) -> "PeerMemoryLayout":
+        norm_buffer_offset = _round_up(plan.buffer_bytes, VECTOR_BYTES)
+        norm_buffer_bytes = 2 * peer_table.PROGRAMS * plan.norm_slab_bytes if plan.norm_slab_bytes else 0
+        signals_offset = _round_up(norm_buffer_offset + norm_buffer_bytes, VECTOR_BYTES)
+        signals_bytes = peer_table.PROGRAMS * world_size * 8 if plan.norm_slab_bytes else 0
+        return cls(plan.buffer_bytes, norm_buffer_offset, norm_buffer_bytes, signals_offset, signals_bytes)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.signals_offset + self.signals_bytes
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
 class SymmetricAllReduce:
-    """One peer-mapped buffer per rank (sized by the plan) and the one-shot / two-shot calls on it; with the
-    plan's `norm_slab_bytes`, a second buffer and signal pads for the all-reduce + add + RMSNorm kernel, and the peer
-    table (distributed/peer_table.py) that kernel reads.
+    """One peer-mapped allocation per rank (PeerMemoryLayout): the buffer that the one-shot / two-shot calls stage
+    their messages in, sized by the plan; with the plan's `norm_slab_bytes`, also the buffer and signal pads of the
+    all-reduce + add + RMSNorm kernel, and the peer table (distributed/peer_table.py) that kernel reads.
 
     Every call stages its message in the same buffer: the kernels end with a barrier across the ranks, so
     a rank can only start the next call once every peer has finished reading the last one."""
@@ -139,26 +172,22 @@ class SymmetricAllReduce:
         self.plan = plan
         self.group_name = group.group_name
         self.world_size = group.size()
-        self.buffer = symmetric_memory.empty(plan.buffer_bytes, dtype=torch.uint8, device=device)
-        symmetric_memory.rendezvous(self.buffer, self.group_name)      # collective: every rank of `group`
+        layout = PeerMemoryLayout.of(plan, self.world_size)
+        self.memory = symmetric_memory.empty(layout.total_bytes, dtype=torch.uint8, device=device)
+        self.buffer = self.memory[:layout.staged_bytes]
+        if plan.norm_slab_bytes:
+            self.norm_buffer = self.memory[layout.norm_buffer_offset:][:layout.norm_buffer_bytes]
+            self.norm_signals = self.memory[layout.signals_offset:][:layout.signals_bytes].view(torch.int64)
+            self.norm_signals.zero_()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # zeroed before any peer can signal into it (after the rendezvous)
+        bases = list(symmetric_memory.rendezvous(self.memory, self.group_name).buffer_ptrs)   # collective
         self.backend = symmetric_memory.get_backend(device) if hasattr(symmetric_memory, "get_backend") else "default"
         self.peer_table = peer_table.empty_table()
         if plan.norm_slab_bytes:
-            self.peer_table = self._map_norm_buffers(symmetric_memory, group.rank(), device)
-
-    def _map_norm_buffers(self, symmetric_memory, rank: int, device: torch.device) -> list[int]:
-        """The fused kernel's two buffer halves (a slab per program each) and signal pads (a slot per program
-        and rank, starting at 0), mapped on every rank; returns this rank's peer table."""
-        self.norm_buffer = symmetric_memory.empty(2 * peer_table.PROGRAMS * self.plan.norm_slab_bytes,
-                                                  dtype=torch.uint8, device=device)
-        self.norm_signals = symmetric_memory.empty(peer_table.PROGRAMS * self.world_size, dtype=torch.int64,
-                                                   device=device)
-        self.norm_signals.zero_()
-        torch.cuda.synchronize(device)          # zeroed before any peer can signal into it (after the rendezvous)
-        buffers = symmetric_memory.rendezvous(self.norm_buffer, self.group_name).buffer_ptrs
-        signals = symmetric_memory.rendezvous(self.norm_signals, self.group_name).buffer_ptrs
-        return peer_table.table_values(rank, self.plan.norm_slab_bytes, list(buffers), list(signals),
-                                       self.plan.norm_two_shot_rows)
+            self.peer_table = peer_table.table_values(
+                group.rank(), plan.norm_slab_bytes, [base + layout.norm_buffer_offset for base in bases],
+                [base + layout.signals_offset for base in bases], plan.norm_two_shot_rows)
 
     def path(self, x: torch.Tensor) -> str:
         # one-shot wants the input and the buffer equally aligned: the buffer starts 16-byte aligned
@@ -178,10 +207,13 @@ class SymmetricAllReduce:
         return out.view_as(x)
 
 
-def open_symmetric_all_reduce(group: dist.ProcessGroup, device: torch.device) -> SymmetricAllReduce | None:
+def open_symmetric_all_reduce(group: dist.ProcessGroup, device: torch.device,
+                              timings: dict[str, float] | None = None) -> SymmetricAllReduce | None:
     """The peer-memory all-reduce for `group` on `device`, or None (NCCL for every size) with the reason logged.
     Collective: every rank of the group calls it and takes the same branch (the same environment, and the
-    reasons they share through `_peer_access_missing`); a mapping that fails fails the start."""
+    reasons they share through `_peer_access_missing`); a mapping that fails fails the start. `timings` gets the
+    seconds of its two collective parts (the ranks' places traded, the buffers mapped)."""
+    timings = {} if timings is None else timings
     if device.type != "cuda" or group.size() < 2:
         return None
     plan = plan_from_env(group.size())
@@ -191,7 +223,9 @@ def open_symmetric_all_reduce(group: dist.ProcessGroup, device: torch.device) ->
     if plan.buffer_bytes == 0:
         log.info("all-reduce: NCCL for every size (%s and %s are 0)", ONE_SHOT_VARIABLE, TWO_SHOT_VARIABLE)
         return None
+    start = time.perf_counter()
     reason = _peer_access_missing(group, device)
+    timings["peer memory: places traded"], start = time.perf_counter() - start, time.perf_counter()
     if reason:
         log.info("all-reduce: NCCL for every size (%s)", reason)
         return None
@@ -200,6 +234,7 @@ def open_symmetric_all_reduce(group: dist.ProcessGroup, device: torch.device) ->
     except RuntimeError as e:       # not a fallback: a rank that fell back alone would leave the others waiting
         raise RuntimeError(f"the all-reduce's peer memory could not be mapped ({str(e).splitlines()[0]}); "
                            f"{MODE_VARIABLE}=nccl runs every all-reduce on NCCL") from e
+    timings["peer memory: buffers mapped"] = time.perf_counter() - start
     log.info("all-reduce over %d GPUs: %s (buffer %s, backend %s)", group.size(), plan.describe(),
              _size(plan.buffer_bytes), symmetric.backend)
     return symmetric
