@@ -59,10 +59,23 @@ class TestFusedMoE:
 
 class TestHelpers:
     def test_sort_by_expert(self):
-        ids = torch.tensor([[2, 0], [-1, 2], [0, 1]], dtype=torch.int32)
+        ids = torch.tensor([[2, 0], [-1, 2], [0, 1]], dtype=torch.int32, device=DEVICE)
         order, offsets = sort_by_expert(ids, 4)
         assert order.tolist() == [1, 4, 5, 0, 3, 2]      # stable within an expert; -1 sorts last
         assert offsets.tolist() == [0, 2, 3, 5, 5]
+
+    @pytest.mark.parametrize("tokens,experts,top_k", [(1, 6, 3), (300, 7, 4), (700, 128, 8), (5, 3, 3)])
+    def test_sort_by_expert_is_a_stable_sort(self, tokens, experts, top_k):
+        """Against torch's stable sort on fresh random ids (more than one program step of assignments, experts
+        that get none, ids < 0 from other ranks)."""
+        gen = torch.Generator().manual_seed(tokens * 31 + experts)
+        ids = torch.randint(-1, experts, (tokens, top_k), generator=gen, dtype=torch.int32)
+        ids[ids == experts // 2] = 0                                     # an expert with no assignment
+        order, offsets = sort_by_expert(ids.to(DEVICE), experts)
+        keys = torch.where(ids.flatten() < 0, experts, ids.flatten())
+        sorted_keys, expected = torch.sort(keys, stable=True)
+        assert order.cpu().tolist() == expected.tolist()
+        assert offsets.cpu().tolist() == torch.searchsorted(sorted_keys, torch.arange(experts + 1, dtype=keys.dtype)).tolist()
 
     def test_in_bucket(self):
         assert [in_bucket(t, 4, 8) for t in (3, 4, 7, 8)] == [0, 1, 1, 0]
@@ -105,3 +118,32 @@ def test_block_scaled_fp8_experts_match_the_reference():
     assert rel_error(got.cpu(), reference) < TOL[torch.float32]
     with pytest.raises(ValueError, match="BLOCK_K dividing 128"):
         torch.ops.atom_triton.fused_moe(x, q13, q2, weights, ids, [1, 16, 32, 256, 1, 2, 1], s13, s2)
+
+
+@pytest.mark.parametrize("tokens,experts,top_k,renormalize,dtype", [
+    (1, 6, 3, True, torch.float32), (37, 128, 8, True, torch.bfloat16), (5, 8, 2, False, torch.float32),
+    (16, 60, 4, False, torch.bfloat16), (3, 5, 5, True, torch.float32)])
+def test_softmax_topk_kernel_matches_the_reference_router(tokens, experts, top_k, renormalize, dtype):
+    """atom_triton::softmax_topk against ops/moe.py softmax_topk on fresh random logits: the same weights in the
+    same (descending) order, k distinct experts whose probabilities they are, and where a row's logits are all
+    distinct (float32 here) the same experts; bf16 logits tie, and among equal ones the kernel takes the lowest
+    expert id where torch.topk promises no order. Odd expert counts, k = E, both normalizations."""
+    from atom_aot.ops.moe import softmax_topk
+    gen = torch.Generator().manual_seed(tokens * 7 + experts)
+    logits = (3 * torch.randn(tokens, experts, generator=gen)).to(dtype)
+    want_weights, want_ids = softmax_topk(logits, top_k, renormalize)
+    weights, ids = (t.cpu() for t in torch.ops.atom_triton.softmax_topk(logits.to(DEVICE), top_k, renormalize))
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+    assert torch.allclose(weights, want_weights, rtol=1e-5, atol=1e-7)
+    assert all(len(set(row)) == top_k for row in ids.tolist())
+    taken = torch.softmax(logits.float(), dim=-1).gather(1, ids.long())
+    assert torch.allclose(taken / taken.sum(-1, keepdim=True) if renormalize else taken, weights, rtol=1e-5, atol=1e-7)
+    distinct = torch.tensor([len(set(row)) == experts for row in logits.tolist()])
+    assert torch.equal(ids[distinct], want_ids[distinct])
+    if dtype == torch.float32:
+        assert distinct.all()
+
+
+def test_softmax_topk_kernel_refuses_more_slots_than_experts():
+    with pytest.raises(ValueError, match="top_k must be in 1..4"):
+        torch.ops.atom_triton.softmax_topk(torch.randn(2, 4, device=DEVICE), 5, True)

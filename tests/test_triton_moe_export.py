@@ -75,7 +75,11 @@ for phase in (Phase.MIXED, Phase.DECODE):
     decomposed = export_model(model, torch.float32, 16, 128, torch.device("cpu"), phase).run_decompositions(
         decompose_custom_triton_ops=True)
     kinds = launch_kinds(decomposed)
-    print("PHASE", phase.value, len(kinds), all(symbolic for _, symbolic in kinds), host_reads(decomposed))
+    grouped = [symbolic for name, symbolic in kinds if name in ("moe_gate_up_kernel", "moe_down_kernel")]
+    sorts = [symbolic for name, symbolic in kinds if name == "sort_by_expert_kernel"]
+    routers = [symbolic for name, symbolic in kinds if name == "softmax_topk_kernel"]
+    print("PHASE", phase.value, len(kinds), len(grouped), all(grouped), len(sorts), any(sorts), len(routers), all(routers),
+          host_reads(decomposed))
 '''
 
 
@@ -95,9 +99,10 @@ def lines() -> list[str]:
 @pytest.mark.parametrize("quant", ["none", "fp8"])
 def test_whole_moe_model_exports_in_both_phases(quant):
     """A tiny Qwen3-MoE (one dense, one MoE layer) with the triton moe backend: 2 buckets x 2 kernels per
-    phase, all symbolic in T, no host reads; with fp8 experts (e4m3 stacks and their row scales) too."""
+    phase, all symbolic in T, beside one sort by expert (E + 1 programs whatever T) and the router's kernel (a
+    program per token), no host reads; with fp8 experts (e4m3 stacks and their row scales) too."""
     assert [line for line in run_script(MODEL_SCRIPT, quant) if line.startswith("PHASE")] == [
-        "PHASE mixed 4 True 0", "PHASE decode 4 True 0"]
+        "PHASE mixed 6 4 True 1 False 1 True 0", "PHASE decode 6 4 True 1 False 1 True 0"]
 
 
 def cdiv(a, b):
@@ -107,8 +112,8 @@ def cdiv(a, b):
 def test_export_keeps_table_and_symbolic_grids(lines):
     assert f"TABLE {json.dumps(TABLE)}" in lines
     launches = json.loads(next(line for line in lines if line.startswith("LAUNCHES"))[9:])
-    assert [name for name, _ in launches] == ["moe_gate_up_kernel", "moe_down_kernel"] * 3
-    assert all(symbolic for _, symbolic in launches), launches
+    assert [name for name, _ in launches] == ["sort_by_expert_kernel"] + ["moe_gate_up_kernel", "moe_down_kernel"] * 3
+    assert not launches[0][1] and all(symbolic for _, symbolic in launches[1:]), launches
     assert "HOST_READS 0" in lines
 
 
@@ -118,8 +123,9 @@ def test_each_token_count_runs_only_its_bucket(lines):
     buckets = [(1, 16, 16), (4, 32, 32), (16, 64, 64)]     # (first tokens, BLOCK_M, BLOCK_N)
     for tokens, launches in runs.items():
         active = max(i for i, (first, _, _) in enumerate(buckets) if tokens >= first)
+        assert launches[0][:2] == ["sort_by_expert_kernel", E + 1]
         for i, (_, block_m, block_n) in enumerate(buckets):
-            gate_up, down = launches[2 * i], launches[2 * i + 1]
+            gate_up, down = launches[1 + 2 * i], launches[2 + 2 * i]
             assert gate_up[2] == down[2] == block_m
             slots = tokens * K
             tiles = min(slots, cdiv(slots + E * (block_m - 1), block_m))

@@ -2,7 +2,7 @@
 
 `MoEExperts` owns one layer's stacked expert weights and runs them through the `moe` backend the
 tuning row names (atom_aot/ops/backends/moe.py); `SparseMoeBlock` adds the router (a linear gate
-and softmax top-k). A family with other routing (DeepSeek's grouped sigmoid, shared experts)
+and softmax top-k, run by the same backend). A family with other routing (DeepSeek's grouped sigmoid, shared experts)
 reuses `MoEExperts` with its own block. `MoEForCausalLM` is the dense decoder with a per-layer
 choice of feed-forward block.
 """
@@ -21,7 +21,6 @@ from atom_aot.models.parallel import ONE_RANK, Split, gather_ranks_tokens, reduc
 from atom_aot.ops.backends import make_backend
 from atom_aot.ops.backends.moe import MoEBackend
 from atom_aot.ops.fp8 import BLOCK as FP8_BLOCK
-from atom_aot.ops.moe import softmax_topk
 
 
 class MoEExperts(nn.Module):
@@ -100,7 +99,7 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = gather_ranks_tokens(hidden, self.dp)                                 # [dp * T, H]
-        weights, ids = softmax_topk(self.gate(hidden), self.top_k, self.renormalize)   # [dp * T, k] each
+        weights, ids = self.experts.moe_backend.route(self.gate(hidden), self.top_k, self.renormalize)  # [dp*T, k]
         return scatter_token_sums(self.experts(hidden, weights, ids, self.defer_reduce), self.dp)
 
 

@@ -1,9 +1,11 @@
-"""The `moe` backends: what runs `fused_moe` (see atom_aot/ops/moe.py for the contract).
+"""The `moe` backends: what runs `fused_moe` and the softmax top-k router before it (see atom_aot/ops/moe.py for
+the contracts).
 
 `reference` calls the `atom::fused_moe` op (torch, CPU). `triton` calls `atom_triton::fused_moe`
 with the launch configs the build measured per token-count bucket: tuning.json's params hold one
 entry per bucket, `fused_moe@<first token count of the bucket>` -> [BLOCK_M, BLOCK_N, BLOCK_K,
-GROUP_M, num_warps, num_stages]; the op picks the bucket from T when it runs (never autotunes).
+GROUP_M, num_warps, num_stages]; the op picks the bucket from T when it runs (never autotunes); its
+router is `atom_triton::softmax_topk` (one kernel, nothing tuned).
 """
 from __future__ import annotations
 
@@ -18,18 +20,22 @@ from atom_aot.ops.backends.base import bucket_params, launch_configs
 
 class MoEBackend(Protocol):
     """(hidden [T, H], w13 [E, 2I, H], w2 [E, H, I], topk_weights [T, k] f32, topk_ids [T, k] i32) -> [T, H];
-    fp8 experts pass their row scales w13_scale [E, 2I] and w2_scale [E, H] (ops/moe.py)."""
+    fp8 experts pass their row scales w13_scale [E, 2I] and w2_scale [E, H] (ops/moe.py). `route` is the softmax
+    top-k router (ops/moe.py `softmax_topk`): router_logits [T, E] -> (weights [T, k] f32, ids [T, k] i32)."""
 
     def __call__(self, hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                  topk_ids: torch.Tensor, w13_scale: torch.Tensor | None = None,
                  w2_scale: torch.Tensor | None = None) -> torch.Tensor: ...
 
+    def route(self, router_logits: torch.Tensor, top_k: int,
+              renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]: ...
+
 
 class ReferenceMoE:
     def __init__(self, choice: BackendChoice):
         launch_configs(choice, {})     # nothing to tune
-        from atom_aot.ops.moe import fused_moe
-        self.op = fused_moe
+        from atom_aot.ops.moe import fused_moe, softmax_topk
+        self.op, self.route = fused_moe, softmax_topk
 
     def __call__(self, hidden, w13, w2, topk_weights, topk_ids, w13_scale=None, w2_scale=None):
         return self.op(hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)
@@ -48,3 +54,6 @@ class TritonMoE:
 
     def __call__(self, hidden, w13, w2, topk_weights, topk_ids, w13_scale=None, w2_scale=None):
         return self.op(hidden, w13, w2, topk_weights, topk_ids, self.table, w13_scale, w2_scale)
+
+    def route(self, router_logits, top_k, renormalize):
+        return torch.ops.atom_triton.softmax_topk(router_logits, top_k, renormalize)
