@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Planned for the next multi-GPU session (nvidia-h200-x4; carry .whl .gpu/configs .gpu/tokenizers/qwen3): the full
+# Planned since session 40 (renamed s42_next in session 41, still not run) (nvidia-h200-x4; carry .whl .gpu/configs .gpu/tokenizers/qwen3): the full
 # 48-layer Qwen3-30B-A3B at -tp 2, whose compile does not fit one 10-minute call, with the MoE blocks' all-reduce in
 # the fused norm (session 40, CPU-tested). `STEP=build` starts the build detached on GPU 2 (setsid: it outlives the
 # call, as session 28's did) and returns; `STEP=run` waits for it, then our throughput + TPOT + starts on GPUs 2,3
