@@ -250,3 +250,17 @@ def test_sampled_tokens_follow_the_targets_distribution(copying, prompts):
     assert counts.sum() == len(seconds) >= 60
     assert chi_square_p_value(counts, probs) > 1e-3
     assert 0 < engine.print_mtp_statistics()["acceptance_rate"] < 1
+
+
+def test_each_mtp_position_is_a_decode_row_of_its_own():
+    """The MTP layer's step feeds the decode package, one query row per sequence: a sequence's positions become
+    rows of their own, each with its sequence's block table and the context up to itself (runtime/verify_rows.py)."""
+    from atom_aot.spec.mtp import MTPProposer
+    proposer = MTPProposer(None, None, torch.zeros(1, 2, 4, 16, 1, 8), 16, torch.device("cpu"), 2)
+    seqs = [SimpleNamespace(block_table=[3, 5]), SimpleNamespace(block_table=[7])]
+    inputs, last_rows = proposer._inputs(seqs, [17, 4], [[11, 12, 13], [21]])
+    assert inputs.input_ids.tolist() == [11, 12, 13, 21] and last_rows.tolist() == [2, 3]
+    assert inputs.positions.tolist() == [17, 18, 19, 4] and inputs.seq_lens.tolist() == [18, 19, 20, 5]
+    assert inputs.query_start_loc.tolist() == [0, 1, 2, 3, 4] and inputs.logits_indices.tolist() == [0, 1, 2, 3]
+    assert inputs.block_tables.tolist() == [[3, 5], [3, 5], [3, 5], [7, 0]]
+    assert inputs.slot_mapping.tolist() == [5 * 16 + 1, 5 * 16 + 2, 5 * 16 + 3, 7 * 16 + 4]

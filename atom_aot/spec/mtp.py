@@ -29,6 +29,7 @@ from atom_aot.runtime.scheduler import ScheduledBatch
 from atom_aot.runtime.sequence import Sequence, SequenceStatus
 from atom_aot.runtime.step_inputs_builder import token_layout
 from atom_aot.runtime.transfer import to_device
+from atom_aot.runtime.verify_rows import as_decode_rows
 
 # (step inputs, previous hidden [T, hidden]) -> (float32 logits [N, vocab], hidden [T, hidden])
 MTPForward = Callable[[StepInputs, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -121,19 +122,18 @@ class MTPProposer:
     def _inputs(self, seqs: list[Sequence], starts: list[int], tokens: list[list[int]]) -> tuple[StepInputs, np.ndarray]:
         """A step of the MTP layer: sequence i computes len(tokens[i]) positions from starts[i] (tokens[i]
         its input ids) in its own slots, each position a decode row of its own (the package's one query row
-        per sequence: runtime/verify_rows.py says why that is exact); and the rows of each sequence's last
-        position."""
+        per sequence: `as_decode_rows`, runtime/verify_rows.py, says why that is exact); and the rows of each
+        sequence's last position."""
         tables = np.zeros((len(seqs), max(len(seq.block_table) for seq in seqs)), dtype=np.int32)   # [B, widest]
         for row, seq in zip(tables, seqs):
             row[:len(seq.block_table)] = seq.block_table
         counts = [len(t) for t in tokens]
-        query_start, _, positions, slots = token_layout(np.asarray(starts, dtype=np.int64), counts, tables,
-                                                        self.block_size)
-        rows = np.arange(len(positions))
+        begins = np.asarray(starts, dtype=np.int64)
+        query_start, _, positions, slots = token_layout(begins, counts, tables, self.block_size)
         host = dict(input_ids=np.concatenate([np.asarray(t, dtype=np.int64) for t in tokens]), positions=positions,
-                    slot_mapping=slots, block_tables=tables[np.repeat(np.arange(len(seqs)), counts)],
-                    seq_lens=positions + 1, query_start_loc=np.arange(len(rows) + 1), logits_indices=rows)
+                    slot_mapping=slots, block_tables=tables, seq_lens=begins + counts, query_start_loc=query_start,
+                    logits_indices=np.arange(len(positions)))
         inputs = StepInputs(kv_cache=self.kv_cache, **{
             name: to_device(array, input_dtype(name, self.kv_cache.dtype), self.device) for name, array in host.items()})
-        return inputs, query_start[1:] - 1
+        return as_decode_rows(inputs, counts), query_start[1:] - 1
 
