@@ -145,10 +145,11 @@ def rank_main(rank: int, world: int, port: int, out_path: str) -> None:
     from atom_aot.distributed.group import RankPlace, join, leave
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
-    join(RankPlace(rank, world, "127.0.0.1", port, rank), device)
+    group = join(RankPlace(rank, world, "127.0.0.1", port, rank), device)
     table = peer_table(device)
     result = {"world_size": world, "hidden": HIDDEN, "dtype": "bfloat16", "device": torch.cuda.get_device_name(device),
-              "table_slab_bytes": int(table[1]), "table_two_shot_rows": int(table[-1])}
+              "table_slab_bytes": int(table[1]), "table_two_shot_rows": int(table[-1]),
+              "join_s": {name: round(seconds, 3) for name, seconds in group.join_timings.items()}}
 
     def save(key, value):
         result[key] = value
