@@ -147,3 +147,31 @@ def test_softmax_topk_kernel_matches_the_reference_router(tokens, experts, top_k
 def test_softmax_topk_kernel_refuses_more_slots_than_experts():
     with pytest.raises(ValueError, match="top_k must be in 1..4"):
         torch.ops.atom_triton.softmax_topk(torch.randn(2, 4, device=DEVICE), 5, True)
+
+
+@pytest.mark.parametrize("experts,n_group,topk_group,top_k,renormalize", [
+    (256, 8, 4, 8, True), (16, 4, 2, 4, False), (6, 1, 1, 3, True), (12, 3, 2, 5, True), (64, 8, 3, 6, False)])
+def test_grouped_sigmoid_topk_kernel_matches_deepseeks_router(experts, n_group, topk_group, top_k, renormalize):
+    """atom_triton::grouped_sigmoid_topk against ops/moe.py grouped_sigmoid_topk (HF's DeepseekV3TopkRouter) on
+    fresh random logits and biases (DeepSeek-V3's 256 experts in 8 groups, odd groups, one group): the same expert
+    set per token (the reference's order is unspecified: sorted=False) with the same weights."""
+    from atom_aot.ops.moe import grouped_sigmoid_topk
+    gen = torch.Generator().manual_seed(experts * 5 + top_k)
+    logits = 2 * torch.randn(37, experts, generator=gen)
+    bias = 0.1 * torch.randn(experts, generator=gen)
+    want_weights, want_ids = grouped_sigmoid_topk(logits, bias, n_group, topk_group, top_k, renormalize, 2.5)
+    weights, ids = (t.cpu() for t in torch.ops.atom_triton.grouped_sigmoid_topk(
+        logits.to(DEVICE), bias.to(DEVICE), n_group, topk_group, top_k, renormalize, 2.5))
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+    got, want = ids.sort(dim=-1), want_ids.sort(dim=-1)
+    assert torch.equal(got.values, want.values)
+    assert torch.allclose(weights.gather(1, got.indices), want_weights.gather(1, want.indices), rtol=1e-5, atol=1e-7)
+
+
+def test_grouped_sigmoid_topk_kernel_refuses_what_the_router_cannot_do():
+    with pytest.raises(ValueError, match="n_group=4 groups of at least 2"):
+        torch.ops.atom_triton.grouped_sigmoid_topk(torch.randn(2, 4, device=DEVICE), torch.zeros(4, device=DEVICE),
+                                                   4, 1, 1, True, 1.0)
+    with pytest.raises(ValueError, match="top_k=5"):
+        torch.ops.atom_triton.grouped_sigmoid_topk(torch.randn(2, 8, device=DEVICE), torch.zeros(8, device=DEVICE),
+                                                   2, 1, 5, True, 1.0)

@@ -83,6 +83,25 @@ for phase in (Phase.MIXED, Phase.DECODE):
 '''
 
 
+ROUTER_SCRIPT = r'''
+import torch
+from torch.export import Dim, export
+import atom_aot.ops.triton  # noqa: F401  registers atom_triton::*
+from export_recording import host_reads, launch_kinds
+
+class Routers(torch.nn.Module):
+    def forward(self, logits, bias):
+        w1, i1 = torch.ops.atom_triton.softmax_topk(logits, 8, True)
+        w2, i2 = torch.ops.atom_triton.grouped_sigmoid_topk(logits, bias, 8, 4, 8, True, 2.5)
+        return w1 + w2, i1 + i2
+
+t = Dim("T", min=1, max=8192)
+ep = export(Routers(), (torch.randn(7, 64), torch.randn(64)), dynamic_shapes=({0: t}, None))
+decomposed = ep.run_decompositions(decompose_custom_triton_ops=True)
+print("ROUTERS", launch_kinds(decomposed), host_reads(decomposed))
+'''
+
+
 def run_script(script: str, *args: str) -> list[str]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
@@ -131,3 +150,9 @@ def test_each_token_count_runs_only_its_bucket(lines):
             tiles = min(slots, cdiv(slots + E * (block_m - 1), block_m))
             expected = (tiles * cdiv(I, block_n), tiles * cdiv(H, block_n)) if i == active else (0, 0)
             assert (gate_up[1], down[1]) == expected, (tokens, i)
+
+
+def test_both_routers_export_with_a_program_per_token():
+    """The routers' kernels (Qwen3-MoE / Mixtral softmax top-k, DeepSeek's grouped sigmoid top-k) export with a
+    grid of T (symbolic) and no host reads."""
+    assert run_script(ROUTER_SCRIPT)[-1] == "ROUTERS [('softmax_topk_kernel', True), ('grouped_sigmoid_topk_kernel', True)] 0"

@@ -1,9 +1,9 @@
 """DeepSeek-V3's MoE block: sigmoid scores with a per-expert correction bias, grouped top-k,
 routed scaling, plus shared experts (a dense gated MLP added to the routed output).
 
-The routing is DeepSeek's own (`deepseek_topk`, exactly HF's DeepseekV3TopkRouter); the routed
-experts are the shared `MoEExperts` (atom_aot/models/moe.py: the `atom::fused_moe` op through the
-tuning row's `moe` backend). With data-parallel attention (`dp` ranks, each holding E/dp routed
+The routing is DeepSeek's own (ops/moe.py `grouped_sigmoid_topk`, exactly HF's DeepseekV3TopkRouter, run by
+the experts' `moe` backend: one Triton kernel on GPUs); the routed experts are the shared `MoEExperts`
+(atom_aot/models/moe.py: the `atom::fused_moe` op through the tuning row's `moe` backend). With data-parallel attention (`dp` ranks, each holding E/dp routed
 experts) the routed part gathers every rank's tokens and reduce-scatters the sums, as SparseMoeBlock
 does; the shared experts, whole on every rank, run on the rank's own tokens.
 """
@@ -18,28 +18,6 @@ from atom_aot.models.decoder import GatedMLP
 from atom_aot.models.moe import MoEExperts
 from atom_aot.models.parallel import (ONE_RANK, Split, defer_reduction, gather_ranks_tokens, reduce_partial_sums,
                                       scatter_token_sums)
-
-
-def deepseek_topk(hidden: torch.Tensor, router: "DeepseekRouter", cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Expert choice per token: (weights [T, k] float32, ids [T, k] int32).
-
-    Experts are chosen by sigmoid score + correction bias, only inside the `topk_group` groups whose
-    two best biased scores sum highest; the weights are the unbiased scores, renormalized if
-    `norm_topk_prob`, times `routed_scaling_factor`.
-    """
-    ds = cfg.deepseek
-    scores = F.linear(hidden.float(), router.weight.float()).sigmoid()              # [T, E]
-    biased = scores + router.e_score_correction_bias
-    per_group = biased.unflatten(-1, (ds.n_group, -1))                              # [T, G, E/G]
-    group_scores = per_group.topk(2, dim=-1)[0].sum(dim=-1)                         # [T, G]
-    group_idx = group_scores.topk(ds.topk_group, dim=-1, sorted=False)[1]
-    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
-    expert_mask = group_mask.unsqueeze(-1).expand_as(per_group).flatten(1).bool()  # [T, E]
-    ids = biased.masked_fill(~expert_mask, float("-inf")).topk(cfg.num_experts_per_tok, dim=-1, sorted=False)[1]
-    weights = scores.gather(1, ids)
-    if cfg.norm_topk_prob:
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-    return weights * ds.routed_scaling_factor, ids.to(torch.int32)
 
 
 class DeepseekRouter(nn.Module):
@@ -67,9 +45,18 @@ class DeepseekMoE(nn.Module):
             defer_reduction(self.shared_experts)         # summed with the routed experts' before the all-reduce
         self.defer_reduce = False      # True: the output stays partial sums for the next norm (parallel.py)
 
+    def route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, k] float32, ids [T, k] int32): DeepSeek's grouped sigmoid top-k (ops/moe.py), run by the
+        experts' backend after the router's linear in float32."""
+        cfg, ds = self.config, self.config.deepseek
+        logits = F.linear(tokens.float(), self.gate.weight.float())                     # [T, E]
+        return self.experts.moe_backend.route_grouped(logits, self.gate.e_score_correction_bias, ds.n_group,
+                                                      ds.topk_group, cfg.num_experts_per_tok, cfg.norm_topk_prob,
+                                                      ds.routed_scaling_factor)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = gather_ranks_tokens(x, self.dp)                              # [dp * T, H]
-        weights, ids = deepseek_topk(tokens, self.gate, self.config)
+        weights, ids = self.route(tokens)
         out = scatter_token_sums(self.experts(tokens, weights, ids, deferred=True), self.dp)   # [T, H]: this rank's
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)

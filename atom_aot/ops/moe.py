@@ -1,7 +1,7 @@
-"""Mixture-of-experts: the routing function and the custom op `atom::fused_moe`.
+"""Mixture-of-experts: the routing functions and the custom op `atom::fused_moe`.
 
-The op takes the routing already decided (a family's own routing: softmax top-k here, DeepSeek's
-grouped sigmoid elsewhere) and runs every token through its k experts:
+The op takes the routing already decided (a family's own routing: softmax top-k for Qwen3-MoE and
+Mixtral, DeepSeek-V3's grouped sigmoid top-k, both here) and runs every token through its k experts:
 
     out[t] = sum_j  w[t, j] * down_e( SiLU(gate_e(x_t)) * up_e(x_t) ),   e = ids[t, j]
 
@@ -46,6 +46,29 @@ def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> 
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, ids.to(torch.int32)
+
+
+def grouped_sigmoid_topk(router_logits: torch.Tensor, correction_bias: torch.Tensor, n_group: int, topk_group: int,
+                         top_k: int, renormalize: bool, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3's router (HF's DeepseekV3TopkRouter after its linear): router_logits [T, E] float32 ->
+    (weights [T, k] float32, ids [T, k] int32).
+
+    Experts are chosen by sigmoid score + correction bias, only inside the `topk_group` groups (of `n_group`)
+    whose two best biased scores sum highest; the weights are the unbiased scores, renormalized if `renormalize`,
+    times `scaling`.
+    """
+    scores = router_logits.sigmoid()                                               # [T, E]
+    biased = scores + correction_bias
+    per_group = biased.unflatten(-1, (n_group, -1))                                 # [T, G, E/G]
+    group_scores = per_group.topk(2, dim=-1)[0].sum(dim=-1)                         # [T, G]
+    group_idx = group_scores.topk(topk_group, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+    expert_mask = group_mask.unsqueeze(-1).expand_as(per_group).flatten(1).bool()  # [T, E]
+    ids = biased.masked_fill(~expert_mask, float("-inf")).topk(top_k, dim=-1, sorted=False)[1]
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * scaling, ids.to(torch.int32)
 
 
 def fused_moe_reference(

@@ -5,7 +5,7 @@ the contracts).
 with the launch configs the build measured per token-count bucket: tuning.json's params hold one
 entry per bucket, `fused_moe@<first token count of the bucket>` -> [BLOCK_M, BLOCK_N, BLOCK_K,
 GROUP_M, num_warps, num_stages]; the op picks the bucket from T when it runs (never autotunes); its
-router is `atom_triton::softmax_topk` (one kernel, nothing tuned).
+routers are `atom_triton::softmax_topk` and `atom_triton::grouped_sigmoid_topk` (one kernel each, nothing tuned).
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from atom_aot.ops.backends.base import bucket_params, launch_configs
 class MoEBackend(Protocol):
     """(hidden [T, H], w13 [E, 2I, H], w2 [E, H, I], topk_weights [T, k] f32, topk_ids [T, k] i32) -> [T, H];
     fp8 experts pass their row scales w13_scale [E, 2I] and w2_scale [E, H] (ops/moe.py). `route` is the softmax
-    top-k router (ops/moe.py `softmax_topk`): router_logits [T, E] -> (weights [T, k] f32, ids [T, k] i32)."""
+    top-k router (ops/moe.py `softmax_topk`): router_logits [T, E] -> (weights [T, k] f32, ids [T, k] i32);
+    `route_grouped` DeepSeek-V3's (`grouped_sigmoid_topk`), the same from float32 logits and its bias."""
 
     def __call__(self, hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                  topk_ids: torch.Tensor, w13_scale: torch.Tensor | None = None,
@@ -30,12 +31,16 @@ class MoEBackend(Protocol):
     def route(self, router_logits: torch.Tensor, top_k: int,
               renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]: ...
 
+    def route_grouped(self, router_logits: torch.Tensor, correction_bias: torch.Tensor, n_group: int,
+                      topk_group: int, top_k: int, renormalize: bool,
+                      scaling: float) -> tuple[torch.Tensor, torch.Tensor]: ...
+
 
 class ReferenceMoE:
     def __init__(self, choice: BackendChoice):
         launch_configs(choice, {})     # nothing to tune
-        from atom_aot.ops.moe import fused_moe, softmax_topk
-        self.op, self.route = fused_moe, softmax_topk
+        from atom_aot.ops.moe import fused_moe, grouped_sigmoid_topk, softmax_topk
+        self.op, self.route, self.route_grouped = fused_moe, softmax_topk, grouped_sigmoid_topk
 
     def __call__(self, hidden, w13, w2, topk_weights, topk_ids, w13_scale=None, w2_scale=None):
         return self.op(hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)
@@ -57,3 +62,7 @@ class TritonMoE:
 
     def route(self, router_logits, top_k, renormalize):
         return torch.ops.atom_triton.softmax_topk(router_logits, top_k, renormalize)
+
+    def route_grouped(self, router_logits, correction_bias, n_group, topk_group, top_k, renormalize, scaling):
+        return torch.ops.atom_triton.grouped_sigmoid_topk(router_logits, correction_bias, n_group, topk_group, top_k,
+                                                          renormalize, scaling)

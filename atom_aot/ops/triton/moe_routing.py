@@ -1,11 +1,15 @@
-"""`atom_triton::softmax_topk`: a MoE router's softmax over experts, its top k and their renormalization, as one
-kernel (the `softmax_topk` contract of atom_aot/ops/moe.py, which the `reference` moe backend runs).
+"""MoE routers as one kernel each (the contracts of atom_aot/ops/moe.py, which the `reference` moe backend runs):
 
-Why a kernel: torch's top-k is a sort (a radix select and a bitonic sort per row block) beside separate softmax,
+- `atom_triton::softmax_topk` (Qwen3-MoE, Mixtral): the softmax over experts, its top k, their renormalization;
+- `atom_triton::grouped_sigmoid_topk` (DeepSeek-V3): sigmoid scores plus the correction bias, the best
+  `topk_group` groups by the sum of their two best biased scores, the top k inside them, the unbiased scores as
+  weights, renormalized, scaled.
+
+Why kernels: torch's top-k is a sort (a radix select and a bitonic sort per row block) beside separate softmax,
 sum and divide kernels: 13 us per layer of a Qwen3-30B-A3B decode step at 256 tokens on an H200 (session 41's
-profile), for a [256, 128] input. One program per token holds its row of logits in registers, takes the k largest
-probabilities one at a time (the lowest expert id among equal ones), and writes them in descending order, as
-torch.topk does.
+profile), for a [256, 128] input; DeepSeek's router is three top-ks, a scatter, masks and a gather. One program per
+token holds its row in registers and takes the largest entries one at a time (the lowest index among equal ones),
+writing them in descending order.
 """
 from __future__ import annotations
 
@@ -51,5 +55,67 @@ def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> 
     ids = torch.empty((num_tokens, top_k), dtype=torch.int32, device=router_logits.device)
     wrap_triton(softmax_topk_kernel)[(num_tokens,)](
         router_logits, weights, ids, router_logits.stride(0), E=num_experts, E_PAD=next_pow2(num_experts), K=top_k,
+        K_PAD=next_pow2(top_k), RENORMALIZE=renormalize, num_warps=4 if num_experts > 64 else 1)
+    return weights, ids
+
+
+@triton.jit
+def grouped_sigmoid_topk_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, stride_t, scaling,
+                                E: tl.constexpr, E_PAD: tl.constexpr, GROUPS: tl.constexpr, GROUPS_PAD: tl.constexpr,
+                                TOPK_GROUP: tl.constexpr, K: tl.constexpr, K_PAD: tl.constexpr,
+                                RENORMALIZE: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    lanes = tl.arange(0, E_PAD)
+    valid = lanes < E
+    scores = tl.sigmoid(tl.load(logits_ptr + row * stride_t + lanes, mask=valid, other=0.0).to(tl.float32))
+    biased = tl.where(valid, scores + tl.load(bias_ptr + lanes, mask=valid, other=0.0).to(tl.float32), float("-inf"))
+    group = lanes // (E // GROUPS)
+    groups = tl.arange(0, GROUPS_PAD)
+    group_scores = tl.full((GROUPS_PAD,), float("-inf"), dtype=tl.float32)
+    for g in tl.static_range(GROUPS):                       # each group's two best biased scores, summed
+        mine = valid & (group == g)
+        first = tl.max(tl.where(mine, biased, float("-inf")), 0)
+        at = tl.min(tl.where(mine & (biased == first), lanes, E_PAD), 0)
+        second = tl.max(tl.where(mine & (lanes != at), biased, float("-inf")), 0)
+        group_scores = tl.where(groups == g, first + second, group_scores)
+    allowed = lanes < 0                                     # the chosen groups' experts
+    for _ in tl.static_range(TOPK_GROUP):
+        best = tl.max(group_scores, 0)
+        pick = tl.min(tl.where(group_scores == best, groups, GROUPS_PAD), 0)
+        allowed = allowed | (group == pick)
+        group_scores = tl.where(groups == pick, float("-inf"), group_scores)
+    left = tl.where(allowed & valid, biased, float("-inf"))
+    slots = tl.arange(0, K_PAD)
+    weights = tl.zeros((K_PAD,), dtype=tl.float32)
+    ids = tl.zeros((K_PAD,), dtype=tl.int32)
+    for slot in tl.static_range(K):
+        best = tl.max(left, 0)
+        pick = tl.min(tl.where(left == best, lanes, E_PAD), 0)
+        weights = tl.where(slots == slot, tl.sum(tl.where(lanes == pick, scores, 0.0), 0), weights)
+        ids = tl.where(slots == slot, pick, ids)
+        left = tl.where(lanes == pick, float("-inf"), left)
+    if RENORMALIZE:
+        weights = weights / (tl.sum(weights, 0) + 1e-20)     # padded slots hold 0
+    weights = weights * tl.cast(scaling, tl.float32)
+    tl.store(weights_ptr + row * K + slots, weights, mask=slots < K)
+    tl.store(ids_ptr + row * K + slots, ids, mask=slots < K)
+
+
+@triton_op("atom_triton::grouped_sigmoid_topk", mutates_args=())
+def grouped_sigmoid_topk(router_logits: torch.Tensor, correction_bias: torch.Tensor, n_group: int, topk_group: int,
+                         top_k: int, renormalize: bool, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_logits [T, E] float32, correction_bias [E] float32 -> (weights [T, k] float32, ids [T, k] int32)."""
+    check_last_dim_contiguous("router_logits", router_logits)
+    num_tokens, num_experts = router_logits.shape
+    per_group = num_experts // n_group if n_group > 0 and num_experts % n_group == 0 else 0
+    if per_group < 2 or not 0 < topk_group <= n_group or not 0 < top_k <= topk_group * per_group:
+        raise ValueError(f"grouped_sigmoid_topk: {num_experts} experts in n_group={n_group} groups of at least 2, "
+                         f"topk_group in 1..n_group and top_k at most the chosen groups' experts, got "
+                         f"topk_group={topk_group}, top_k={top_k}")
+    weights = torch.empty((num_tokens, top_k), dtype=torch.float32, device=router_logits.device)
+    ids = torch.empty((num_tokens, top_k), dtype=torch.int32, device=router_logits.device)
+    wrap_triton(grouped_sigmoid_topk_kernel)[(num_tokens,)](
+        router_logits, correction_bias.contiguous(), weights, ids, router_logits.stride(0), scaling, E=num_experts,
+        E_PAD=next_pow2(num_experts), GROUPS=n_group, GROUPS_PAD=next_pow2(n_group), TOPK_GROUP=topk_group, K=top_k,
         K_PAD=next_pow2(top_k), RENORMALIZE=renormalize, num_warps=4 if num_experts > 64 else 1)
     return weights, ids
