@@ -62,3 +62,13 @@ def test_the_fused_all_reduce_norm_compiles_for_sm90_and_gfx942():
     assert {r["kernel"] for r in results} == {"all_reduce_add_rms_norm_kernel"}
     assert len(results) == 4 * 3 * 2
     assert_compiled_without_spills(results)
+
+
+def test_the_moe_sort_and_routers_compile_for_sm90_and_gfx942():
+    """The MoE op's counting sort by expert and the softmax / DeepSeek routers (loops with loaded bounds, scalars
+    carried through them, k picks unrolled) at Qwen3-30B-A3B's, Mixtral's and DeepSeek-V3's expert counts."""
+    results = compile_kernels("--targets", "sm90,gfx942", "--moe-glue")
+    assert {r["kernel"] for r in results} == {"sort_by_expert_kernel", "softmax_topk_kernel",
+                                             "grouped_sigmoid_topk_kernel"}
+    assert len(results) == 6 * 2
+    assert_compiled_without_spills(results)

@@ -22,7 +22,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from atom_aot.distributed.peer_table import TABLE_SIZE
-from atom_aot.ops.triton import all_reduce_norm, paged_attention, rope_cache, small_m_gemm
+from atom_aot.ops.triton import all_reduce_norm, fused_moe, moe_routing, paged_attention, rope_cache, small_m_gemm
 
 TARGETS = {
     "sm90": GPUTarget("cuda", 90, 32),
@@ -170,6 +170,22 @@ def all_reduce_norm_launches(hidden_sizes=(2048, 4096, 7168, 8192), worlds=(2, 4
     return launches
 
 
+def moe_glue_launches() -> list[Launch]:
+    """The MoE op's sort by expert and the two routers at the shapes of Qwen3-30B-A3B (128 experts, top 8),
+    Mixtral (8, top 2) and DeepSeek-V3 (256 in 8 groups, top 4 groups, top 8) (meta tensors, nothing runs)."""
+    meta = dict(device="meta")
+    launches = []
+    for experts, top_k in ((128, 8), (8, 2), (256, 8)):
+        launches += record_launches(fused_moe, fused_moe.sort_by_expert,
+                                    torch.empty(256, top_k, dtype=torch.int32, **meta), experts)
+    for experts, top_k in ((128, 8), (8, 2)):
+        launches += record_launches(moe_routing, moe_routing.launch_softmax_topk,
+                                    torch.empty(256, experts, dtype=torch.bfloat16, **meta), top_k, True)
+    launches += record_launches(moe_routing, moe_routing.launch_grouped_sigmoid_topk,
+                                torch.empty(256, 256, **meta), torch.empty(256, **meta), 8, 4, 8, True, 2.5)
+    return launches
+
+
 MODELS = {"qwen3-0.6b": dict(num_heads=16, num_kv_heads=8, head_dim=128),
           "llama-3.1-8b": dict(num_heads=32, num_kv_heads=8, head_dim=128)}
 
@@ -214,9 +230,13 @@ def main() -> None:
     parser.add_argument("--all-candidates", action="store_true")
     parser.add_argument("--small-m", action="store_true", help="only the small-M GEMM's candidates (fp8, int8)")
     parser.add_argument("--all-reduce-norm", action="store_true", help="only the fused all-reduce + RMSNorm")
+    parser.add_argument("--moe-glue", action="store_true", help="only the MoE op's sort and the routers")
     args = parser.parse_args()
     if args.all_reduce_norm:
         print(json.dumps(compile_all(all_reduce_norm_launches(), args.targets.split(","))))
+        return
+    if args.moe_glue:
+        print(json.dumps(compile_all(moe_glue_launches(), args.targets.split(","))))
         return
     results = check(args.model, args.targets.split(","), torch.float8_e4m3fn if args.fp8_cache else None,
                     args.all_candidates, args.small_m)

@@ -44,8 +44,7 @@ def softmax_topk_kernel(logits_ptr, weights_ptr, ids_ptr, stride_t, E: tl.conste
     tl.store(ids_ptr + row * K + slots, ids, mask=slots < K)
 
 
-@triton_op("atom_triton::softmax_topk", mutates_args=())
-def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def launch_softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """router_logits [T, E] -> (weights [T, k] float32, ids [T, k] int32)."""
     check_last_dim_contiguous("router_logits", router_logits)
     num_tokens, num_experts = router_logits.shape
@@ -57,6 +56,11 @@ def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> 
         router_logits, weights, ids, router_logits.stride(0), E=num_experts, E_PAD=next_pow2(num_experts), K=top_k,
         K_PAD=next_pow2(top_k), RENORMALIZE=renormalize, num_warps=4 if num_experts > 64 else 1)
     return weights, ids
+
+
+@triton_op("atom_triton::softmax_topk", mutates_args=())
+def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return launch_softmax_topk(router_logits, top_k, renormalize)
 
 
 @triton.jit
@@ -101,9 +105,9 @@ def grouped_sigmoid_topk_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, stri
     tl.store(ids_ptr + row * K + slots, ids, mask=slots < K)
 
 
-@triton_op("atom_triton::grouped_sigmoid_topk", mutates_args=())
-def grouped_sigmoid_topk(router_logits: torch.Tensor, correction_bias: torch.Tensor, n_group: int, topk_group: int,
-                         top_k: int, renormalize: bool, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+def launch_grouped_sigmoid_topk(router_logits: torch.Tensor, correction_bias: torch.Tensor, n_group: int,
+                                topk_group: int, top_k: int, renormalize: bool,
+                                scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
     """router_logits [T, E] float32, correction_bias [E] float32 -> (weights [T, k] float32, ids [T, k] int32)."""
     check_last_dim_contiguous("router_logits", router_logits)
     num_tokens, num_experts = router_logits.shape
@@ -119,3 +123,10 @@ def grouped_sigmoid_topk(router_logits: torch.Tensor, correction_bias: torch.Ten
         E_PAD=next_pow2(num_experts), GROUPS=n_group, GROUPS_PAD=next_pow2(n_group), TOPK_GROUP=topk_group, K=top_k,
         K_PAD=next_pow2(top_k), RENORMALIZE=renormalize, num_warps=4 if num_experts > 64 else 1)
     return weights, ids
+
+
+@triton_op("atom_triton::grouped_sigmoid_topk", mutates_args=())
+def grouped_sigmoid_topk(router_logits: torch.Tensor, correction_bias: torch.Tensor, n_group: int, topk_group: int,
+                         top_k: int, renormalize: bool, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return launch_grouped_sigmoid_topk(router_logits, correction_bias, n_group, topk_group, top_k, renormalize,
+                                       scaling)
