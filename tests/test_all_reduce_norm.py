@@ -96,12 +96,15 @@ def test_the_kernel_refuses_mismatched_inputs_by_name():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="ranks as CPU processes, in the interpreter")
-@pytest.mark.parametrize("world", [2, 3])
-def test_ranks_sum_over_each_others_buffers_call_after_call(world):
+@pytest.mark.parametrize("world, mode", [(2, "two-shot"), (3, "two-shot"), (3, "one-shot")])
+def test_ranks_sum_over_each_others_buffers_call_after_call(world, mode):
     """Peer-path and summed-before calls alternate (the halves and counts carry over): every rank's outputs
-    equal the reference exactly, and each program met its peers once per peer-path call."""
+    equal the reference exactly, and each program met its peers once per peer-path call. In two-shot mode the
+    calls of enough rows per program sum two-shot; in one-shot mode (the default) none does, and 2 and 3 rows
+    per program sum as a pair and as a pair and an odd row."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "all_reduce_norm_ranks.py"), str(world)], env=env,
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "all_reduce_norm_ranks.py"), str(world),
+                           *(["one-shot"] if mode == "one-shot" else [])], env=env,
                           capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.splitlines()[-1])
@@ -109,7 +112,7 @@ def test_ranks_sum_over_each_others_buffers_call_after_call(world):
     assert [c["peer"] for c in result["calls"]] == [True, True, False, True, True, True, True, True, False]
     two_shot = {2: [False, False, False, False, True, True, True, True, False],     # from 2 rows per program
                 3: [False, False, False, False, True, False, True, False, False]}   # from 3
-    assert [c["two_shot"] for c in result["calls"]] == two_shot[world]
+    assert [c["two_shot"] for c in result["calls"]] == (two_shot[world] if mode == "two-shot" else [False] * 9)
     for call in result["calls"]:
         assert call["out"] == [0.0] * world and call["residual"] == [0.0] * world, call
     peer_calls = sum(c["peer"] for c in result["calls"])
