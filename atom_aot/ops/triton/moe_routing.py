@@ -22,26 +22,40 @@ from atom_aot.ops.triton._common import check_last_dim_contiguous, next_pow2
 
 
 @triton.jit
+def _take_top_k(ranked, values, lanes, E_PAD: tl.constexpr, K: tl.constexpr, K_PAD: tl.constexpr):
+    """The K lanes of largest `ranked` (-inf: never taken), largest first, the lowest lane among equal ones:
+    (their `values` [K_PAD], their lanes [K_PAD] int32), padded slots 0."""
+    slots = tl.arange(0, K_PAD)
+    taken = tl.zeros((K_PAD,), dtype=tl.float32)
+    ids = tl.zeros((K_PAD,), dtype=tl.int32)
+    for slot in tl.static_range(K):
+        best = tl.max(ranked, 0)
+        pick = tl.min(tl.where(ranked == best, lanes, E_PAD), 0)
+        taken = tl.where(slots == slot, tl.sum(tl.where(lanes == pick, values, 0.0), 0), taken)
+        ids = tl.where(slots == slot, pick, ids)
+        ranked = tl.where(lanes == pick, float("-inf"), ranked)
+    return taken, ids
+
+
+@triton.jit
+def _store_top_k(weights_ptr, ids_ptr, row, weights, ids, K: tl.constexpr, K_PAD: tl.constexpr):
+    slots = tl.arange(0, K_PAD)
+    tl.store(weights_ptr + row * K + slots, weights, mask=slots < K)
+    tl.store(ids_ptr + row * K + slots, ids, mask=slots < K)
+
+
+@triton.jit
 def softmax_topk_kernel(logits_ptr, weights_ptr, ids_ptr, stride_t, E: tl.constexpr, E_PAD: tl.constexpr,
                         K: tl.constexpr, K_PAD: tl.constexpr, RENORMALIZE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, E_PAD)
     logits = tl.load(logits_ptr + row * stride_t + lanes, mask=lanes < E, other=float("-inf")).to(tl.float32)
     exps = tl.exp(logits - tl.max(logits, 0))
-    left = tl.where(lanes < E, exps / tl.sum(exps, 0), -1.0)          # probabilities not taken yet
-    slots = tl.arange(0, K_PAD)
-    weights = tl.zeros((K_PAD,), dtype=tl.float32)
-    ids = tl.zeros((K_PAD,), dtype=tl.int32)
-    for slot in tl.static_range(K):
-        best = tl.max(left, 0)
-        pick = tl.min(tl.where(left == best, lanes, E_PAD), 0)
-        weights = tl.where(slots == slot, best, weights)
-        ids = tl.where(slots == slot, pick, ids)
-        left = tl.where(lanes == pick, -1.0, left)
+    probs = tl.where(lanes < E, exps / tl.sum(exps, 0), float("-inf"))
+    weights, ids = _take_top_k(probs, probs, lanes, E_PAD, K, K_PAD)
     if RENORMALIZE:
         weights = weights / tl.sum(weights, 0)                         # padded slots hold 0
-    tl.store(weights_ptr + row * K + slots, weights, mask=slots < K)
-    tl.store(ids_ptr + row * K + slots, ids, mask=slots < K)
+    _store_top_k(weights_ptr, ids_ptr, row, weights, ids, K, K_PAD)
 
 
 def launch_softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,21 +102,10 @@ def grouped_sigmoid_topk_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, stri
         pick = tl.min(tl.where(group_scores == best, groups, GROUPS_PAD), 0)
         allowed = allowed | (group == pick)
         group_scores = tl.where(groups == pick, float("-inf"), group_scores)
-    left = tl.where(allowed & valid, biased, float("-inf"))
-    slots = tl.arange(0, K_PAD)
-    weights = tl.zeros((K_PAD,), dtype=tl.float32)
-    ids = tl.zeros((K_PAD,), dtype=tl.int32)
-    for slot in tl.static_range(K):
-        best = tl.max(left, 0)
-        pick = tl.min(tl.where(left == best, lanes, E_PAD), 0)
-        weights = tl.where(slots == slot, tl.sum(tl.where(lanes == pick, scores, 0.0), 0), weights)
-        ids = tl.where(slots == slot, pick, ids)
-        left = tl.where(lanes == pick, float("-inf"), left)
+    weights, ids = _take_top_k(tl.where(allowed & valid, biased, float("-inf")), scores, lanes, E_PAD, K, K_PAD)
     if RENORMALIZE:
         weights = weights / (tl.sum(weights, 0) + 1e-20)     # padded slots hold 0
-    weights = weights * tl.cast(scaling, tl.float32)
-    tl.store(weights_ptr + row * K + slots, weights, mask=slots < K)
-    tl.store(ids_ptr + row * K + slots, ids, mask=slots < K)
+    _store_top_k(weights_ptr, ids_ptr, row, weights * tl.cast(scaling, tl.float32), ids, K, K_PAD)
 
 
 def launch_grouped_sigmoid_topk(router_logits: torch.Tensor, correction_bias: torch.Tensor, n_group: int,
