@@ -32,7 +32,7 @@ CATEGORIES = (   # (category, substrings of the kernel name), first match wins
     ("collectives", ("all_reduce", "allreduce", "nccl", "broadcast", "symm_mem", "multimem")),   # -tp N
     ("attention_merge", ("merge_splits",)),
     ("attention", ("paged_attention",)),
-    ("moe", ("moe_",)),           # the fused MoE op's kernels (routing/sort in torch ops land in copies/sampling)
+    ("moe", ("moe_", "sort_by_expert", "softmax_topk", "grouped_sigmoid_topk")),   # the MoE op's kernels, its routers
     ("rope_cache_write", ("qk_norm_rope", "rope_cache")),
     ("gemm", ("gemm", "sm90_xmma", "nvjet", "cutlass", "cublas", "matmul", "splitk")),
     ("sampling", ("topk", "sort", "argmax", "softmax", "exponential", "multinomial", "radix", "scan")),
