@@ -155,11 +155,11 @@ def test_grouped_sigmoid_topk_kernel_matches_deepseeks_router(experts, n_group, 
     """atom_triton::grouped_sigmoid_topk against ops/moe.py grouped_sigmoid_topk (HF's DeepseekV3TopkRouter) on
     fresh random logits and biases (DeepSeek-V3's 256 experts in 8 groups, odd groups, one group): the same expert
     set per token (the reference's order is unspecified: sorted=False) with the same weights."""
-    from atom_aot.ops.moe import grouped_sigmoid_topk
+    from atom_aot.ops.moe import GroupedTopK, grouped_sigmoid_topk
     gen = torch.Generator().manual_seed(experts * 5 + top_k)
     logits = 2 * torch.randn(37, experts, generator=gen)
     bias = 0.1 * torch.randn(experts, generator=gen)
-    want_weights, want_ids = grouped_sigmoid_topk(logits, bias, n_group, topk_group, top_k, renormalize, 2.5)
+    want_weights, want_ids = grouped_sigmoid_topk(logits, bias, GroupedTopK(n_group, topk_group, top_k, renormalize, 2.5))
     weights, ids = (t.cpu() for t in torch.ops.atom_triton.grouped_sigmoid_topk(
         logits.to(DEVICE), bias.to(DEVICE), n_group, topk_group, top_k, renormalize, 2.5))
     assert ids.dtype == torch.int32 and weights.dtype == torch.float32
@@ -175,3 +175,23 @@ def test_grouped_sigmoid_topk_kernel_refuses_what_the_router_cannot_do():
     with pytest.raises(ValueError, match="top_k=5"):
         torch.ops.atom_triton.grouped_sigmoid_topk(torch.randn(2, 8, device=DEVICE), torch.zeros(8, device=DEVICE),
                                                    2, 1, 5, True, 1.0)
+
+
+def test_the_triton_backend_routes_as_the_reference_backend():
+    """The `moe` backends' routers side by side (what SparseMoeBlock and DeepseekMoE call): the same experts and
+    weights from the triton backend's kernels as from the reference backend's torch."""
+    from atom_aot.artifact.tuning import BackendChoice
+    from atom_aot.ops.backends import make_backend
+    from atom_aot.ops.moe import GroupedTopK
+    reference = make_backend("moe", BackendChoice("reference"))
+    triton_moe = make_backend("moe", BackendChoice("triton", {"fused_moe@1": list(SMALL[1:])}))
+    gen = torch.Generator().manual_seed(11)
+    logits, bias = torch.randn(9, 16, generator=gen), 0.1 * torch.randn(16, generator=gen)
+    routing = GroupedTopK(n_group=4, topk_group=2, top_k=3, renormalize=True, scaling=1.5)
+    for got, want in ((triton_moe.route(logits.to(DEVICE), 4, True), reference.route(logits, 4, True)),
+                      (triton_moe.route_grouped(logits.to(DEVICE), bias.to(DEVICE), routing),
+                       reference.route_grouped(logits, bias, routing))):
+        ids, order = got[1].cpu().sort(dim=-1)
+        want_ids, want_order = want[1].sort(dim=-1)
+        assert torch.equal(ids, want_ids)
+        assert torch.allclose(got[0].cpu().gather(1, order), want[0].gather(1, want_order), rtol=1e-5, atol=1e-7)

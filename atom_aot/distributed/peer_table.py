@@ -54,7 +54,8 @@ def two_shot_taken(rows: int, two_shot_rows: int) -> bool:
     return 0 < two_shot_rows <= -(-rows // PROGRAMS)
 
 
-def table_values(rank: int, slab_bytes: int, buffers: list[int], signals: list[int], two_shot_rows: int = 0) -> list[int]:
+def table_values(rank: int, slab_bytes: int, buffers: list[int], signals: list[int],
+                 two_shot_rows: int = 0) -> list[int]:
     """The table's entries (addresses as the process maps them; empty slots 0)."""
     if len(buffers) != len(signals) or len(buffers) > MAX_RANKS:
         raise ValueError(f"a peer table holds up to {MAX_RANKS} ranks' buffers and signal pads, got "

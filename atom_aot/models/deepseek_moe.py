@@ -3,9 +3,10 @@ routed scaling, plus shared experts (a dense gated MLP added to the routed outpu
 
 The routing is DeepSeek's own (ops/moe.py `grouped_sigmoid_topk`, exactly HF's DeepseekV3TopkRouter, run by
 the experts' `moe` backend: one Triton kernel on GPUs); the routed experts are the shared `MoEExperts`
-(atom_aot/models/moe.py: the `atom::fused_moe` op through the tuning row's `moe` backend). With data-parallel attention (`dp` ranks, each holding E/dp routed
-experts) the routed part gathers every rank's tokens and reduce-scatters the sums, as SparseMoeBlock
-does; the shared experts, whole on every rank, run on the rank's own tokens.
+(atom_aot/models/moe.py: the `atom::fused_moe` op through the tuning row's `moe` backend). With data-parallel
+attention (`dp` ranks, each holding E/dp routed experts) the routed part gathers every rank's tokens and
+reduce-scatters the sums, as SparseMoeBlock does; the shared experts, whole on every rank, run on the rank's own
+tokens.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from atom_aot.models.decoder import GatedMLP
 from atom_aot.models.moe import MoEExperts
 from atom_aot.models.parallel import (ONE_RANK, Split, defer_reduction, gather_ranks_tokens, reduce_partial_sums,
                                       scatter_token_sums)
+from atom_aot.ops.moe import GroupedTopK
 
 
 class DeepseekRouter(nn.Module):
@@ -38,6 +40,9 @@ class DeepseekMoE(nn.Module):
         super().__init__()
         self.config, self.dp, self.tp = cfg, split.dp, split.tp
         self.gate = DeepseekRouter(cfg, dtype)
+        self.routing = GroupedTopK(n_group=cfg.deepseek.n_group, topk_group=cfg.deepseek.topk_group,
+                                   top_k=cfg.num_experts_per_tok, renormalize=cfg.norm_topk_prob,
+                                   scaling=cfg.deepseek.routed_scaling_factor)
         self.experts = MoEExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype, split, quant)
         shared = cfg.moe_intermediate_size * cfg.deepseek.n_shared_experts
         self.shared_experts = GatedMLP(cfg, dtype, quant, split.tp, intermediate_size=shared) if shared else None
@@ -48,11 +53,8 @@ class DeepseekMoE(nn.Module):
     def route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] float32, ids [T, k] int32): DeepSeek's grouped sigmoid top-k (ops/moe.py), run by the
         experts' backend after the router's linear in float32."""
-        cfg, ds = self.config, self.config.deepseek
         logits = F.linear(tokens.float(), self.gate.weight.float())                     # [T, E]
-        return self.experts.moe_backend.route_grouped(logits, self.gate.e_score_correction_bias, ds.n_group,
-                                                      ds.topk_group, cfg.num_experts_per_tok, cfg.norm_topk_prob,
-                                                      ds.routed_scaling_factor)
+        return self.experts.moe_backend.route_grouped(logits, self.gate.e_score_correction_bias, self.routing)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = gather_ranks_tokens(x, self.dp)                              # [dp * T, H]

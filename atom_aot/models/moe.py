@@ -2,8 +2,8 @@
 
 `MoEExperts` owns one layer's stacked expert weights and runs them through the `moe` backend the
 tuning row names (atom_aot/ops/backends/moe.py); `SparseMoeBlock` adds the router (a linear gate
-and softmax top-k, run by the same backend). A family with other routing (DeepSeek's grouped sigmoid, shared experts)
-reuses `MoEExperts` with its own block. `MoEForCausalLM` is the dense decoder with a per-layer
+and softmax top-k, run by the same backend). A family with other routing (DeepSeek's grouped sigmoid,
+shared experts) reuses `MoEExperts` with its own block. `MoEForCausalLM` is the dense decoder with a per-layer
 choice of feed-forward block.
 """
 from __future__ import annotations

@@ -23,6 +23,8 @@ block's scale.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -48,27 +50,38 @@ def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> 
     return weights, ids.to(torch.int32)
 
 
-def grouped_sigmoid_topk(router_logits: torch.Tensor, correction_bias: torch.Tensor, n_group: int, topk_group: int,
-                         top_k: int, renormalize: bool, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+@dataclass(frozen=True)
+class GroupedTopK:
+    """How DeepSeek-V3 routes (its config's n_group, topk_group, num_experts_per_tok, norm_topk_prob and
+    routed_scaling_factor): the `topk_group` best of `n_group` expert groups, `top_k` experts inside them, weights
+    renormalized if `renormalize`, times `scaling`."""
+    n_group: int
+    topk_group: int
+    top_k: int
+    renormalize: bool
+    scaling: float
+
+
+def grouped_sigmoid_topk(router_logits: torch.Tensor, correction_bias: torch.Tensor,
+                         routing: GroupedTopK) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek-V3's router (HF's DeepseekV3TopkRouter after its linear): router_logits [T, E] float32 ->
     (weights [T, k] float32, ids [T, k] int32).
 
-    Experts are chosen by sigmoid score + correction bias, only inside the `topk_group` groups (of `n_group`)
-    whose two best biased scores sum highest; the weights are the unbiased scores, renormalized if `renormalize`,
-    times `scaling`.
+    Experts are chosen by sigmoid score + correction bias, only inside the groups whose two best biased scores sum
+    highest; the weights are the unbiased scores, renormalized or not, scaled (`routing`).
     """
     scores = router_logits.sigmoid()                                               # [T, E]
     biased = scores + correction_bias
-    per_group = biased.unflatten(-1, (n_group, -1))                                 # [T, G, E/G]
+    per_group = biased.unflatten(-1, (routing.n_group, -1))                         # [T, G, E/G]
     group_scores = per_group.topk(2, dim=-1)[0].sum(dim=-1)                         # [T, G]
-    group_idx = group_scores.topk(topk_group, dim=-1, sorted=False)[1]
+    group_idx = group_scores.topk(routing.topk_group, dim=-1, sorted=False)[1]
     group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
     expert_mask = group_mask.unsqueeze(-1).expand_as(per_group).flatten(1).bool()  # [T, E]
-    ids = biased.masked_fill(~expert_mask, float("-inf")).topk(top_k, dim=-1, sorted=False)[1]
+    ids = biased.masked_fill(~expert_mask, float("-inf")).topk(routing.top_k, dim=-1, sorted=False)[1]
     weights = scores.gather(1, ids)
-    if renormalize:
+    if routing.renormalize:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-    return weights * scaling, ids.to(torch.int32)
+    return weights * routing.scaling, ids.to(torch.int32)
 
 
 def fused_moe_reference(

@@ -15,6 +15,7 @@ import torch
 
 from atom_aot.artifact.tuning import BackendChoice
 from atom_aot.ops.backends.base import bucket_params, launch_configs
+from atom_aot.ops.moe import GroupedTopK
 
 
 
@@ -31,9 +32,8 @@ class MoEBackend(Protocol):
     def route(self, router_logits: torch.Tensor, top_k: int,
               renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]: ...
 
-    def route_grouped(self, router_logits: torch.Tensor, correction_bias: torch.Tensor, n_group: int,
-                      topk_group: int, top_k: int, renormalize: bool,
-                      scaling: float) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def route_grouped(self, router_logits: torch.Tensor, correction_bias: torch.Tensor,
+                      routing: GroupedTopK) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class ReferenceMoE:
@@ -63,6 +63,7 @@ class TritonMoE:
     def route(self, router_logits, top_k, renormalize):
         return torch.ops.atom_triton.softmax_topk(router_logits, top_k, renormalize)
 
-    def route_grouped(self, router_logits, correction_bias, n_group, topk_group, top_k, renormalize, scaling):
-        return torch.ops.atom_triton.grouped_sigmoid_topk(router_logits, correction_bias, n_group, topk_group, top_k,
-                                                          renormalize, scaling)
+    def route_grouped(self, router_logits, correction_bias, routing):
+        return torch.ops.atom_triton.grouped_sigmoid_topk(
+            router_logits, correction_bias, n_group=routing.n_group, topk_group=routing.topk_group,
+            top_k=routing.top_k, renormalize=routing.renormalize, scaling=routing.scaling)
