@@ -31,3 +31,8 @@ def show_engine_logs(environ=os.environ) -> None:
     logger.addHandler(handler)
     logger.setLevel(level)
     logger.propagate = False            # a root handler the program adds later would print each line twice
+
+
+def seconds_listed(timings: dict[str, float], strip: str = "") -> str:
+    """`name 1.23s, ...` (each name without the prefix `strip`): how the start-up lines list their parts."""
+    return ", ".join(f"{name.removeprefix(strip)} {seconds:.2f}s" for name, seconds in timings.items())

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from atom_aot.distributed.collectives import register_tp_group, unregister_tp_group
 from atom_aot.distributed.symmetric_all_reduce import open_symmetric_all_reduce
+from atom_aot.logging_setup import seconds_listed
 
 log = logging.getLogger("atom_aot")
 
@@ -143,8 +144,7 @@ def join(place: RankPlace, device: torch.device, waiting: Callable[[], None] | N
     except BaseException:                  # met, then failed: leave, so that this process can start another engine
         leave()
         raise
-    log.info("rank %d joined %d ranks: %s", place.rank, place.world_size,
-             ", ".join(f"{k.removeprefix('join: ')} {v:.2f}s" for k, v in timings.items()))
+    log.info("rank %d joined %d ranks: %s", place.rank, place.world_size, seconds_listed(timings, strip="join: "))
     return RankGroup(place.rank, place.world_size, control, timings)
 
 

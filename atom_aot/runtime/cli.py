@@ -11,6 +11,7 @@ import time
 from typing import Callable
 
 from atom_aot.config_flags import add_arguments, from_namespace
+from atom_aot.logging_setup import seconds_listed
 from atom_aot.runtime.config import RuntimeConfig
 
 
@@ -92,7 +93,7 @@ def _run_to_completion(engine, prompts: list[str], params) -> tuple[float, list]
 
 def _report(engine, timings: dict[str, float], start_to_first_token: float, tokens: int, elapsed: float) -> None:
     from atom_aot.runtime.compile_counter import compile_counts
-    print("\nstartup: " + ", ".join(f"{k} {v:.2f}s" for k, v in timings.items())
+    print("\nstartup: " + seconds_listed(timings)
           + f" | start to first token {start_to_first_token:.2f}s", file=sys.stderr)
     ranks = getattr(engine.core, "info", None)     # a data-parallel-attention artifact's ranks count their own
     counts = f"runtime compilations (rank 0's process): {ranks.compile_counts}" if ranks else \

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from atom_aot.distributed.group import RankPlace, agree_min, join, leave, rank_device
 from atom_aot.artifact.reader import Artifact
+from atom_aot.logging_setup import seconds_listed
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.loader import load_artifact
 from atom_aot.runtime.rank_load import meet_beside_load
@@ -42,7 +43,7 @@ def run_worker(artifact_path: str | Path, config: RuntimeConfig) -> None:
     load = partial(load_artifact, artifact_path, enforce_eager=config.enforce_eager, rank=place.rank)
     ready = meet_beside_load(partial(join, place, device), load, device, release=lambda group: leave())
     log.info("rank %d: met the others in %.2f s, loaded beside it (%.2f s both; %s)", place.rank, ready.join_s,
-             ready.wall_s, ", ".join(f"{k} {v:.2f}s" for k, v in ready.loaded.timings.items()))
+             ready.wall_s, seconds_listed(ready.loaded.timings))
     try:
         loaded, group = ready.loaded, ready.met
         kv_cache, forwards = prepare_model(loaded, config, agree_min(kv_block_count(loaded, config), group))

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import zmq
 
 from atom_aot.errors import ContextLengthError, RankStopped, RequestError
-from atom_aot.logging_setup import DATE_FORMAT, FORMAT
+from atom_aot.logging_setup import DATE_FORMAT, FORMAT, seconds_listed
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.threads import prefer_passive_openmp_wait
 from atom_aot.server.messages import (HEARTBEAT_S, Abort, Added, AddRequests, Call, EngineInfo, EngineStats, Failure,
@@ -84,7 +84,7 @@ def _start(artifact_path: str, config: RuntimeConfig) -> tuple[EngineCore, Engin
     loaded, core = load_and_start(artifact_path, config)
     counts = compile_counts()
     log.info("engine ready (%s, %d KV blocks); startup %s; runtime compilations: %s", loaded.execution,
-             core.block_manager.num_blocks, ", ".join(f"{k} {v:.2f}s" for k, v in loaded.timings.items()), counts)
+             core.block_manager.num_blocks, seconds_listed(loaded.timings), counts)
     info = EngineInfo(max_model_len=core.scheduler.config.max_model_len, vocab_size=loaded.model_config.vocab_size,
                       block_size=loaded.block_size, num_kv_blocks=core.block_manager.num_blocks,
                       execution=loaded.execution, build_key=loaded.manifest.build_key,
