@@ -91,6 +91,18 @@ def _meet_peers(signal_table, program, rank, target, WORLD: tl.constexpr, WORLD_
 
 
 @triton.jit
+def _one_shot_row(table_ptr, residual_ptr, weight, out_ptr, residual_out_ptr, slab, i, program, programs, n_rows,
+                  hidden, eps, cols, inside, WORLD: tl.constexpr, BLOCK: tl.constexpr, BUFFERS_AT: tl.constexpr):
+    """This program's row i, one-shot: every rank's copy summed, the residual added, normalized."""
+    dtype = out_ptr.dtype.element_ty
+    row = program + i * programs
+    mask = inside & (row < n_rows)
+    total = _sum_ranks(table_ptr, slab, i * hidden + cols, mask, BUFFERS_AT, WORLD, BLOCK, dtype)
+    h = _with_residual(total, residual_ptr, row * hidden + cols, mask, dtype)
+    _store_normed(h, weight, out_ptr, residual_out_ptr, row * hidden + cols, mask, hidden, eps)
+
+
+@triton.jit
 def _one_shot_pair(table_ptr, residual_ptr, weight, out_ptr, residual_out_ptr, slab, i, program, programs, n_rows,
                    hidden, eps, cols, inside, WORLD: tl.constexpr, BLOCK: tl.constexpr, BUFFERS_AT: tl.constexpr):
     """This program's rows i and i + 1, one-shot: both rows' peer loads go out before either row's norm reduces.
@@ -172,12 +184,8 @@ def all_reduce_add_rms_norm_kernel(x_ptr, reduced_ptr, residual_ptr, weight_ptr,
                 _one_shot_pair(table_ptr, residual_ptr, weight, out_ptr, residual_out_ptr, slab, i, program, programs,
                                n_rows, hidden, eps, cols, inside, WORLD, BLOCK, BUFFERS_AT)
             if per_program % 2 == 1:
-                i = per_program - 1
-                row = program + i * programs
-                mask = inside & (row < n_rows)
-                total = _sum_ranks(table_ptr, slab, i * hidden + cols, mask, BUFFERS_AT, WORLD, BLOCK, dtype)
-                h = _with_residual(total, residual_ptr, row * hidden + cols, mask, dtype)
-                _store_normed(h, weight, out_ptr, residual_out_ptr, row * hidden + cols, mask, hidden, eps)
+                _one_shot_row(table_ptr, residual_ptr, weight, out_ptr, residual_out_ptr, slab, per_program - 1,
+                              program, programs, n_rows, hidden, eps, cols, inside, WORLD, BLOCK, BUFFERS_AT)
         tl.store(count_slot, count + 1)
     else:
         for row in range(program, n_rows, programs):
