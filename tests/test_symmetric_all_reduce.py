@@ -1,6 +1,7 @@
 """The peer-memory all-reduce's plan (which size takes which path, from the environment) and the dispatch
 inside `atom::all_reduce`. The kernels themselves need GPUs of one host: scripts/gpu/tp_two_gpus.py
 collectives checks their sums against float64 and times them against NCCL."""
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -8,8 +9,8 @@ import torch
 
 from atom_aot.distributed import collectives, peer_table, symmetric_all_reduce
 from atom_aot.distributed.symmetric_all_reduce import (
-    DEFAULT_BOUNDS, KIB, MIB, ONE_SHOT, PROCESS_GROUP, TWO_SHOT, AllReducePlan, PeerMemoryLayout, SymmetricAllReduce,
-    describe_plan, open_symmetric_all_reduce, peer_memory_problem, plan_from_env)
+    DEFAULT_BOUNDS, KIB, MIB, ONE_SHOT, PROCESS_GROUP, TWO_SHOT, AllReducePlan, PeerMemoryAllocation, PeerMemoryLayout,
+    SymmetricAllReduce, describe_plan, open_symmetric_all_reduce, peer_memory_problem, plan_from_env)
 
 
 def test_the_default_plan_depends_on_the_world_size():
@@ -72,6 +73,7 @@ class FakeSymmetricMemory:
     def empty(self, nbytes, dtype, device):
         memory = torch.full((nbytes,), 0x5A, dtype=dtype)       # not zeros: the signal pads must be zeroed
         self.allocations.append(memory)
+        self.allocating_threads = getattr(self, "allocating_threads", []) + [threading.get_ident()]
         return memory
 
     def rendezvous(self, tensor, group_name):
@@ -113,6 +115,70 @@ def test_one_allocation_and_one_rendezvous_hold_every_part(monkeypatch, world, n
     assert peer.peer_table == peer_table.table_values(
         1, norm_slab, [b + layout.norm_buffer_offset for b in bases], [b + layout.signals_offset for b in bases],
         two_shot_rows)
+
+
+@pytest.fixture
+def fake_symmetric_memory(monkeypatch):
+    import torch.distributed._symmetric_memory as symmetric_memory
+    fake = FakeSymmetricMemory(2)
+    monkeypatch.setattr(symmetric_memory, "empty", fake.empty)
+    monkeypatch.setattr(symmetric_memory, "rendezvous", fake.rendezvous)
+    monkeypatch.setattr(symmetric_all_reduce, "_mapped_before", False)
+    return fake
+
+
+def test_the_allocation_made_beforehand_in_its_thread_is_the_one_mapped(fake_symmetric_memory):
+    """The join starts the allocation before the process group (torch's first one takes ~2 s, session 42) and the
+    all-reduce maps that one: no second allocation, made off the calling thread, signal pads zeroed."""
+    fake = fake_symmetric_memory
+    plan = AllReducePlan(*DEFAULT_BOUNDS[2], 32 * KIB, 0)
+    layout = PeerMemoryLayout.of(plan, 2)
+    allocation = PeerMemoryAllocation(layout.total_bytes, torch.device("cpu"))
+    memory = allocation.result()
+    assert fake.allocating_threads == [allocation._thread.ident] != [threading.get_ident()]
+    group = SimpleNamespace(group_name="0", size=lambda: 2, rank=lambda: 0)
+    peer = SymmetricAllReduce(group, torch.device("cpu"), plan, memory)
+    assert len(fake.allocations) == 1 and peer.memory is memory
+    assert fake.rendezvous_calls[0][0] == memory.data_ptr()
+    assert peer.norm_signals.eq(0).all() and allocation.seconds > 0
+
+
+def test_an_allocation_that_failed_fails_where_it_is_mapped(monkeypatch):
+    import torch.distributed._symmetric_memory as symmetric_memory
+
+    def out_of_memory(nbytes, dtype, device):
+        raise RuntimeError("CUDA error: out of memory")
+    monkeypatch.setattr(symmetric_memory, "empty", out_of_memory)
+    allocation = PeerMemoryAllocation(MIB, torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="out of memory"):
+        allocation.result()
+
+
+def test_memory_of_another_size_is_refused(fake_symmetric_memory):
+    plan = AllReducePlan(*DEFAULT_BOUNDS[2], 32 * KIB, 0)
+    group = SimpleNamespace(group_name="0", size=lambda: 2, rank=lambda: 0)
+    wrong = torch.zeros(PeerMemoryLayout.of(plan, 4).total_bytes, dtype=torch.uint8)    # laid out for 4 ranks
+    with pytest.raises(ValueError, match="the plan needs"):
+        SymmetricAllReduce(group, torch.device("cpu"), plan, wrong)
+
+
+@pytest.mark.parametrize("world, device, environ, mapped_before", [
+    (2, "cpu", {}, False), (1, "cuda", {}, False), (2, "cuda", {"ATOM_ALL_REDUCE": "nccl"}, False),
+    (2, "cuda", {"ATOM_ALL_REDUCE_ONE_SHOT_MAX": "0", "ATOM_ALL_REDUCE_TWO_SHOT_MAX": "0"}, False),
+    (2, "cuda", {}, True)])
+def test_nothing_is_allocated_beforehand_where_nothing_will_be_mapped(monkeypatch, world, device, environ,
+                                                                      mapped_before):
+    monkeypatch.setattr(symmetric_all_reduce, "_mapped_before", mapped_before)
+    assert PeerMemoryAllocation.start(world, torch.device(device, 0) if device == "cuda" else torch.device(device),
+                                      environ) is None
+
+
+def test_the_allocation_started_beforehand_has_the_plans_size(monkeypatch):
+    made = []
+    monkeypatch.setattr(PeerMemoryAllocation, "__init__", lambda self, nbytes, device: made.append(nbytes))
+    monkeypatch.setattr(symmetric_all_reduce, "_mapped_before", False)
+    assert PeerMemoryAllocation.start(4, torch.device("cuda", 0), {}) is not None
+    assert made == [PeerMemoryLayout.of(plan_from_env(4, {}), 4).total_bytes]
 
 
 def test_no_peer_memory_on_the_cpu_or_for_one_rank():

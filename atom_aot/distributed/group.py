@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from atom_aot.distributed.collectives import register_tp_group, unregister_tp_group
-from atom_aot.distributed.symmetric_all_reduce import open_symmetric_all_reduce
+from atom_aot.distributed.symmetric_all_reduce import PeerMemoryAllocation, open_symmetric_all_reduce
 from atom_aot.logging_setup import seconds_listed
 
 log = logging.getLogger("atom_aot")
@@ -130,13 +130,14 @@ def join(place: RankPlace, device: torch.device, waiting: Callable[[], None] | N
     _joined_before = True
     backend = "nccl" if device.type == "cuda" else "gloo"
     timings, start = {}, time.perf_counter()
+    allocation = PeerMemoryAllocation.start(place.world_size, device)    # beside the process group's start
     dist.init_process_group(backend, **_rendezvous(place, waiting),
                             rank=place.rank, world_size=place.world_size, timeout=COLLECTIVE_TIMEOUT,
                             device_id=device if device.type == "cuda" else None)
     timings["join: process group (with the rendezvous)"], start = time.perf_counter() - start, time.perf_counter()
     try:
         parts: dict[str, float] = {}
-        register_tp_group(dist.group.WORLD, open_symmetric_all_reduce(dist.group.WORLD, device, parts))
+        register_tp_group(dist.group.WORLD, open_symmetric_all_reduce(dist.group.WORLD, device, parts, allocation))
         timings["join: peer memory"], start = time.perf_counter() - start, time.perf_counter()
         timings.update({f"join: {name}": seconds for name, seconds in parts.items()})
         control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass
 
@@ -131,9 +132,10 @@ class PeerMemoryLayout:
     the staged messages of torch's one-shot / two-shot kernels first, then the fused kernel's two buffer halves
     (a slab per program each) and its signal pads (an int64 slot per program and rank).
 
-    Why one allocation: each allocation is its own rendezvous, and on four H200s mapping the three this module
-    used to make (the staged buffer, the fused kernel's buffer, its signal pads) took 2.0-3.4 s of a -tp 4 start
-    (the ranks' join, session 41), against 0.2 s at -tp 2. What one rendezvous saves there was not yet measured."""
+    Why one allocation: one rendezvous, one place to map. Mapping the three this module used to make (the staged
+    buffer, the fused kernel's buffer, its signal pads) took 2.0-3.4 s of a -tp 4 start on four H200s (session 41);
+    in one allocation it still took 3.0 s (session 42): the cost was the process's first allocation of symmetric
+    memory, whatever its size, which PeerMemoryAllocation now makes beside the process group's start."""
     staged_bytes: int
     norm_buffer_offset: int
     norm_buffer_bytes: int
@@ -165,7 +167,9 @@ class SymmetricAllReduce:
     Every call stages its message in the same buffer: the kernels end with a barrier across the ranks, so
     a rank can only start the next call once every peer has finished reading the last one."""
 
-    def __init__(self, group: dist.ProcessGroup, device: torch.device, plan: AllReducePlan):
+    def __init__(self, group: dist.ProcessGroup, device: torch.device, plan: AllReducePlan,
+                 memory: torch.Tensor | None = None):
+        """`memory`: the allocation made beforehand (PeerMemoryAllocation), else one is made here."""
         import torch.distributed._symmetric_memory as symmetric_memory
         global _mapped_before
         _mapped_before = True
@@ -173,14 +177,21 @@ class SymmetricAllReduce:
         self.group_name = group.group_name
         self.world_size = group.size()
         layout = PeerMemoryLayout.of(plan, self.world_size)
-        self.memory = symmetric_memory.empty(layout.total_bytes, dtype=torch.uint8, device=device)
+        if memory is None:
+            memory = symmetric_memory.empty(layout.total_bytes, dtype=torch.uint8, device=device)
+        if memory.dtype != torch.uint8 or memory.numel() != layout.total_bytes:
+            raise ValueError(f"the peer memory made beforehand holds {memory.numel()} x {memory.dtype}; "
+                             f"the plan needs {layout.total_bytes} bytes")
+        self.memory = memory
         self.buffer = self.memory[:layout.staged_bytes]
         if plan.norm_slab_bytes:
             self.norm_buffer = self.memory[layout.norm_buffer_offset:][:layout.norm_buffer_bytes]
             self.norm_signals = self.memory[layout.signals_offset:][:layout.signals_bytes].view(torch.int64)
             self.norm_signals.zero_()
             if device.type == "cuda":
-                torch.cuda.synchronize(device)  # zeroed before any peer can signal into it (after the rendezvous)
+                # zeroed before any peer can signal into it (after the rendezvous); this stream only: a device-wide
+                # synchronize would also wait for the weights this rank uploads beside the join
+                torch.cuda.current_stream(device).synchronize()
         bases = list(symmetric_memory.rendezvous(self.memory, self.group_name).buffer_ptrs)   # collective
         self.backend = symmetric_memory.get_backend(device) if hasattr(symmetric_memory, "get_backend") else "default"
         self.peer_table = peer_table.empty_table()
@@ -207,12 +218,65 @@ class SymmetricAllReduce:
         return out.view_as(x)
 
 
+class PeerMemoryAllocation:
+    """The allocation SymmetricAllReduce maps, made in a thread of its own, started before the process group.
+
+    Why: a process's first allocation of torch's symmetric memory took 1.84-1.98 s on two H200s whatever its size
+    (1 or 36 MiB; the next ones under a millisecond, the rendezvous that maps it milliseconds), and it needs no
+    group. Made in a thread while NCCL's communicator started, both were done in 1.87 s against 0.78 + 1.98 s one
+    after the other (session 42, scripts/gpu/symm_mem_setup_timing.py); in the engine's join it was most of
+    `peer memory: buffers mapped` (1.9-3.0 s at -tp 2 and -tp 4)."""
+
+    def __init__(self, nbytes: int, device: torch.device):
+        self.nbytes, self.device = nbytes, device
+        self.seconds = 0.0
+        self._memory: torch.Tensor | None = None
+        self._error: BaseException | None = None
+        # a daemon: a start that fails before it maps the memory does not wait for it at exit
+        self._thread = threading.Thread(target=self._allocate, name="atom-peer-memory", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def start(cls, world_size: int, device: torch.device,
+              environ=os.environ) -> "PeerMemoryAllocation | None":
+        """The allocation open_symmetric_all_reduce will map for a group of `world_size` on `device`, or None where
+        it will map none for a reason known before the group exists (the CPU, one rank, no plan, mapped before).
+        Where the ranks learn later that they cannot map (several hosts, no peer access), it is dropped unused."""
+        if device.type != "cuda" or world_size < 2 or _mapped_before:
+            return None
+        plan = plan_from_env(world_size, environ)
+        if plan is None or plan.buffer_bytes == 0:
+            return None
+        return cls(PeerMemoryLayout.of(plan, world_size).total_bytes, device)
+
+    def _allocate(self) -> None:
+        import torch.distributed._symmetric_memory as symmetric_memory
+        start = time.perf_counter()
+        try:
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)      # the thread's own current device
+            self._memory = symmetric_memory.empty(self.nbytes, dtype=torch.uint8, device=self.device)
+        except BaseException as e:         # handed to the thread that maps it (result), which fails the start
+            self._error = e
+        self.seconds = time.perf_counter() - start
+
+    def result(self) -> torch.Tensor:
+        """The allocation, once made (waits for the thread); its error if it failed."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._memory is not None
+        return self._memory
+
+
 def open_symmetric_all_reduce(group: dist.ProcessGroup, device: torch.device,
-                              timings: dict[str, float] | None = None) -> SymmetricAllReduce | None:
+                              timings: dict[str, float] | None = None,
+                              allocation: PeerMemoryAllocation | None = None) -> SymmetricAllReduce | None:
     """The peer-memory all-reduce for `group` on `device`, or None (NCCL for every size) with the reason logged.
     Collective: every rank of the group calls it and takes the same branch (the same environment, and the
-    reasons they share through `_peer_access_missing`); a mapping that fails fails the start. `timings` gets the
-    seconds of its two collective parts (the ranks' places traded, the buffers mapped)."""
+    reasons they share through `_peer_access_missing`); a mapping that fails fails the start. `allocation`: the
+    memory started before the group (PeerMemoryAllocation.start), else it is allocated here. `timings` gets the
+    seconds of its parts (the ranks' places traded, the wait for the allocation, the buffers mapped)."""
     timings = {} if timings is None else timings
     if device.type != "cuda" or group.size() < 2:
         return None
@@ -230,7 +294,12 @@ def open_symmetric_all_reduce(group: dist.ProcessGroup, device: torch.device,
         log.info("all-reduce: NCCL for every size (%s)", reason)
         return None
     try:
-        symmetric = SymmetricAllReduce(group, device, plan)
+        memory = None
+        if allocation is not None:
+            memory = allocation.result()
+            timings["peer memory: allocated (beside the process group)"] = allocation.seconds
+            timings["peer memory: waited for the allocation"], start = time.perf_counter() - start, time.perf_counter()
+        symmetric = SymmetricAllReduce(group, device, plan, memory)
     except RuntimeError as e:       # not a fallback: a rank that fell back alone would leave the others waiting
         raise RuntimeError(f"the all-reduce's peer memory could not be mapped ({str(e).splitlines()[0]}); "
                            f"{MODE_VARIABLE}=nccl runs every all-reduce on NCCL") from e
