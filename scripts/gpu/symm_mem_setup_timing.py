@@ -3,7 +3,7 @@ two and four H200s in session 42, with nothing loading beside it in the kernel b
 
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 python scripts/gpu/symm_mem_setup_timing.py --world 2 --out F.json
 
-Each arm is a fresh set of WORLD ranks (spawned): CUDA context, NCCL process group, a barrier, then per step a
+`ARMS=a,b` picks arms (default all). Each arm is a fresh set of WORLD ranks (spawned): CUDA context, NCCL process group, a barrier, then per step a
 barrier (so no rank waits on a late one) and the step's seconds on every rank: `torch.distributed._symmetric_memory`'s
 `empty` and `rendezvous` for a small and a large allocation (which one first depends on the arm), and in one arm
 each peer GPU's context opened in this process before any mapping (whether the mapping's cost is the peers' contexts).

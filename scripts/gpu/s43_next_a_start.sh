@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Planned for the next session on nvidia-h200-x4 (call A; carry .whl .gpu/configs .gpu/tokenizers .vllm/bundle.part05
+# .vllm/SHA256SUMS .vllm/install.sh .vllm/sbs.py), then `LOGS=/tmp/s43 bash scripts/gpu/s42_b_stage.sh` with parts
+# 0-3 (calls B-E), then s43_next_f_ours_tp4.sh (part 4, installs vLLM), TP=4 s40_f_vllm.sh, s43_next_h_ours_moe_tp4.sh,
+# TP=4 MODEL=qwen3-30b-a3b-16l s40_f_vllm.sh (docs/gpu.md, Next). Stages vLLM part 5 and starts three builds detached
+# (setsid) from a copy of the tree: Llama-3.1-8B -tp 4 (GPU 0), the 16-layer Qwen3-30B-A3B -tp 4 (GPU 1) and
+# -tp 4 --ep (GPU 2), weights written into the artifacts.
+LOGS=/tmp/s43; source scripts/gpu/prelude.sh
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | sort | uniq -c; nproc; df -h /tmp | tail -1
+mkdir -p /tmp/vstage && cp .vllm/bundle.part05 .vllm/SHA256SUMS .vllm/install.sh /tmp/vstage/ && cp .vllm/sbs.py /tmp/sbs.py
+LLAMA=/tmp/m/llama-3.1-8b MOE=/tmp/m/qwen3-30b-a3b-16l
+mkdir -p $LLAMA $MOE && cp .gpu/tokenizers/llama3/* $LLAMA/ && cp .gpu/configs/llama-3.1-8b.json $LLAMA/config.json
+cp .gpu/tokenizers/qwen3/* $MOE/ && python3 -c "
+import json; c = json.load(open('.gpu/configs/qwen3-30b-a3b.json')); c['num_hidden_layers'] = 16; c['max_window_layers'] = 16
+json.dump(c, open('$MOE/config.json', 'w'), indent=1)"
+rm -rf /tmp/src && mkdir /tmp/src && cp -r $(ls -A | grep -vxE "\.vllm|\.git") /tmp/src/
+export NCCL_NVLS_ENABLE=0
+build() {  # GPU NAME ARGS...: one detached build from /tmp/src, its pid in /tmp/build-NAME.pid
+  local gpu=$1 name=$2; shift 2
+  (cd /tmp/src && CUDA_VISIBLE_DEVICES=$gpu PYTHONPATH=/tmp/site:/tmp/src setsid nohup timeout 1000 python3 -m atom_aot.build.cli \
+     --max-model-len 4096 --cache-dir /tmp/atom-cache "$@" > $LOGS/build-$name.log 2>&1 < /dev/null & echo $! > /tmp/build-$name.pid)
+}
+build 0 tp4 --model $LLAMA --load-format dummy -tp 4 --out /tmp/art/llama-tp4
+build 1 moe16-tp4 --model $MOE --load-format dummy -tp 4 --out /tmp/art/moe16-tp4
+build 2 moe16-ep4 --model $MOE --load-format dummy -tp 4 --ep --out /tmp/art/moe16-ep4
+sleep 20; for f in /tmp/build-*.pid; do echo "$f $(cat $f)"; done; uptime
