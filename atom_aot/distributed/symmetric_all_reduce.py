@@ -187,11 +187,7 @@ class SymmetricAllReduce:
         if plan.norm_slab_bytes:
             self.norm_buffer = self.memory[layout.norm_buffer_offset:][:layout.norm_buffer_bytes]
             self.norm_signals = self.memory[layout.signals_offset:][:layout.signals_bytes].view(torch.int64)
-            self.norm_signals.zero_()
-            if device.type == "cuda":
-                # zeroed before any peer can signal into it (after the rendezvous); this stream only: a device-wide
-                # synchronize would also wait for the weights this rank uploads beside the join
-                torch.cuda.current_stream(device).synchronize()
+            _zero_now(self.norm_signals)    # before any peer can signal into it (after the rendezvous)
         bases = list(symmetric_memory.rendezvous(self.memory, self.group_name).buffer_ptrs)   # collective
         self.backend = symmetric_memory.get_backend(device) if hasattr(symmetric_memory, "get_backend") else "default"
         self.peer_table = peer_table.empty_table()
@@ -216,6 +212,18 @@ class SymmetricAllReduce:
             staged.copy_(flat)
             torch.ops.symm_mem.two_shot_all_reduce_out(staged, "sum", self.group_name, out)
         return out.view_as(x)
+
+
+def _zero_now(t: torch.Tensor) -> None:
+    """Zeroes `t` and waits for that alone: on GPUs on a stream of its own, since the default stream also carries the
+    weights this rank uploads beside the join (a device-wide or default-stream synchronize would wait for them)."""
+    if t.device.type != "cuda":
+        t.zero_()
+        return
+    side = torch.cuda.Stream(t.device)
+    with torch.cuda.stream(side):
+        t.zero_()
+    side.synchronize()
 
 
 class PeerMemoryAllocation:

@@ -3,7 +3,8 @@
 # once call A's builds are done: two `atom-run generate` starts (the join allocates peer memory beside the process
 # group since session 42: the rank logs' `allocated (beside the process group)` and `waited for the allocation`),
 # three fresh processes to the first token through the harness, then throughput 256 x 1024/512 with our default
-# 8192 batched tokens per step and with vLLM's offline default 16384 (its log: compile range (1, 16384)), and TPOT.
+# 8192 batched tokens per step and with vLLM's offline default 16384 (its log: compile range (1, 16384)), and TPOT;
+# first the fused kernel's checks over 4 ranks on peer memory allocated beside the process group.
 LOGS=/tmp/s43; source scripts/gpu/prelude.sh
 mkdir -p /tmp/vstage && cp .vllm/bundle.part0* /tmp/vstage/ 2>/dev/null
 running() { for f in /tmp/build-*.pid; do kill -0 "$(cat $f)" 2>/dev/null && return 0; done; return 1; }
@@ -14,6 +15,9 @@ for i in 1 2; do
   timeout 60 python3 -m atom_aot.entrypoints.run_cli /tmp/art/llama-tp4 generate Hello --max-tokens 4 > $LOGS/generate-tp4-$i.log 2>&1
   at "generate tp4 $i rc=$?"; grep -E "^startup|rank [0-9] joined" $LOGS/generate-tp4-$i.log | cut -c1-500; cp $LOGS/generate-tp4-$i.log $OUT/
 done
+timeout 80 python3 scripts/gpu/all_reduce_norm_gpus.py --world 4 --out $OUT/arn-tp4.json > $LOGS/arn4.log 2>&1   # checks on the new join
+at "kernel tp4 rc=$?"; python3 scripts/gpu/arn_summary.py $OUT/arn-tp4.json 2>&1 | grep -E "BITS|replays" | tail -4 | cut -c1-250
+python3 -c "import json; print('join_s', json.load(open('$OUT/arn-tp4.json')).get('join_s'))"
 R="python3 /tmp/sbs.py ours --model /tmp/m/llama-3.1-8b --artifact /tmp/art/llama-tp4"
 timeout 150 $R --out $OUT/sbs-ours-tp4-cold.json --sections cold > $LOGS/cold-tp4.log 2>&1
 at "tp4 cold rc=$?"; grep -E "first_token_s|rror" $LOGS/cold-tp4.log | tail -3
