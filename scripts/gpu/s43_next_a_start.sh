@@ -6,20 +6,7 @@
 # (setsid) from a copy of the tree: Llama-3.1-8B -tp 4 (GPU 0), the 16-layer Qwen3-30B-A3B -tp 4 (GPU 1) and
 # -tp 4 --ep (GPU 2), weights written into the artifacts.
 LOGS=/tmp/s43; source scripts/gpu/prelude.sh
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | sort | uniq -c; nproc; df -h /tmp | tail -1
-mkdir -p /tmp/vstage && cp .vllm/bundle.part05 .vllm/SHA256SUMS .vllm/install.sh /tmp/vstage/ && cp .vllm/sbs.py /tmp/sbs.py
-LLAMA=/tmp/m/llama-3.1-8b MOE=/tmp/m/qwen3-30b-a3b-16l
-mkdir -p $LLAMA $MOE && cp .gpu/tokenizers/llama3/* $LLAMA/ && cp .gpu/configs/llama-3.1-8b.json $LLAMA/config.json
-cp .gpu/tokenizers/qwen3/* $MOE/ && python3 -c "
-import json; c = json.load(open('.gpu/configs/qwen3-30b-a3b.json')); c['num_hidden_layers'] = 16; c['max_window_layers'] = 16
-json.dump(c, open('$MOE/config.json', 'w'), indent=1)"
-rm -rf /tmp/src && mkdir /tmp/src && cp -r $(ls -A | grep -vxE "\.vllm|\.git") /tmp/src/
-export NCCL_NVLS_ENABLE=0
-build() {  # GPU NAME ARGS...: one detached build from /tmp/src, its pid in /tmp/build-NAME.pid
-  local gpu=$1 name=$2; shift 2
-  (cd /tmp/src && CUDA_VISIBLE_DEVICES=$gpu PYTHONPATH=/tmp/site:/tmp/src setsid nohup timeout 1000 python3 -m atom_aot.build.cli \
-     --max-model-len 4096 --cache-dir /tmp/atom-cache "$@" > $LOGS/build-$name.log 2>&1 < /dev/null & echo $! > /tmp/build-$name.pid)
-}
+source scripts/gpu/detached_builds.sh     # model folders, vLLM part 5 staged, `build GPU NAME ARGS...`
 build 0 tp4 --model $LLAMA --load-format dummy -tp 4 --out /tmp/art/llama-tp4
 build 1 moe16-tp4 --model $MOE --load-format dummy -tp 4 --out /tmp/art/moe16-tp4
 build 2 moe16-ep4 --model $MOE --load-format dummy -tp 4 --ep --out /tmp/art/moe16-ep4
