@@ -122,6 +122,8 @@ def test_inspect_says_the_weights_are_drawn_at_load(tiny_qwen3_dir, build_artifa
     assert "RANDOM weights, not stored: drawn on the device at every load (--load-format dummy-at-load)" in text
     assert "no model weights: only what a draw at load cannot reproduce" in text
     assert "RANDOM weights (--load-format dummy)" in describe(Artifact.open(dummy))
+    assert "sampling     top-p / min-p masks by sorting the vocabulary (torch; the artifact has no `sample` package)" \
+        in text                                                 # a CPU artifact: no Triton kernel to package
 
 
 def test_fp8_calibrated_kv_scales_are_stored_and_used(tiny_qwen3_dir, build_artifact):

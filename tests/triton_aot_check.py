@@ -22,7 +22,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from atom_aot.distributed.peer_table import TABLE_SIZE
-from atom_aot.ops.triton import all_reduce_norm, fused_moe, moe_routing, paged_attention, rope_cache, small_m_gemm
+from atom_aot.ops.triton import (all_reduce_norm, fused_moe, moe_routing, paged_attention, rope_cache, sampling_threshold,
+                                small_m_gemm)
 
 TARGETS = {
     "sm90": GPUTarget("cuda", 90, 32),
@@ -186,6 +187,15 @@ def moe_glue_launches() -> list[Launch]:
     return launches
 
 
+def sampling_launches() -> list[Launch]:
+    """The sampler's threshold kernel at 256 rows of Qwen3's 151,936-entry vocabulary (meta tensors)."""
+    meta = dict(device="meta")
+    rows = 256
+    return record_launches(sampling_threshold, sampling_threshold.launch_sampling_threshold,
+                           torch.empty(rows, 151936, **meta), torch.empty(rows, dtype=torch.int64, **meta),
+                           torch.empty(rows, **meta), torch.empty(rows, **meta))
+
+
 MODELS = {"qwen3-0.6b": dict(num_heads=16, num_kv_heads=8, head_dim=128),
           "llama-3.1-8b": dict(num_heads=32, num_kv_heads=8, head_dim=128)}
 
@@ -231,7 +241,11 @@ def main() -> None:
     parser.add_argument("--small-m", action="store_true", help="only the small-M GEMM's candidates (fp8, int8)")
     parser.add_argument("--all-reduce-norm", action="store_true", help="only the fused all-reduce + RMSNorm")
     parser.add_argument("--moe-glue", action="store_true", help="only the MoE op's sort and the routers")
+    parser.add_argument("--sampling", action="store_true", help="only the sampler's threshold kernel")
     args = parser.parse_args()
+    if args.sampling:
+        print(json.dumps(compile_all(sampling_launches(), args.targets.split(","))))
+        return
     if args.all_reduce_norm:
         print(json.dumps(compile_all(all_reduce_norm_launches(), args.targets.split(","))))
         return

@@ -34,6 +34,7 @@ from atom_aot.build.config import BuildConfig
 from atom_aot.build.dummy import draw_order_metadata, stored_at_load
 from atom_aot.build.export import compile_package, export_model
 from atom_aot.build.export_mtp import export_mtp
+from atom_aot.build.export_sampler import export_sampler
 from atom_aot.build.graphs import probe_capture_sizes
 from atom_aot.build.int4_checkpoint import check_int4_model
 from atom_aot.build.key import build_key, key_inputs
@@ -217,7 +218,8 @@ def _calibrate_kv_scales(model_cls, model_config: ModelConfig, config: BuildConf
 
 def _compile(staging: Path, model, tuning: Tuning, config: BuildConfig, max_len: int,
              progress: StageProgress, checkpoints: StageCheckpoints) -> list[Phase]:
-    """One AOTInductor package per phase: `mixed` everywhere, plus `decode` where graphs replay it."""
+    """One AOTInductor package per phase: `mixed` everywhere, plus `decode` where graphs replay it, `mtp` for a
+    model with MTP layers, and on GPUs `sample` (the sampler's thresholds, build/export_sampler.py)."""
     phases = [Phase.MIXED] if config.arch == "cpu" else [Phase.MIXED, Phase.DECODE]
     device = device_for_arch(config.arch)
     for phase in phases:
@@ -236,6 +238,13 @@ def _compile(staging: Path, model, tuning: Tuning, config: BuildConfig, max_len:
             with progress.stage("compile (mtp)"):
                 checkpoints.keep_package(Phase.MTP, compile_package(exported, staging / package_member(Phase.MTP)))
         phases.append(Phase.MTP)
+    if config.arch != "cpu":       # the sampler's thresholds: no vocabulary sort at run time
+        if not _resumed_package(checkpoints, Phase.SAMPLE, staging, progress):
+            with progress.stage("export (sample)"):
+                exported = export_sampler(model.config.vocab_size, device)
+            with progress.stage("compile (sample)"):
+                checkpoints.keep_package(Phase.SAMPLE, compile_package(exported, staging / package_member(Phase.SAMPLE)))
+        phases.append(Phase.SAMPLE)
     return phases
 
 

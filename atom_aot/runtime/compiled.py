@@ -78,6 +78,23 @@ class CompiledMTP(CompiledModel):
         return logits, hidden
 
 
+class CompiledSampler(CompiledModel):
+    """The `sample` package (build/export_sampler.py): (logits [N, V] float32, top_k [N] int64, top_p [N] float32,
+    min_p [N] float32) -> each row's mask threshold [N] float32 (ops/sampling.py), by the Triton kernel, no sort."""
+
+    INPUT_TYPES = (None, None, None, None)
+
+    def __call__(self, logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                 min_p: torch.Tensor) -> torch.Tensor:
+        return self._loader.run([logits.contiguous(), top_k, top_p, min_p])[0]
+
+
+def package_class(phase) -> type[CompiledModel]:
+    """What calls a phase's package: the model forward's, the MTP step's or the sampler's signature."""
+    from atom_aot.artifact.phase import Phase
+    return {Phase.MTP: CompiledMTP, Phase.SAMPLE: CompiledSampler}.get(phase, CompiledModel)
+
+
 def input_type_names(in_spec: str) -> tuple[str | None, ...] | None:
     """The serialized type name (None: a tensor) of each argument of the exported forward: in_spec is the
     JSON pytree spec [version, ((args...), {})]."""

@@ -44,7 +44,8 @@ class LoadedArtifact:
     hf_config: dict                     # config/config.json as built (its eos_token_id backs generation_config's)
     rank: int                           # tensor-parallel rank whose weights these are
     weights: dict[str, torch.Tensor]    # the runtime's parameters, on the device
-    forwards: dict[Phase, Callable]     # phase -> callable with the exported signature (`mtp`: deepseek_mtp.MTPStep's)
+    forwards: dict[Phase, Callable]     # phase -> callable with the exported signature (`mtp`: deepseek_mtp.MTPStep's,
+                                        # `sample`: compiled.CompiledSampler's)
     execution: str                      # which path runs: "aotinductor" or "eager"
     device: torch.device
     dtype: torch.dtype
@@ -200,7 +201,7 @@ def _load_compiled(artifact: Artifact, read_weights: Callable[[], dict[str, torc
     packages; the weights are bound to them after."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from atom_aot.runtime.compiled import CompiledModel, CompiledMTP
+    from atom_aot.runtime.compiled import package_class
 
     def upload():
         start = time.perf_counter()
@@ -211,8 +212,7 @@ def _load_compiled(artifact: Artifact, read_weights: Callable[[], dict[str, torc
     with ThreadPoolExecutor(1, thread_name_prefix="atom-weights") as pool:
         pending = pool.submit(upload)
         opened = time.perf_counter()
-        forwards = {phase: (CompiledMTP if phase == Phase.MTP else CompiledModel)(artifact.member_path(member),
-                                                                                   device)
+        forwards = {phase: package_class(phase)(artifact.member_path(member), device)
                     for phase, member in artifact.manifest.compiled.packages.items()}
         timings["compiled load"] = time.perf_counter() - opened
         weights, timings["weights (overlapped)"] = pending.result()

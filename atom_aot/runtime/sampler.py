@@ -7,35 +7,36 @@ not depend on which other requests share the batch.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+import logging
+from typing import Callable, NamedTuple
 
 import torch
 
+from atom_aot.ops.sampling import mask_below, sampling_threshold
 from atom_aot.runtime.logits_processors import LogitsProcessors
 from atom_aot.runtime.outputs import TokenLogprobs
 from atom_aot.runtime.sequence import Sequence
 from atom_aot.runtime.transfer import to_device
 
+log = logging.getLogger("atom_aot")
+
+# (logits [N, V] float32, top_k [N] int64, top_p [N] float32, min_p [N] float32) -> thresholds [N] float32
+ThresholdFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+THRESHOLD_PATHS = {True: "the artifact's `sample` package (a Triton kernel, no vocabulary sort)",
+                   False: "sorting the vocabulary (torch; the artifact has no `sample` package)"}
+
 
 def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                            min_p: torch.Tensor) -> torch.Tensor:
+                            min_p: torch.Tensor, threshold: ThresholdFn = sampling_threshold) -> torch.Tensor:
     """Mask (to -inf) what top-k, then top-p, then min-p exclude. logits: [N, V]; the rest [N].
 
     top_k <= 0 keeps all; top-p keeps the smallest set of most likely tokens whose mass reaches
-    top_p; min-p drops tokens less likely than min_p times the most likely one.
+    top_p; min-p drops tokens less likely than min_p times the most likely one. Together they keep
+    each row's tokens at or above one threshold (ops/sampling.py), tokens tied with it included;
+    `threshold` computes it: the torch reference sorts the vocabulary, the artifact's `sample` package
+    (a Triton kernel, on GPUs) does not.
     """
-    vocab = logits.shape[-1]
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
-    kth = sorted_logits.gather(-1, (k - 1).unsqueeze(-1))
-    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
-    probs = sorted_logits.softmax(dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs
-    drop = mass_before >= top_p.unsqueeze(-1)
-    drop |= probs < (min_p.unsqueeze(-1) * probs[:, :1])
-    drop[:, 0] = False                       # the most likely token always stays
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return mask_below(logits, threshold(logits, top_k, top_p, min_p))
 
 
 def _masks(seq: Sequence) -> bool:
@@ -66,21 +67,35 @@ def scale_by_temperature(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Te
     return logits / temperature.unsqueeze(-1)
 
 
-def sampling_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+def sampling_probs(logits: torch.Tensor, seqs: list[Sequence],
+                   threshold: ThresholdFn = sampling_threshold) -> torch.Tensor:
     """The distribution [N, V] the sampler draws row i of `logits` from: temperature, then the
     top-k / top-p / min-p mask (speculative verification needs it whole)."""
     scaled = scale_by_temperature(logits, seqs)
     if any(_masks(seq) for seq in seqs):
-        scaled = apply_top_k_top_p_min_p(scaled, *_mask_params(seqs, logits.device))
+        scaled = apply_top_k_top_p_min_p(scaled, *_mask_params(seqs, logits.device), threshold)
     return scaled.softmax(dim=-1)
 
 
 class Sampler:
-    def __init__(self, device: torch.device, seed: int = 0):
+    def __init__(self, device: torch.device, seed: int = 0, threshold: ThresholdFn | None = None):
+        """`threshold`: the artifact's compiled `sample` package where it has one (no vocabulary sort), else the
+        torch reference (ops/sampling.py, a sort)."""
         self.device = device
+        self.threshold: ThresholdFn = threshold or sampling_threshold
+        self.compiled_threshold = threshold is not None
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
         self.logits_processors = LogitsProcessors(device)
+
+    @classmethod
+    def for_artifact(cls, forwards: dict, device: torch.device, seed: int = 0) -> "Sampler":
+        """The sampler of an artifact's loaded packages (`forwards`, phase -> callable): with its `sample` package's
+        thresholds where it has one; which masks run is logged."""
+        from atom_aot.artifact.phase import Phase
+        threshold = forwards.get(Phase.SAMPLE)
+        log.info("sampling: top-p / min-p masks by %s", THRESHOLD_PATHS[threshold is not None])
+        return cls(device, seed, threshold)
 
     def new_request_generator(self, seed: int) -> torch.Generator:
         g = torch.Generator(device=self.device)
@@ -110,8 +125,8 @@ class Sampler:
             sampled = (scaled.softmax(dim=-1) / noise).argmax(dim=-1)
         elif all(seq.params.top_k > 0 for seq in drawn):
             sampled = _sample_among_top_k(scaled, noise, seqs)
-        else:                                      # some row needs the whole vocabulary sorted
-            masked = apply_top_k_top_p_min_p(scaled, *_mask_params(seqs, scaled.device))
+        else:                                      # some row masks the whole vocabulary: one threshold per row
+            masked = apply_top_k_top_p_min_p(scaled, *_mask_params(seqs, scaled.device), self.threshold)
             sampled = (masked.softmax(dim=-1) / noise).argmax(dim=-1)
         is_greedy = to_device([seq.params.greedy for seq in seqs], torch.bool, logits.device)
         return torch.where(is_greedy, greedy, sampled)

@@ -162,7 +162,8 @@ def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig, ranks: Lead
         lockstep = Lockstep(forwards)
         log.info("data-parallel attention: rank %d of %d, stepping with the others", dp_group.rank,
                  dp_group.world_size)
-    runner = ModelRunner(forwards, kv_cache, loaded.block_size, loaded.device, Sampler(loaded.device, config.seed))
+    sampler = Sampler.for_artifact(loaded.forwards, loaded.device, config.seed)
+    runner = ModelRunner(forwards, kv_cache, loaded.block_size, loaded.device, sampler)
     speculation = start_speculation(loaded, config, runner, max_model_len, num_blocks, config.max_num_seqs, draft)
     scheduler = Scheduler(
         SchedulerConfig.from_runtime(config, max_model_len),

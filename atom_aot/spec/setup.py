@@ -215,7 +215,8 @@ def start_draft(draft: LoadedArtifact, config: RuntimeConfig, target_tokens: int
     num_blocks = draft_kv_blocks(draft.block_size, target_tokens, max_num_seqs)
     kv_cache = allocate_kv_cache(draft.model_config, num_blocks, draft.block_size, draft.kv_dtype, draft.device)
     forwards = Forwards(draft.forwards[Phase.MIXED], draft.forwards.get(Phase.DECODE))
-    runner = ModelRunner(forwards, kv_cache, draft.block_size, draft.device, Sampler(draft.device, config.seed))
+    sampler = Sampler.for_artifact(draft.forwards, draft.device, config.seed)
+    runner = ModelRunner(forwards, kv_cache, draft.block_size, draft.device, sampler)
     log.info("draft model %s: %d KV blocks of %d tokens", draft.manifest.model.name, num_blocks, draft.block_size)
     return DraftModelProposer(runner, BlockManager(num_blocks, draft.block_size, enable_prefix_caching=False),
                               config.num_speculative_tokens)

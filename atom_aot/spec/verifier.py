@@ -73,7 +73,7 @@ class SpeculativeRunner:
     def _verify(self, batch: ScheduledBatch, logits: torch.Tensor) -> VerifiedOutput:
         rows = [seq for seq, count in zip(batch.seqs, batch.num_new_tokens) for _ in range(count)]
         greedy = [seq.params.greedy for seq in batch.seqs]
-        probs = None if all(greedy) else sampling_probs(logits, rows)
+        probs = None if all(greedy) else sampling_probs(logits, rows, self.sampler.threshold)
         argmax = logits.argmax(dim=-1).tolist() if any(greedy) else None     # one read back for the batch
         starts = [0]
         for count in batch.num_new_tokens:
