@@ -13,6 +13,7 @@ import torch
 
 from triton_support import DEVICE, poisoned_outputs  # noqa: F401 (an autouse fixture)
 
+from atom_aot.errors import StartupError
 from atom_aot.ops.sampling import mask_below, sampling_threshold
 from atom_aot.ops.triton.sampling_threshold import BLOCK, launch_sampling_threshold
 from atom_aot.runtime.sampler import Sampler
@@ -128,6 +129,11 @@ def test_an_artifacts_sample_package_is_what_the_sampler_calls(caplog):
     assert len(calls) == 1
     assert not Sampler.for_artifact({Phase.MIXED: None}, torch.device("cpu")).compiled_threshold
     assert "masks by sorting the vocabulary" in caplog.text
+    sorting = Sampler.for_artifact({Phase.SAMPLE: package}, torch.device("cpu"), environ={"ATOM_SAMPLING_MASKS": "sort"})
+    assert not sorting.compiled_threshold and "ATOM_SAMPLING_MASKS=sort; the artifact's `sample` package is not used" \
+        in caplog.text
+    with pytest.raises(StartupError, match="ATOM_SAMPLING_MASKS='fast'"):
+        Sampler.for_artifact({}, torch.device("cpu"), environ={"ATOM_SAMPLING_MASKS": "fast"})
 
 
 EXPORT_SCRIPT = r'''

@@ -8,10 +8,12 @@ not depend on which other requests share the batch.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Callable, NamedTuple
 
 import torch
 
+from atom_aot.errors import StartupError
 from atom_aot.ops.sampling import mask_below, sampling_threshold
 from atom_aot.runtime.logits_processors import LogitsProcessors
 from atom_aot.runtime.outputs import TokenLogprobs
@@ -22,6 +24,7 @@ log = logging.getLogger("atom_aot")
 
 # (logits [N, V] float32, top_k [N] int64, top_p [N] float32, min_p [N] float32) -> thresholds [N] float32
 ThresholdFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+MASKS_VARIABLE = "ATOM_SAMPLING_MASKS"
 THRESHOLD_PATHS = {True: "the artifact's `sample` package (a Triton kernel, no vocabulary sort)",
                    False: "sorting the vocabulary (torch; the artifact has no `sample` package)"}
 
@@ -89,12 +92,19 @@ class Sampler:
         self.logits_processors = LogitsProcessors(device)
 
     @classmethod
-    def for_artifact(cls, forwards: dict, device: torch.device, seed: int = 0) -> "Sampler":
+    def for_artifact(cls, forwards: dict, device: torch.device, seed: int = 0, environ=os.environ) -> "Sampler":
         """The sampler of an artifact's loaded packages (`forwards`, phase -> callable): with its `sample` package's
-        thresholds where it has one; which masks run is logged."""
+        thresholds where it has one, unless ATOM_SAMPLING_MASKS=sort (the A/B switch); which masks run is logged."""
         from atom_aot.artifact.phase import Phase
-        threshold = forwards.get(Phase.SAMPLE)
-        log.info("sampling: top-p / min-p masks by %s", THRESHOLD_PATHS[threshold is not None])
+        mode = environ.get(MASKS_VARIABLE, "auto")
+        if mode not in ("auto", "sort"):
+            raise StartupError(f"{MASKS_VARIABLE}={mode!r}: expected auto (the artifact's `sample` package where it "
+                               f"has one) or sort")
+        threshold = forwards.get(Phase.SAMPLE) if mode == "auto" else None
+        how = THRESHOLD_PATHS[threshold is not None]
+        if mode == "sort" and Phase.SAMPLE in forwards:
+            how = f"sorting the vocabulary ({MASKS_VARIABLE}=sort; the artifact's `sample` package is not used)"
+        log.info("sampling: top-p / min-p masks by %s", how)
         return cls(device, seed, threshold)
 
     def new_request_generator(self, seed: int) -> torch.Generator:
