@@ -129,7 +129,8 @@ def test_an_artifacts_sample_package_is_what_the_sampler_calls(caplog):
     assert len(calls) == 1
     assert not Sampler.for_artifact({Phase.MIXED: None}, torch.device("cpu")).compiled_threshold
     assert "masks by sorting the vocabulary" in caplog.text
-    sorting = Sampler.for_artifact({Phase.SAMPLE: package}, torch.device("cpu"), environ={"ATOM_SAMPLING_MASKS": "sort"})
+    sorting = Sampler.for_artifact({Phase.SAMPLE: package}, torch.device("cpu"),
+                                   environ={"ATOM_SAMPLING_MASKS": "sort"})
     assert not sorting.compiled_threshold and "ATOM_SAMPLING_MASKS=sort; the artifact's `sample` package is not used" \
         in caplog.text
     with pytest.raises(StartupError, match="ATOM_SAMPLING_MASKS='fast'"):

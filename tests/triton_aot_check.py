@@ -22,8 +22,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from atom_aot.distributed.peer_table import TABLE_SIZE
-from atom_aot.ops.triton import (all_reduce_norm, fused_moe, moe_routing, paged_attention, rope_cache, sampling_threshold,
-                                small_m_gemm)
+from atom_aot.ops.triton import (all_reduce_norm, fused_moe, moe_routing, paged_attention, rope_cache,
+                                 sampling_threshold, small_m_gemm)
 
 TARGETS = {
     "sm90": GPUTarget("cuda", 90, 32),

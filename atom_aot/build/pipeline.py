@@ -243,7 +243,8 @@ def _compile(staging: Path, model, tuning: Tuning, config: BuildConfig, max_len:
             with progress.stage("export (sample)"):
                 exported = export_sampler(model.config.vocab_size, device)
             with progress.stage("compile (sample)"):
-                checkpoints.keep_package(Phase.SAMPLE, compile_package(exported, staging / package_member(Phase.SAMPLE)))
+                package = compile_package(exported, staging / package_member(Phase.SAMPLE))
+                checkpoints.keep_package(Phase.SAMPLE, package)
         phases.append(Phase.SAMPLE)
     return phases
 

@@ -41,7 +41,8 @@ def main() -> None:
                 row = {"vocab": vocab, "rows": n, "masks": name, "equal": bool(torch.equal(want, got)),
                        "kept_mean": float((logits >= got.unsqueeze(-1)).sum(-1).float().mean()),
                        "reference_threshold_ms": triton.testing.do_bench(lambda: sampling_threshold(logits, *params)),
-                       "kernel_threshold_ms": triton.testing.do_bench(lambda: launch_sampling_threshold(logits, *params)),
+                       "kernel_threshold_ms": triton.testing.do_bench(
+                           lambda: launch_sampling_threshold(logits, *params)),
                        "reference_draw_ms": triton.testing.do_bench(lambda: draw(sampling_threshold)),
                        "kernel_draw_ms": triton.testing.do_bench(lambda: draw(launch_sampling_threshold)),
                        "greedy_argmax_ms": triton.testing.do_bench(lambda: logits.argmax(-1))}

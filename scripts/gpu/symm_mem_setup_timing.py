@@ -1,12 +1,15 @@
 """Where the seconds of mapping peer memory go (issue 23: `join: peer memory: buffers mapped` took 1.9-3.0 s on
 two and four H200s in session 42, with nothing loading beside it in the kernel bench):
 
-  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 python scripts/gpu/symm_mem_setup_timing.py --world 2 --out F.json
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+      python scripts/gpu/symm_mem_setup_timing.py --world 2 --out F.json
 
-`ARMS=a,b` picks arms (default all). Each arm is a fresh set of WORLD ranks (spawned): CUDA context, NCCL process group, a barrier, then per step a
-barrier (so no rank waits on a late one) and the step's seconds on every rank: `torch.distributed._symmetric_memory`'s
-`empty` and `rendezvous` for a small and a large allocation (which one first depends on the arm), and in one arm
-each peer GPU's context opened in this process before any mapping (whether the mapping's cost is the peers' contexts).
+`ARMS=a,b` picks arms (default all). Each arm is a fresh set of WORLD ranks (spawned): CUDA context, NCCL
+process group, a barrier, then per step a barrier (so no rank waits on a late one) and the step's seconds on
+every rank: `torch.distributed._symmetric_memory`'s `empty` and `rendezvous` for a small and a large allocation
+(which one first depends on the arm); other arms open each peer GPU's context first (whether the mapping's cost is
+the peers' contexts), set TORCH_SYMMMEM=CUDA or call set_backend("CUDA"), or make the first `empty` in a thread
+while the process group starts.
 """
 from __future__ import annotations
 
@@ -106,8 +109,9 @@ def main() -> None:
             os.remove(f"{args.out}.rank{r}")
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
-        print(arm, {k: v for k, v in report["arms"][arm][0].items() if k.endswith("_s")}, [(s["step"], s.get("empty_s"), s.get("rendezvous_s", s.get("s"))) for s in report["arms"][arm][0]["steps"]],
-              flush=True)
+        first = report["arms"][arm][0]
+        print(arm, {k: v for k, v in first.items() if k.endswith("_s")},
+              [(s["step"], s.get("empty_s"), s.get("rendezvous_s", s.get("s"))) for s in first["steps"]], flush=True)
 
 
 if __name__ == "__main__":
