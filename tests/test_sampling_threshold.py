@@ -16,7 +16,7 @@ from triton_support import DEVICE, poisoned_outputs  # noqa: F401 (an autouse fi
 from atom_aot.errors import StartupError
 from atom_aot.ops.sampling import mask_below, sampling_threshold
 from atom_aot.ops.triton.sampling_threshold import BLOCK, launch_sampling_threshold
-from atom_aot.runtime.sampler import Sampler
+from atom_aot.runtime.sampler import KERNEL_MIN_ROWS, Sampler
 from atom_aot.runtime.sampling_params import SamplingParams
 from atom_aot.runtime.sequence import Sequence
 
@@ -102,7 +102,7 @@ def test_the_sampler_draws_the_same_tokens_with_the_kernels_thresholds():
     params = [SamplingParams(temperature=0.8, top_p=0.9, seed=1), SamplingParams(temperature=1.0, top_p=0.5,
               min_p=0.05, seed=2), SamplingParams(temperature=0.7, top_k=20, top_p=0.95, seed=3)]
     by_reference = Sampler(torch.device(DEVICE), seed=7)
-    by_kernel = Sampler(torch.device(DEVICE), seed=7, threshold=launch_sampling_threshold)
+    by_kernel = Sampler(torch.device(DEVICE), seed=7, threshold=launch_sampling_threshold, kernel_min_rows=1)
     assert by_kernel.compiled_threshold and not by_reference.compiled_threshold
     seqs_a, seqs_b = seqs_of(params, by_reference), seqs_of(params, by_kernel)
     g = torch.Generator().manual_seed(4)
@@ -123,10 +123,16 @@ def test_an_artifacts_sample_package_is_what_the_sampler_calls(caplog):
         return launch_sampling_threshold(*args)
     caplog.set_level("INFO", logger="atom_aot")
     sampler = Sampler.for_artifact({Phase.MIXED: None, Phase.SAMPLE: package}, torch.device(DEVICE))
-    assert "masks by the artifact's `sample` package" in caplog.text
-    seqs = seqs_of([SamplingParams(temperature=1.0, top_p=0.8, seed=5)], sampler)
-    sampler(torch.randn(1, 300, device=DEVICE), seqs)
-    assert len(calls) == 1
+    assert f"masks by the artifact's `sample` package (a Triton kernel, no vocabulary sort) from {KERNEL_MIN_ROWS}" \
+        in caplog.text
+    for rows, called in ((KERNEL_MIN_ROWS - 1, 0), (KERNEL_MIN_ROWS, 1)):      # the sort below, the kernel from
+        seqs = seqs_of([SamplingParams(temperature=1.0, top_p=0.8, seed=5)] * rows, sampler)
+        sampler(torch.randn(rows, 300, device=DEVICE), seqs)
+        assert len(calls) == called
+    always = Sampler.for_artifact({Phase.SAMPLE: package}, torch.device(DEVICE),
+                                  environ={"ATOM_SAMPLING_MASKS": "kernel"})
+    always(torch.randn(1, 300, device=DEVICE), seqs_of([SamplingParams(temperature=1.0, top_p=0.8, seed=5)], always))
+    assert len(calls) == 2 and "at any rows (ATOM_SAMPLING_MASKS=kernel)" in caplog.text
     assert not Sampler.for_artifact({Phase.MIXED: None}, torch.device("cpu")).compiled_threshold
     assert "masks by sorting the vocabulary" in caplog.text
     sorting = Sampler.for_artifact({Phase.SAMPLE: package}, torch.device("cpu"),

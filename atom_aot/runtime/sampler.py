@@ -25,7 +25,13 @@ log = logging.getLogger("atom_aot")
 # (logits [N, V] float32, top_k [N] int64, top_p [N] float32, min_p [N] float32) -> thresholds [N] float32
 ThresholdFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 MASKS_VARIABLE = "ATOM_SAMPLING_MASKS"
-THRESHOLD_PATHS = {True: "the artifact's `sample` package (a Triton kernel, no vocabulary sort)",
+MASK_MODES = ("auto", "sort", "kernel")
+# auto: the package's kernel from this many rows, the sort below. The kernel runs one program per row, so a few
+# rows leave most of the GPU idle while one row's sort is short; a guess until a GPU run times both
+# (scripts/gpu/sampling_bench.py: 1, 64 and 256 rows).
+KERNEL_MIN_ROWS = 32
+THRESHOLD_PATHS = {True: f"the artifact's `sample` package (a Triton kernel, no vocabulary sort) from "
+                         f"{KERNEL_MIN_ROWS} rows, sorting the vocabulary below",
                    False: "sorting the vocabulary (torch; the artifact has no `sample` package)"}
 
 
@@ -81,12 +87,13 @@ def sampling_probs(logits: torch.Tensor, seqs: list[Sequence],
 
 
 class Sampler:
-    def __init__(self, device: torch.device, seed: int = 0, threshold: ThresholdFn | None = None):
-        """`threshold`: the artifact's compiled `sample` package where it has one (no vocabulary sort), else the
-        torch reference (ops/sampling.py, a sort)."""
+    def __init__(self, device: torch.device, seed: int = 0, threshold: ThresholdFn | None = None,
+                 kernel_min_rows: int = KERNEL_MIN_ROWS):
+        """`threshold`: the artifact's compiled `sample` package where it has one (no vocabulary sort), used for
+        batches of at least `kernel_min_rows` rows; the torch reference (ops/sampling.py, a sort) otherwise."""
         self.device = device
-        self.threshold: ThresholdFn = threshold or sampling_threshold
         self.compiled_threshold = threshold is not None
+        self._kernel, self.kernel_min_rows = threshold, kernel_min_rows
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
         self.logits_processors = LogitsProcessors(device)
@@ -97,15 +104,23 @@ class Sampler:
         thresholds where it has one, unless ATOM_SAMPLING_MASKS=sort (the A/B switch); which masks run is logged."""
         from atom_aot.artifact.phase import Phase
         mode = environ.get(MASKS_VARIABLE, "auto")
-        if mode not in ("auto", "sort"):
-            raise StartupError(f"{MASKS_VARIABLE}={mode!r}: expected auto (the artifact's `sample` package where it "
-                               f"has one) or sort")
-        threshold = forwards.get(Phase.SAMPLE) if mode == "auto" else None
+        if mode not in MASK_MODES:
+            raise StartupError(f"{MASKS_VARIABLE}={mode!r}: expected auto (the artifact's `sample` package from "
+                               f"{KERNEL_MIN_ROWS} rows where it has one), sort or kernel (the package at any rows)")
+        threshold = forwards.get(Phase.SAMPLE) if mode != "sort" else None
         how = THRESHOLD_PATHS[threshold is not None]
         if mode == "sort" and Phase.SAMPLE in forwards:
             how = f"sorting the vocabulary ({MASKS_VARIABLE}=sort; the artifact's `sample` package is not used)"
+        if mode == "kernel" and threshold is not None:
+            how = f"the artifact's `sample` package at any rows ({MASKS_VARIABLE}=kernel)"
         log.info("sampling: top-p / min-p masks by %s", how)
-        return cls(device, seed, threshold)
+        return cls(device, seed, threshold, 1 if mode == "kernel" else KERNEL_MIN_ROWS)
+
+    def threshold(self, logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                  min_p: torch.Tensor) -> torch.Tensor:
+        """Each row's mask threshold: the package's kernel for `kernel_min_rows` rows or more, else the sort."""
+        use_kernel = self._kernel is not None and logits.shape[0] >= self.kernel_min_rows
+        return (self._kernel if use_kernel else sampling_threshold)(logits, top_k, top_p, min_p)
 
     def new_request_generator(self, seed: int) -> torch.Generator:
         g = torch.Generator(device=self.device)

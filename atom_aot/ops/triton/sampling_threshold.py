@@ -9,8 +9,11 @@ nucleus threshold is the largest v whose logits >= v (inside the top-k set) carr
 set's mass. Both are searches over the logits' float32 bit patterns, mapped to int32 keys in the same
 order (`_keys`), so the answer is exact (a logit of the row): each pass over the row counts, for P pivot
 keys at once, the count or the mass at or above each, and keeps the interval between the last pivot that
-still reaches the target and the next: 32 bits in ceil(32 / log2(P)) passes. A row with top-k and top-p
-reads its logits about 16 times (max, 7 + 7 search passes, the top-k set's mass); top-p alone 9 times.
+still reaches the target and the next: 32 bits in 32 / log2(P) passes. Each pass costs P compares per logit
+besides its read, so 16 pivots (8 passes) balance the two; each lane sums its own logits per pivot and the
+lanes are summed once per pass. A row with top-k and top-p reads its logits about 18 times (max, 8 + 8 search
+passes, the top-k set's mass); top-p alone 10 times. One program per row is latency-bound at a few rows (the
+sampler keeps the sort there, runtime/sampler.py `KERNEL_MIN_ROWS`).
 """
 from __future__ import annotations
 
@@ -21,8 +24,8 @@ from torch.library import triton_op, wrap_triton
 
 from atom_aot.ops.triton._common import check_last_dim_contiguous
 
-BLOCK = 512               # logits per load
-PIVOTS = 32               # keys tested per pass: 5 bits of the 32 per pass
+BLOCK = 256               # logits per load
+PIVOTS = 16               # keys tested per pass: 4 bits of the 32 per pass (8 passes; more pivots cost compares)
 NEG_INF_KEY = -2139095041     # _keys(-inf): 0xFF800000 ^ 0x7FFFFFFF as an int32
 
 
@@ -69,7 +72,8 @@ def _largest_key_reaching(row_ptr, V, lo, hi, target, row_max, BY_MASS: tl.const
     while lo < hi:
         span = hi.to(tl.int64) - lo.to(tl.int64)
         pivots = (lo.to(tl.int64) + (span * js.to(tl.int64) + (P - 1)) // P).to(tl.int32)   # pivots[0] = lo
-        reached = tl.zeros((P,), dtype=tl.float32)
+        # per lane and pivot, summed across the lanes once after the pass (not at every load)
+        partial = tl.zeros((BLOCK, P), dtype=tl.float32)
         for start in range(0, V, BLOCK):
             inside = start + offs < V
             x = tl.load(row_ptr + start + offs, mask=inside, other=float("-inf"))
@@ -77,8 +81,8 @@ def _largest_key_reaching(row_ptr, V, lo, hi, target, row_max, BY_MASS: tl.const
                 weight = tl.exp(x - row_max)
             else:
                 weight = tl.where(inside, 1.0, 0.0)
-            above = _keys(x)[:, None] >= pivots[None, :]
-            reached += tl.sum(tl.where(above, weight[:, None], 0.0), axis=0)
+            partial += tl.where(_keys(x)[:, None] >= pivots[None, :], weight[:, None], 0.0)
+        reached = tl.sum(partial, axis=0)
         j = tl.max(tl.where(reached >= target, js, 0), 0)          # the last pivot still reaching (0 at worst)
         new_lo = tl.sum(tl.where(js == j, pivots, 0), 0)
         hi = tl.min(tl.where(pivots > new_lo, pivots - 1, hi), 0)    # below the next pivot, which falls short
