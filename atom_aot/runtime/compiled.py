@@ -50,7 +50,8 @@ class CompiledModel:
         # (constants, use_inactive, check_full_update, user_managed): the four arguments every torch
         # from 2.11 takes. Never call it with a signature it may refuse: pybind's TypeError message
         # prints every tensor passed, which took 2.6 s for Qwen3-0.6B's 454 weights.
-        self._loader.load_constants(self._constants, False, True, True)
+        if self._constants:          # a package without weights (`sample`) has nothing to load
+            self._loader.load_constants(self._constants, False, True, True)
         return self
 
     def __call__(self, inputs: StepInputs) -> torch.Tensor:
