@@ -226,6 +226,20 @@ def _zero_now(t: torch.Tensor) -> None:
     side.synchronize()
 
 
+def _peer_plan(world_size: int, device: torch.device,
+               environ=os.environ) -> tuple[AllReducePlan | None, str | None]:
+    """The plan a group of `world_size` on `device` maps peer memory for (what the join allocates beforehand and
+    open_symmetric_all_reduce maps), else (None, the setting that chose NCCL; None on the CPU or for one rank)."""
+    if device.type != "cuda" or world_size < 2:
+        return None, None
+    plan = plan_from_env(world_size, environ)
+    if plan is None:
+        return None, f"{MODE_VARIABLE}=nccl"
+    if plan.buffer_bytes == 0:
+        return None, f"{ONE_SHOT_VARIABLE} and {TWO_SHOT_VARIABLE} are 0"
+    return plan, None
+
+
 class PeerMemoryAllocation:
     """The allocation SymmetricAllReduce maps, made in a thread of its own, started before the process group.
 
@@ -250,10 +264,8 @@ class PeerMemoryAllocation:
         """The allocation open_symmetric_all_reduce will map for a group of `world_size` on `device`, or None where
         it will map none for a reason known before the group exists (the CPU, one rank, no plan, mapped before).
         Where the ranks learn later that they cannot map (several hosts, no peer access), it is dropped unused."""
-        if device.type != "cuda" or world_size < 2 or _mapped_before:
-            return None
-        plan = plan_from_env(world_size, environ)
-        if plan is None or plan.buffer_bytes == 0:
+        plan, _ = _peer_plan(world_size, device, environ)
+        if plan is None or _mapped_before:
             return None
         return cls(PeerMemoryLayout.of(plan, world_size).total_bytes, device)
 
@@ -286,14 +298,10 @@ def open_symmetric_all_reduce(group: dist.ProcessGroup, device: torch.device,
     memory started before the group (PeerMemoryAllocation.start), else it is allocated here. `timings` gets the
     seconds of its parts (the ranks' places traded, the wait for the allocation, the buffers mapped)."""
     timings = {} if timings is None else timings
-    if device.type != "cuda" or group.size() < 2:
-        return None
-    plan = plan_from_env(group.size())
+    plan, setting = _peer_plan(group.size(), device)
     if plan is None:
-        log.info("all-reduce: NCCL for every size (%s=nccl)", MODE_VARIABLE)
-        return None
-    if plan.buffer_bytes == 0:
-        log.info("all-reduce: NCCL for every size (%s and %s are 0)", ONE_SHOT_VARIABLE, TWO_SHOT_VARIABLE)
+        if setting:
+            log.info("all-reduce: NCCL for every size (%s)", setting)
         return None
     start = time.perf_counter()
     reason = _peer_access_missing(group, device)
