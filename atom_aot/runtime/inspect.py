@@ -7,7 +7,7 @@ from atom_aot.artifact.manifest import Quantization
 from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.reader import Artifact
 from atom_aot.distributed.symmetric_all_reduce import describe_plan
-from atom_aot.runtime.sampler import THRESHOLD_PATHS
+from atom_aot.runtime.sampler import masks_path
 
 WEIGHT_ORIGINS = {"none": "not quantized", "build": "quantized by atom-build --quant",
                   "checkpoint": "from the checkpoint"}
@@ -63,7 +63,7 @@ def describe(art: Artifact) -> str:
         ("compiled", "AOTInductor packages " + ", ".join(f"{p}: {v}" for p, v in m.compiled.packages.items())
                      if m.compiled.kind == "aotinductor"
                      else "none: the runtime runs the model module eagerly (built with --compile none)"),
-        ("sampling", "top-p / min-p masks by " + THRESHOLD_PATHS[Phase.SAMPLE in m.compiled.packages]),
+        ("sampling", "top-p / min-p masks by " + masks_path(Phase.SAMPLE in m.compiled.packages)),
         ("cuda graphs", ", ".join(map(str, graphs.capture_sizes)) or graphs.note),
         ("built", f"{m.built_at} on {m.build_host} in "
                   + ", ".join(f"{k} {v:.1f}s" for k, v in m.build_seconds.items())),

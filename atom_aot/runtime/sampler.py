@@ -30,9 +30,19 @@ MASK_MODES = ("auto", "sort", "kernel")
 # rows leave most of the GPU idle while one row's sort is short; a guess until a GPU run times both
 # (scripts/gpu/sampling_bench.py: 1, 64 and 256 rows).
 KERNEL_MIN_ROWS = 32
-THRESHOLD_PATHS = {True: f"the artifact's `sample` package (a Triton kernel, no vocabulary sort) from "
-                         f"{KERNEL_MIN_ROWS} rows, sorting the vocabulary below",
-                   False: "sorting the vocabulary (torch; the artifact has no `sample` package)"}
+
+
+def masks_path(has_package: bool, mode: str = "auto") -> str:
+    """What computes the whole-vocabulary masks (the start log's and `inspect`'s words), for an artifact with or
+    without a `sample` package under ATOM_SAMPLING_MASKS=`mode`."""
+    if not has_package:
+        return "sorting the vocabulary (torch; the artifact has no `sample` package)"
+    if mode == "sort":
+        return f"sorting the vocabulary ({MASKS_VARIABLE}=sort; the artifact's `sample` package is not used)"
+    if mode == "kernel":
+        return f"the artifact's `sample` package at any rows ({MASKS_VARIABLE}=kernel)"
+    return (f"the artifact's `sample` package (a Triton kernel, no vocabulary sort) from {KERNEL_MIN_ROWS} rows, "
+            f"sorting the vocabulary below")
 
 
 def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -92,7 +102,6 @@ class Sampler:
         """`threshold`: the artifact's compiled `sample` package where it has one (no vocabulary sort), used for
         batches of at least `kernel_min_rows` rows; the torch reference (ops/sampling.py, a sort) otherwise."""
         self.device = device
-        self.compiled_threshold = threshold is not None
         self._kernel, self.kernel_min_rows = threshold, kernel_min_rows
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
@@ -107,14 +116,14 @@ class Sampler:
         if mode not in MASK_MODES:
             raise StartupError(f"{MASKS_VARIABLE}={mode!r}: expected auto (the artifact's `sample` package from "
                                f"{KERNEL_MIN_ROWS} rows where it has one), sort or kernel (the package at any rows)")
+        log.info("sampling: top-p / min-p masks by %s", masks_path(Phase.SAMPLE in forwards, mode))
         threshold = forwards.get(Phase.SAMPLE) if mode != "sort" else None
-        how = THRESHOLD_PATHS[threshold is not None]
-        if mode == "sort" and Phase.SAMPLE in forwards:
-            how = f"sorting the vocabulary ({MASKS_VARIABLE}=sort; the artifact's `sample` package is not used)"
-        if mode == "kernel" and threshold is not None:
-            how = f"the artifact's `sample` package at any rows ({MASKS_VARIABLE}=kernel)"
-        log.info("sampling: top-p / min-p masks by %s", how)
         return cls(device, seed, threshold, 1 if mode == "kernel" else KERNEL_MIN_ROWS)
+
+    @property
+    def compiled_threshold(self) -> bool:
+        """Whether the artifact's `sample` package computes the masks (for batches of `kernel_min_rows` or more)."""
+        return self._kernel is not None
 
     def threshold(self, logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                   min_p: torch.Tensor) -> torch.Tensor:
