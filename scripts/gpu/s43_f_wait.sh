@@ -7,7 +7,7 @@ M=${M:-qwen3-30b-a3b}
 mkdir -p /tmp/vstage && cp .vllm/bundle.part0* /tmp/vstage/ 2>/dev/null
 [ -d /tmp/vsite/vllm ] || bash /tmp/vstage/install.sh > $LOGS/vllm-install.log 2>&1 || tail -5 $LOGS/vllm-install.log
 at "vllm installed"
-building() { kill -0 $(cat /tmp/build-$M.pid) 2>/dev/null; }
+building() { pgrep -f "build.cli --model /tmp/m/$M " > /dev/null; }  # the pid file held setsid's
 while building && ! tr '\r' '\n' < $LOGS/build-$M.log | grep -q "export (mixed)"; do sleep 5; done
 at "tuning done"
 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_sampling_threshold.py > $LOGS/sampling-tests.log 2>&1

@@ -3,7 +3,7 @@
 # throughput 256 x 1024/512 and batch-1 TPOT; the build's stages and `inspect` beside them.
 LOGS=/tmp/s43; source scripts/gpu/prelude.sh
 M=${M:-qwen3-30b-a3b}
-while kill -0 $(cat /tmp/build-$M.pid) 2>/dev/null && [ $(( $(date +%s) - S )) -lt 300 ]; do sleep 5; done
+while pgrep -f "build.cli --model /tmp/m/$M " > /dev/null && [ $(( $(date +%s) - S )) -lt ${WAIT:-300} ]; do sleep 5; done
 at "build done"; tr '\r' '\n' < $LOGS/build-$M.log | grep -v '^\s*$' | tail -4 | cut -c1-400
 cp $LOGS/build-$M.log $OUT/build-$M.log; [ -d /tmp/art/$M ] || exit 3
 python3 -m atom_aot.entrypoints.run_cli /tmp/art/$M inspect > $OUT/inspect-$M.txt 2>&1; head -c 1500 $OUT/inspect-$M.txt
