@@ -49,3 +49,10 @@ def launch_kinds(decomposed) -> list[tuple[str, bool]]:
 def host_reads(decomposed) -> int:
     """Nodes that read a tensor value on the host (what .item() becomes)."""
     return sum("_local_scalar_dense" in str(n.target) for n in decomposed.graph.nodes)
+
+
+def written(decomposed) -> list[list[str]]:
+    """Per launch, the tensor arguments torch's mutation analysis says the kernel writes (the functional form
+    copies them)."""
+    return [list(n.kwargs["tensors_to_clone"]) for n in decomposed.graph.nodes
+            if n.target is triton_kernel_wrapper_functional]

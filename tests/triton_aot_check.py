@@ -30,7 +30,7 @@ TARGETS = {
     "gfx942": GPUTarget("hip", "gfx942", 64),
     "gfx950": GPUTarget("hip", "gfx950", 64),
 }
-POINTER_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16",
+POINTER_TYPES = {torch.float64: "*fp64", torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16",
                  torch.float8_e4m3fnuz: "*fp8e4b8",
                  torch.float8_e4m3fn: "*fp8e4nv", torch.int8: "*i8", torch.int32: "*i32", torch.int64: "*i64"}
 
@@ -188,12 +188,18 @@ def moe_glue_launches() -> list[Launch]:
 
 
 def sampling_launches() -> list[Launch]:
-    """The sampler's threshold kernel at 256 rows of Qwen3's 151,936-entry vocabulary (meta tensors)."""
+    """The sampler's threshold kernels at 256 rows of Qwen3's 151,936-entry vocabulary (meta tensors): one launch
+    per kernel and constexprs (the passes differ only in runtime ints)."""
     meta = dict(device="meta")
     rows = 256
-    return record_launches(sampling_threshold, sampling_threshold.launch_sampling_threshold,
-                           torch.empty(rows, 151936, **meta), torch.empty(rows, dtype=torch.int64, **meta),
-                           torch.empty(rows, **meta), torch.empty(rows, **meta))
+    launches = record_launches(sampling_threshold, sampling_threshold.launch_sampling_threshold,
+                               torch.empty(rows, 151936, **meta), torch.empty(rows, dtype=torch.int64, **meta),
+                               torch.empty(rows, **meta), torch.empty(rows, **meta))
+    distinct = {}
+    for launch in launches:
+        constexprs = tuple((p.name, launch.args[p.name]) for p in launch.kernel.params if p.is_constexpr)
+        distinct.setdefault((launch.kernel.fn.__name__, constexprs), launch)
+    return list(distinct.values())
 
 
 MODELS = {"qwen3-0.6b": dict(num_heads=16, num_kv_heads=8, head_dim=128),

@@ -39,16 +39,21 @@ def all_reduce_norm_reference(partials: list[torch.Tensor], residual: torch.Tens
 def patch_triton_interpreter() -> None:
     """Make TRITON_INTERPRET=1 compute what the compiled kernels compute (Triton 3.6, numpy >= 2.4).
 
-    Three gaps of the interpreter, none of which touches compiled kernels:
+    Four gaps of the interpreter, none of which touches compiled kernels:
     - scalars are 1-element arrays converted with `int(array)`, which numpy 2.4 refuses, so a
       `range(lo, hi)` over values loaded in the kernel fails;
     - bfloat16 is held as raw uint16 bits and `tl.dot` multiplies those bits as integers;
     - narrowing float casts (to bf16, to fp8) truncate instead of rounding to nearest even, and
-      casts from fp8 to fp16 convert the raw bits as integers.
-    The casts and the bf16 dot are redone through torch, whose CPU conversions round like the GPU.
+      casts from fp8 to fp16 convert the raw bits as integers;
+    - libdevice's functions (extern calls) return nothing.
+    The casts and the bf16 dot are redone through torch, whose CPU conversions round like the GPU;
+    libdevice's exp and log become torch's on the CPU, standing in for the GPU, where torch's CUDA exp
+    and log are the same CUDA math functions (numpy's float32 exp differs from torch's CPU exp in the
+    last bit of ~40% of values; the sampler's threshold kernel must match torch's bit for bit).
     """
     import numpy as np
     import triton.language as tl
+    from triton.language.extra import libdevice
     from triton.runtime import interpreter
 
     if getattr(interpreter, "_atom_patched", False):
@@ -110,3 +115,10 @@ def patch_triton_interpreter() -> None:
                  "create_fp_ext", "create_fp_trunc"):
         if getattr(builder, name, None) is not None:
             setattr(builder, name, lambda self, src, dst_type: self.cast_impl(src, dst_type))
+
+    def by_torch(op):
+        def call(x):
+            out = op(torch.from_numpy(np.ascontiguousarray(x.handle.data))).numpy()
+            return tl.core.tensor(interpreter.TensorHandle(out, x.handle.dtype), x.type)
+        return call
+    libdevice.exp, libdevice.log = by_torch(torch.exp), by_torch(torch.log)

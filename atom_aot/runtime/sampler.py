@@ -26,9 +26,9 @@ log = logging.getLogger("atom_aot")
 ThresholdFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 MASKS_VARIABLE = "ATOM_SAMPLING_MASKS"
 MASK_MODES = ("auto", "sort", "kernel")
-# auto: the package's kernel from this many rows, the sort below. The kernel runs one program per row, so a few
-# rows leave most of the GPU idle while one row's sort is short; a guess until a GPU run times both
-# (scripts/gpu/sampling_bench.py: 1, 64 and 256 rows).
+# auto: the package's kernel from this many rows, the sort below. The first kernel (one program per row) lost to
+# the sort up to 64 rows on an H200; the kernel now splits each row over several programs, untimed: a guess until a
+# GPU run times both (scripts/gpu/sampling_bench.py: 1, 64 and 256 rows).
 KERNEL_MIN_ROWS = 32
 
 

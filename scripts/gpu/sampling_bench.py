@@ -4,8 +4,9 @@ kernel (atom_triton::sampling_threshold, what the artifact's `sample` package ru
   PYTHONPATH=. python scripts/gpu/sampling_bench.py --out $OUT/sampling.json
 
 Rows 1 / 64 / 256 of Qwen3's 151,936-entry vocabulary and Llama-3's 128,256, logits drawn as a model's are (a few
-tokens likely, a long tail), top-p 0.95 alone and with top-k 50 + min-p 0.05; thresholds checked equal first;
-triton.testing.do_bench medians in ms. The kernel is JIT-compiled here (a bench, not the runtime).
+tokens likely, a long tail), top-p 0.95 alone and with top-k 50 + min-p 0.05; thresholds compared first (`equal`,
+and `rows_differing`: how many rows' thresholds differ, 0 when equal); triton.testing.do_bench medians in ms. The
+kernel is JIT-compiled here (a bench, not the runtime).
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def main() -> None:
                 def draw(threshold):
                     return (mask_below(logits, threshold(logits, *params)).softmax(-1) / noise).argmax(-1)
                 row = {"vocab": vocab, "rows": n, "masks": name, "equal": bool(torch.equal(want, got)),
+                       "rows_differing": int((want != got).sum()),
                        "kept_mean": float((logits >= got.unsqueeze(-1)).sum(-1).float().mean()),
                        "reference_threshold_ms": triton.testing.do_bench(lambda: sampling_threshold(logits, *params)),
                        "kernel_threshold_ms": triton.testing.do_bench(
