@@ -27,8 +27,9 @@ ThresholdFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
 MASKS_VARIABLE = "ATOM_SAMPLING_MASKS"
 MASK_MODES = ("auto", "sort", "kernel")
 # auto: the package's kernel from this many rows, the sort below. The first kernel (one program per row) lost to
-# the sort up to 64 rows on an H200; the kernel now splits each row over several programs, untimed: a guess until a
-# GPU run times both (scripts/gpu/sampling_bench.py: 1, 64 and 256 rows).
+# the sort up to 64 rows on an H200; the split kernel gave 1.08x the sort's top-p throughput at 256-row batches
+# (Qwen3-0.6B), its GPU time at 1-64 rows is not measured yet: a guess until scripts/gpu/sampling_bench.py times
+# CUDA-graph replays of both.
 KERNEL_MIN_ROWS = 32
 
 
