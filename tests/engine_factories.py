@@ -129,11 +129,12 @@ def run_step(scheduler: Scheduler, runner: FakeRunner) -> tuple[ScheduledBatch |
 
 def make_core(num_blocks: int = 64, *, runner: FakeRunner | None = None, eos_token_ids=frozenset({EOS}),
               block_size: int = BLOCK_SIZE, clock: Callable[[], float] = time.perf_counter,
-              async_scheduling: bool = False, **scheduler_options) -> EngineCore:
+              async_scheduling: bool = False, vocab_size: int | None = None, **scheduler_options) -> EngineCore:
     """An engine core over `make_scheduler(num_blocks, **scheduler_options)` and a fake runner.
     The clock is the real one by default: the engine core stamps arrivals with time.perf_counter."""
     scheduler = make_scheduler(num_blocks, block_size=block_size, clock=clock, **scheduler_options)
-    return EngineCore(scheduler, runner or FakeRunner(), frozenset(eos_token_ids), block_size, async_scheduling)
+    return EngineCore(scheduler, runner or FakeRunner(), frozenset(eos_token_ids), block_size, async_scheduling,
+                      vocab_size=vocab_size)
 
 
 def run_to_end(core: EngineCore, max_steps: int = 200) -> list:

@@ -33,6 +33,13 @@ class TestAddRequest:
         core.add_request(list(range(15)), SamplingParams(max_tokens=None))
         assert queue_lengths(core) == (0, 1) and core.num_prompt_tokens_total == 15
 
+    def test_prompt_tokens_must_be_in_the_vocabulary(self):
+        core = make_core(vocab_size=100)
+        with pytest.raises(RequestError, match=r"prompt token id 100 is outside the model's vocabulary \(0..99\)"):
+            core.add_request([5, 100, 7], SamplingParams(max_tokens=4))
+        core.add_request([5, 99], SamplingParams(max_tokens=4))           # nothing lost: the next one is taken
+        assert queue_lengths(core) == (0, 1) and core.num_prompt_tokens_total == 2
+
     def test_request_ids(self):
         core = make_core()
         params = SamplingParams(max_tokens=4)

@@ -31,7 +31,8 @@ class FakeCore:
         self.aborted: list[tuple[str, str]] = []
         self.broken = False
 
-    def validate(self, num_prompt_tokens: int, params: SamplingParams) -> None:
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        num_prompt_tokens = len(prompt_token_ids)
         if num_prompt_tokens == 0:
             raise RequestError("the prompt is empty")
         if num_prompt_tokens > MAX_PROMPT:

@@ -46,6 +46,17 @@ def test_a_max_model_len_above_the_artifacts_is_refused_not_clamped(tiny_llama_e
                      max_model_len=limit // 2).core.scheduler.config.max_model_len == limit // 2
 
 
+def test_a_prompt_token_outside_the_vocabulary_is_refused_and_the_engine_goes_on(engine):
+    from atom_aot.errors import RequestError
+    vocab = engine.loaded.model_config.vocab_size
+    greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    with pytest.raises(RequestError, match=f"prompt token id {vocab} is outside the model's vocabulary"):
+        engine.generate([[3, 4], [3, vocab, 5]], greedy)               # all or none: the first is not queued
+    assert engine.is_finished()
+    [out] = engine.generate([[3, vocab - 1, 5]], greedy)
+    assert out["num_tokens_output"] == 4 and engine.is_finished()
+
+
 def test_a_stop_string_ends_the_request_and_frees_its_blocks(engine):
     greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     [free] = engine.generate([[3, 4, 5, 6]], greedy)

@@ -35,8 +35,10 @@ class EngineCore:
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, eos_token_ids: frozenset[int], block_size: int,
                  async_scheduling: bool = False, grammars: Grammars | None = None,
                  on_close: Callable[[], None] = lambda: None, spec_counters: SpecCounters | None = None,
-                 lockstep: Lockstep | None = None):
+                 lockstep: Lockstep | None = None, vocab_size: int | None = None):
         """`on_close`: what `close` releases besides this object (the other tensor-parallel ranks).
+        `vocab_size`: the model's embedding rows; a prompt token at or above it is refused (on a GPU the
+        embedding lookup would fault and take the engine down; a tokenizer can hold more ids than the model).
         `lockstep`: this engine is one rank of a data-parallel-attention artifact, whose loop must step
         with the other ranks (runtime/attention_dp.py; the server's engine loop does)."""
         self.scheduler = scheduler
@@ -47,6 +49,7 @@ class EngineCore:
         self.block_size = block_size
         self.async_scheduling = async_scheduling and spec_counters is None
         self.spec_counters = spec_counters      # speculative decoding's acceptance, when it runs
+        self.vocab_size = vocab_size
         self._in_flight: deque[tuple[ScheduledBatch, LaunchedStep]] = deque()   # launched, not read yet
         self._ids = itertools.count()
         self._prompt_logprobs: dict[str, list[TokenLogprobs]] = {}
@@ -62,7 +65,7 @@ class EngineCore:
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
                     arrival_time: float | None = None) -> str:
-        self.validate(len(prompt_token_ids), params)
+        self.validate(prompt_token_ids, params)
         request_id = request_id if request_id is not None else str(next(self._ids))
         seq = Sequence(request_id=request_id, token_ids=list(prompt_token_ids),
                        num_prompt_tokens=len(prompt_token_ids), params=params, block_size=self.block_size,
@@ -79,10 +82,14 @@ class EngineCore:
         self.num_prompt_tokens_total += len(prompt_token_ids)
         return request_id
 
-    def validate(self, num_prompt_tokens: int, params: SamplingParams) -> None:
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         max_len = self.scheduler.config.max_model_len
+        num_prompt_tokens = len(prompt_token_ids)
         if num_prompt_tokens == 0:
             raise RequestError("the prompt is empty")
+        if self.vocab_size is not None and max(prompt_token_ids) >= self.vocab_size:
+            bad = next(t for t in prompt_token_ids if t >= self.vocab_size)
+            raise RequestError(f"prompt token id {bad} is outside the model's vocabulary (0..{self.vocab_size - 1})")
         wanted = num_prompt_tokens + (params.max_tokens or 1)
         if wanted > max_len:
             raise ContextLengthError(

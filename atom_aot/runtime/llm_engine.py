@@ -52,15 +52,18 @@ class ArtifactEngine:
     def add_request(self, prompt_or_tokens_list: list[str | list[int]],
                     sampling_params_list: SamplingParams | list[SamplingParams] | None = None,
                     stream_callback: StreamCallback | None = None) -> list[str]:
-        """Queue prompts (strings or token-id lists); returns their request ids."""
+        """Queue prompts (strings or token-id lists); returns their request ids. All or none: every prompt is
+        checked before any is queued, so a refused one leaves nothing behind for the next call."""
         prompts = list(prompt_or_tokens_list)
         params = sampling_params_list if sampling_params_list is not None else SamplingParams()
         params = params if isinstance(params, list) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        encoded = [encode_prompt(self.tokenizer, prompt) for prompt in prompts]
+        for token_ids, p in zip(encoded, params):
+            self.core.validate(token_ids, p)
         ids = []
-        for prompt, p in zip(prompts, params):
-            token_ids = encode_prompt(self.tokenizer, prompt)
+        for token_ids, p in zip(encoded, params):
             request_id = str(next(self._request_ids))
             self.core.add_request(token_ids, p, request_id)
             self.output_processor.add_request(request_id, token_ids, p, stream_callback)

@@ -174,9 +174,9 @@ def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig, ranks: Lead
     on_close = ranks.close if ranks is not None else lockstep.close if lockstep is not None else lambda: None
     if speculation is None:
         return EngineCore(scheduler, runner, eos, loaded.block_size, config.async_scheduling, grammars, on_close,
-                          lockstep=lockstep)
+                          lockstep=lockstep, vocab_size=loaded.model_config.vocab_size)
     return EngineCore(scheduler, speculation.runner, eos, loaded.block_size, grammars=grammars, on_close=on_close,
-                      spec_counters=speculation.runner.counters)
+                      spec_counters=speculation.runner.counters, vocab_size=loaded.model_config.vocab_size)
 
 
 def load_and_start(artifact_path, config: RuntimeConfig,

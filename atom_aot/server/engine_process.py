@@ -204,7 +204,7 @@ class EngineLoop:
     def _add(self, request: AddRequests) -> Added:
         """All or none: every request is checked before any is queued."""
         for r in request.requests:
-            self.core.validate(len(r.prompt_token_ids), r.params)
+            self.core.validate(r.prompt_token_ids, r.params)
         for r in request.requests:
             self.core.add_request(r.prompt_token_ids, r.params, r.request_id, r.arrival_time)
         return Added(len(request.requests))
