@@ -16,6 +16,7 @@ from pathlib import Path
 from atom_aot.artifact.reader import Artifact
 from atom_aot.errors import ContextLengthError, RankStopped, RequestError
 from atom_aot.runtime.config import RuntimeConfig
+from atom_aot.runtime.engine_core import check_prompt
 from atom_aot.runtime.outputs import CoreOutput
 from atom_aot.runtime.sampling_params import SamplingParams
 from atom_aot.server.dp_client import attention_dp_client
@@ -55,6 +56,11 @@ class RemoteRanks:
         self.client.listen(self.outputs.put, self.died.set)
         self.loaded = RemoteLoaded(f"{self.info.execution}, {world} data-parallel ranks in their own processes",
                                    {"ranks started": time.perf_counter() - start})
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """The checks that need no rank (empty, vocabulary, context), so that LLMEngine.add_request refuses a
+        call's prompts before queuing any; the ranks check the rest (grammars) as each request arrives."""
+        check_prompt(prompt_token_ids, params, self.info.max_model_len, self.info.vocab_size)
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
                     arrival_time: float | None = None) -> str:

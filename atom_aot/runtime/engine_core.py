@@ -31,6 +31,23 @@ from atom_aot.spec.stats import SpecCounters
 from atom_aot.spec.verifier import VerifiedOutput
 
 
+def check_prompt(prompt_token_ids: list[int], params: SamplingParams, max_model_len: int,
+                 vocab_size: int | None) -> None:
+    """What any engine refuses of a prompt before queuing it: empty, a token outside the vocabulary, or more
+    than the context holds with the tokens it asks for."""
+    num_prompt_tokens = len(prompt_token_ids)
+    if num_prompt_tokens == 0:
+        raise RequestError("the prompt is empty")
+    if vocab_size is not None and max(prompt_token_ids) >= vocab_size:
+        bad = next(t for t in prompt_token_ids if t >= vocab_size)
+        raise RequestError(f"prompt token id {bad} is outside the model's vocabulary (0..{vocab_size - 1})")
+    wanted = num_prompt_tokens + (params.max_tokens or 1)
+    if wanted > max_model_len:
+        raise ContextLengthError(
+            f"this model's maximum context length is {max_model_len} tokens, but the request needs "
+            f"{wanted} ({num_prompt_tokens} in the prompt + {params.max_tokens or 1} to generate)")
+
+
 class EngineCore:
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, eos_token_ids: frozenset[int], block_size: int,
                  async_scheduling: bool = False, grammars: Grammars | None = None,
@@ -83,18 +100,7 @@ class EngineCore:
         return request_id
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        max_len = self.scheduler.config.max_model_len
-        num_prompt_tokens = len(prompt_token_ids)
-        if num_prompt_tokens == 0:
-            raise RequestError("the prompt is empty")
-        if self.vocab_size is not None and max(prompt_token_ids) >= self.vocab_size:
-            bad = next(t for t in prompt_token_ids if t >= self.vocab_size)
-            raise RequestError(f"prompt token id {bad} is outside the model's vocabulary (0..{self.vocab_size - 1})")
-        wanted = num_prompt_tokens + (params.max_tokens or 1)
-        if wanted > max_len:
-            raise ContextLengthError(
-                f"this model's maximum context length is {max_len} tokens, but the request needs "
-                f"{wanted} ({num_prompt_tokens} in the prompt + {params.max_tokens or 1} to generate)")
+        check_prompt(prompt_token_ids, params, self.scheduler.config.max_model_len, self.vocab_size)
         if self.spec_counters is not None and params.processes_logits:
             raise RequestError("penalties, logit_bias, min_tokens, bad_words and structured outputs are not "
                                "supported with speculative decoding yet: serve without --method for these requests")
