@@ -43,7 +43,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     source = json.loads((args.source / "tokenizer.json").read_text())
     (args.out / "tokenizer.json").write_text(json.dumps(cut(source, args.vocab_size), ensure_ascii=False))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 32768, "clean_up_tokenization_spaces": False}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 32768,
+              "clean_up_tokenization_spaces": False}
     (args.out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
     for extra in ("LICENSE",):
         if (args.source / extra).exists():
