@@ -46,9 +46,8 @@ def main() -> None:
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 32768,
               "clean_up_tokenization_spaces": False}
     (args.out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
-    for extra in ("LICENSE",):
-        if (args.source / extra).exists():
-            (args.out / extra).write_bytes((args.source / extra).read_bytes())
+    if (args.source / "LICENSE").exists():
+        (args.out / "LICENSE").write_bytes((args.source / "LICENSE").read_bytes())
 
 
 if __name__ == "__main__":

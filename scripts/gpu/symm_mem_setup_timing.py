@@ -95,6 +95,7 @@ def rank_main(rank: int, world: int, port: int, arm: str, out_path: str) -> None
 
 def main() -> None:
     import torch.multiprocessing as mp
+    from atom_aot.distributed.group import free_port
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--out", required=True)
@@ -102,8 +103,8 @@ def main() -> None:
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     report = {"world": args.world, "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "arms": {}}
-    for i, arm in enumerate(ONLY):
-        mp.spawn(rank_main, args=(args.world, 29600 + i, arm, args.out), nprocs=args.world, join=True)
+    for arm in ONLY:
+        mp.spawn(rank_main, args=(args.world, free_port(), arm, args.out), nprocs=args.world, join=True)
         report["arms"][arm] = [json.load(open(f"{args.out}.rank{r}")) for r in range(args.world)]
         for r in range(args.world):
             os.remove(f"{args.out}.rank{r}")
