@@ -206,6 +206,31 @@ class TestPrefixCache:
         batch, _ = run_step(scheduler, runner)
         assert batch.num_new_tokens == (10,) and b.num_cached_tokens == 0
 
+    def test_scored_prompt_positions_per_step_are_capped(self):
+        """A step scores at most 4 x max_num_seqs prompt positions (logits rows over the vocabulary, which the
+        engine keeps room for): a scored prompt is chunked to that; one that is not scored is not."""
+        scheduler, runner = make_scheduler(max_num_seqs=2, max_num_batched_tokens=64), FakeRunner()   # cap 8
+        scored = make_seq(range(20), "scored", prompt_logprobs=1)
+        plain = make_seq(range(30, 50), "plain")
+        scheduler.add(scored), scheduler.add(plain)
+        batch, _ = run_step(scheduler, runner)
+        assert batch.num_new_tokens == (8, 20)            # 8 positions scored; the plain prompt whole
+        batch, _ = run_step(scheduler, runner)
+        assert batch.num_new_tokens == (8,)               # positions 8..15 scored
+        batch, _ = run_step(scheduler, runner)
+        assert batch.num_new_tokens == (4,) and batch.sampling == (True,)   # 16..18 scored, 19 samples
+
+    def test_a_waiting_scored_prompt_waits_when_the_step_scored_enough(self):
+        scheduler, runner = make_scheduler(max_num_seqs=2, max_num_batched_tokens=64), FakeRunner()
+        first = make_seq(range(8), "first", prompt_logprobs=0)       # scores 7 positions
+        second = make_seq(range(10, 14), "second", prompt_logprobs=0)
+        third = make_seq(range(20, 24), "third")
+        scheduler.add(first), scheduler.add(second), scheduler.add(third)
+        batch, _ = run_step(scheduler, runner)
+        assert [s.request_id for s in batch.seqs] == ["first", "second"] and batch.num_new_tokens == (8, 1)
+        batch, _ = run_step(scheduler, runner)
+        assert [s.request_id for s in batch.seqs] == ["second"] and batch.num_new_tokens == (3,)
+
 
 class TestDelayFactor:
     def test_never_holds_back_when_idle(self):

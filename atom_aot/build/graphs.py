@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from atom_aot.build.config import BuildConfig
 from atom_aot.errors import BuildError
 
 PROBE_MODULE = "atom_aot.runtime.graph_probe"
+log = logging.getLogger("atom_aot")
 
 
 def probe_capture_sizes(config: BuildConfig, staging: Path, max_model_len: int, quant_scheme: str) -> GraphPlan:
@@ -42,4 +44,9 @@ def probe_capture_sizes(config: BuildConfig, staging: Path, max_model_len: int, 
         raise BuildError(f"the capture-size probe ({PROBE_MODULE}) failed with exit code {out.returncode}; "
                          f"its last output:\n{out.stderr[-3000:]}")
     lines = out.stdout.strip().splitlines()
-    return GraphPlan.from_json(lines[-1] if lines else "", f"the output of {PROBE_MODULE}")
+    plan = GraphPlan.from_json(lines[-1] if lines else "", f"the output of {PROBE_MODULE}")
+    memory = plan.step_memory
+    log.info("graph probe: %d sizes in a %.0f MiB pool; %s", len(plan.capture_sizes), plan.pool_bytes / 2**20,
+             f"a step takes {memory.bytes_per_token} B per token, sampling {memory.bytes_per_logits_row} B per "
+             f"logits row (measured at {memory.tokens} tokens, {memory.rows} rows)" if memory else plan.note)
+    return plan

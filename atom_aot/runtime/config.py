@@ -88,6 +88,12 @@ class RuntimeConfig:
         return {f.name for f in fields(cls)}
 
 
+def max_scored_prompt_rows(max_num_seqs: int) -> int:
+    """Prompt positions one step scores (prompt_logprobs; each is a logits row over the vocabulary): the scheduler
+    chunks scored prompts to this, so the memory the engine keeps free for logits rows is bounded."""
+    return 4 * max_num_seqs
+
+
 def _check_int(config: RuntimeConfig, name: str, minimum: int, optional: bool = False) -> None:
     value = getattr(config, name)
     if value is None and optional:

@@ -32,9 +32,18 @@ from typing import Callable, Iterator
 
 from atom_aot.errors import RequestError
 from atom_aot.runtime.block_manager import BlockManager
-from atom_aot.runtime.config import RuntimeConfig
+from atom_aot.runtime.config import RuntimeConfig, max_scored_prompt_rows
 from atom_aot.runtime.sequence import Sequence, SequenceStatus
 from atom_aot.spec.proposer import Proposer
+
+
+def num_scored(seq: Sequence, start: int, count: int) -> int:
+    return len(seq.scored_prompt_positions(start, count))
+
+
+def scored_chunk(seq: Sequence, start: int, count: int, rows_left: int) -> int:
+    """`count` cut so that the chunk scores at most `rows_left` prompt positions (0: none fits this step)."""
+    return count if num_scored(seq, start, count) <= rows_left else max(rows_left, 0)
 
 
 @dataclass(frozen=True)
@@ -187,6 +196,7 @@ class Scheduler:
 
     def _schedule_prefill(self, now: float) -> ScheduledBatch | None:
         budget = self.config.max_num_batched_tokens
+        scoring = max_scored_prompt_rows(self.config.max_num_seqs)     # prompt logprobs' logits rows left
         seqs, counts = [], []
         for seq in self._partial_prefills():
             count = min(seq.num_uncomputed_tokens, budget)
@@ -194,9 +204,11 @@ class Scheduler:
                 break
             if seq.status != SequenceStatus.RUNNING:   # preempted to make room for an older one
                 continue
-            if self._reserve(seq, count, seqs):
+            count = scored_chunk(seq, seq.num_computed_tokens, count, scoring)
+            if count and self._reserve(seq, count, seqs):
                 seqs.append(seq), counts.append(count)
                 budget -= count
+                scoring -= num_scored(seq, seq.num_computed_tokens, count)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting.first()
             if seq.num_pending_tokens:                  # preempted before its last token was read: next step
@@ -209,7 +221,10 @@ class Scheduler:
             # while the older sequences holding the blocks wait on the prefill (prefill-first).
             if not self.block_manager.can_allocate_with_prefix(seq, cached, uncomputed):
                 break                                   # waiting sequences hold no blocks
-            count = min(uncomputed, budget)
+            count = scored_chunk(seq, seq.num_tokens - uncomputed, min(uncomputed, budget), scoring)
+            if count == 0:
+                break                                   # first in, first out: the next step scores it
+            scoring -= num_scored(seq, seq.num_tokens - uncomputed, count)
             self.block_manager.allocate_prefix(seq, cached)
             self.block_manager.allocate(seq, count)
             self.waiting.popleft()

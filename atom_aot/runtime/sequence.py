@@ -74,5 +74,11 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
 
+    def scored_prompt_positions(self, start: int, count: int) -> range:
+        """Positions of [start, start + count) whose logits score the next prompt token (prompt_logprobs, echo)."""
+        if self.params.prompt_logprobs is None:
+            return range(0)
+        return range(start, min(start + count, self.num_prompt_tokens - 1))
+
     def block_tokens(self, index: int) -> list[int]:
         return self.token_ids[index * self.block_size:(index + 1) * self.block_size]

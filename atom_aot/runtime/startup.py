@@ -9,6 +9,7 @@ from typing import Callable, TypeVar
 
 import torch
 
+from atom_aot.artifact.graph_plan import StepMemory
 from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.reader import Artifact
 from atom_aot.distributed.group import RankGroup, join, leave
@@ -17,7 +18,7 @@ from atom_aot.runtime.attention_dp import AlignedForwards, Lockstep, attention_d
 from atom_aot.runtime.block_manager import BlockManager
 from atom_aot.runtime.bytecode import warn_if_torch_uncached
 from atom_aot.runtime.compile_counter import TRITON
-from atom_aot.runtime.config import DEFAULT_CPU_KV_BYTES, RuntimeConfig
+from atom_aot.runtime.config import DEFAULT_CPU_KV_BYTES, RuntimeConfig, max_scored_prompt_rows
 from atom_aot.runtime.engine_core import EngineCore
 from atom_aot.runtime.forwards import Forwards
 from atom_aot.runtime.kv_cache import allocate_kv_cache, bytes_per_block
@@ -58,8 +59,13 @@ def kv_block_count(loaded: LoadedArtifact, config: RuntimeConfig, draft: LoadedA
     free, total = torch.cuda.mem_get_info(loaded.device)
     used = total - free
     graph_pool = loaded.graph_plan.pool_bytes if uses_graphs(loaded, config) else 0
-    budget = (int(total * config.gpu_memory_utilization) - used - activation_reserve(loaded, config) - graph_pool
+    activations = activation_reserve(loaded, config)
+    budget = (int(total * config.gpu_memory_utilization) - used - activations - graph_pool
               - verify_graph_reserve(loaded, config))
+    log.info("KV budget: %.2f GiB = %.2f share of %.2f GiB - %.2f in use - %.2f activations (%s) - %.2f graphs",
+             max(budget, 0) / 2**30, config.gpu_memory_utilization, total / 2**30, used / 2**30, activations / 2**30,
+             "measured at build" if loaded.graph_plan.step_memory else "a bound: the artifact has no measurement",
+             graph_pool / 2**30)
     if draft is None:
         return max(0, budget // per_block)
     draft_per_block = bytes_per_block(draft.rank_config, draft.block_size, draft.kv_dtype)
@@ -92,9 +98,31 @@ def verify_graph_reserve(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
     return MAX_GRAPH_TOKENS * widest_row_bytes(loaded) + mtp
 
 
+RESERVE_SLACK_BYTES = 256 << 20     # beside the activations: the allocator's rounding, small tensors of a step
+
+
 def activation_reserve(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
-    """Bytes kept free for activations of the largest step (logits dominate): a bound, not a probe."""
-    return config.max_num_batched_tokens * widest_row_bytes(loaded) + (256 << 20)
+    """Bytes kept free for the activations of the largest step outside the decode graphs: as measured at build
+    (graphs.json step_memory) where the artifact has it, else activation_bound."""
+    measured = loaded.graph_plan.step_memory
+    if measured is None:
+        return activation_bound(loaded, config)
+    return measured_reserve(measured, config, loaded.model_config.vocab_size)
+
+
+def measured_reserve(measured: StepMemory, config: RuntimeConfig, vocab_size: int) -> int:
+    """The mixed forward's bytes per token times this engine's token budget, the sampler's bytes per row times a
+    row per sequence, and the float32 logits of the prompt positions a step may score (the scheduler's cap; their
+    log-softmax reuses the sampler's room, freed by then)."""
+    return (config.max_num_batched_tokens * measured.bytes_per_token
+            + config.max_num_seqs * measured.bytes_per_logits_row
+            + max_scored_prompt_rows(config.max_num_seqs) * vocab_size * 4 + RESERVE_SLACK_BYTES)
+
+
+def activation_bound(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
+    """Without a measurement (an artifact built before step_memory, or without graphs): every token of the
+    largest step as wide as its widest float32 row, the vocabulary's included."""
+    return config.max_num_batched_tokens * widest_row_bytes(loaded) + RESERVE_SLACK_BYTES
 
 
 def widest_row_bytes(loaded: LoadedArtifact) -> int:

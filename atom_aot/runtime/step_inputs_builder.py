@@ -19,7 +19,6 @@ import torch
 from atom_aot.models.step_inputs import StepInputs, input_dtype
 from atom_aot.runtime.persistent_rows import PersistentRows
 from atom_aot.runtime.scheduler import ScheduledBatch
-from atom_aot.runtime.sequence import Sequence
 from atom_aot.runtime.transfer import to_device
 
 PENDING = (-1,)   # the host's stand-in for a token sampled on the device and not read yet
@@ -124,7 +123,7 @@ def _logits_rows(batch: ScheduledBatch, query_start: np.ndarray) -> tuple[np.nda
     logits_rows, sample_rows, prompt_rows = [], [], {}
     for i, (seq, start, count) in enumerate(zip(batch.seqs, batch.num_computed_tokens, batch.num_new_tokens)):
         first_row = int(query_start[i])
-        scoring = _prompt_positions_to_score(seq, start, count)
+        scoring = seq.scored_prompt_positions(start, count)
         if scoring:
             prompt_rows[i] = range(len(logits_rows), len(logits_rows) + len(scoring))
             logits_rows.extend(first_row + p - start for p in scoring)
@@ -133,9 +132,3 @@ def _logits_rows(batch: ScheduledBatch, query_start: np.ndarray) -> tuple[np.nda
             logits_rows.append(first_row + count - 1)
     return np.asarray(logits_rows, dtype=np.int64), LogitsRows(sample_rows, prompt_rows)
 
-
-def _prompt_positions_to_score(seq: Sequence, start: int, count: int) -> range:
-    """Positions in [start, start+count) whose logits score the next prompt token (echo + logprobs)."""
-    if seq.params.prompt_logprobs is None:
-        return range(0)
-    return range(start, min(start + count, seq.num_prompt_tokens - 1))
