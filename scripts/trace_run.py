@@ -142,6 +142,8 @@ def memory(engine, config) -> dict:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    from atom_aot.logging_setup import show_engine_logs
+    show_engine_logs()
     from atom_aot import SamplingParams
     from atom_aot.runtime.llm_engine import ArtifactEngine
     from atom_aot.runtime.config import RuntimeConfig

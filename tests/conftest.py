@@ -2,6 +2,7 @@
 AOTInductor build takes tens of seconds on two cores."""
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -18,6 +19,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 from factories import make_tiny_model  # noqa: E402
 
 SHARED_MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
+
+
+@pytest.fixture(autouse=True)
+def unfrozen_heap():
+    """Every engine start freezes the process's heap (startup.freeze_startup_heap); in one test process that would
+    keep each test's leftover reference cycles (engines among them) for the rest of the session."""
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture(scope="session", autouse=True)

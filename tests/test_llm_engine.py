@@ -46,6 +46,15 @@ def test_a_max_model_len_above_the_artifacts_is_refused_not_clamped(tiny_llama_e
                      max_model_len=limit // 2).core.scheduler.config.max_model_len == limit // 2
 
 
+def test_the_start_freezes_the_heap_and_close_unfreezes_it(tiny_llama_eager_artifact):
+    import gc
+    gc.unfreeze()
+    engine = LLMEngine(str(tiny_llama_eager_artifact), num_kv_blocks=64)
+    assert gc.get_freeze_count() > 1000          # the start's objects: out of the step loop's collections
+    engine.close()
+    assert gc.get_freeze_count() == 0            # so the close's collection sees the engine's cycles
+
+
 def test_a_prompt_token_outside_the_vocabulary_is_refused_and_the_engine_goes_on(engine):
     from atom_aot.errors import RequestError
     vocab = engine.loaded.model_config.vocab_size
