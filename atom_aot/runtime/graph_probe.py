@@ -119,8 +119,9 @@ def measure_step_memory(mixed, cfg, block_size: int, kv_dtype, max_model_len: in
                         peak=None) -> StepMemory:
     """Peak bytes allocated by the largest mixed step (MEASURED_STEP_TOKENS tokens in prompts of up to
     max_model_len tokens: one long prompt is the worst case of any attention that is not tiled) and by sampling
-    `rows` logits rows with every option (the sampler the runtime builds, its penalties' per-request token
-    counts allocated in the measurement, then logprobs), each above what was allocated before it. `peak(run, device)`: peak_allocated (a CUDA device's allocator statistics)."""
+    `rows` logits rows with every option (the sampler the runtime builds, masks by the sort, its penalties'
+    per-request token counts allocated in the measurement, then logprobs), each above what was allocated before
+    it. `peak(run, device)`: peak_allocated (a CUDA device's allocator statistics) unless a test stands in."""
     import torch
 
     from atom_aot.runtime.kv_cache import allocate_kv_cache

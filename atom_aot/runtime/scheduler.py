@@ -38,6 +38,7 @@ from atom_aot.spec.proposer import Proposer
 
 
 def num_scored(seq: Sequence, start: int, count: int) -> int:
+    """Logits rows a chunk [start, start + count) of `seq` adds to score its prompt (prompt_logprobs)."""
     return len(seq.scored_prompt_positions(start, count))
 
 

@@ -63,13 +63,12 @@ def kv_block_count(loaded: LoadedArtifact, config: RuntimeConfig, draft: LoadedA
     free, total = torch.cuda.mem_get_info(loaded.device)
     used = total - free
     graph_pool = loaded.graph_plan.pool_bytes if uses_graphs(loaded, config) else 0
-    activations = activation_reserve(loaded, config)
-    budget = (int(total * config.gpu_memory_utilization) - used - activations - graph_pool
-              - verify_graph_reserve(loaded, config))
-    log.info("KV budget: %.2f GiB = %.2f share of %.2f GiB - %.2f in use - %.2f activations (%s) - %.2f graphs",
+    activations, verify_graphs = activation_reserve(loaded, config), verify_graph_reserve(loaded, config)
+    budget = int(total * config.gpu_memory_utilization) - used - activations - graph_pool - verify_graphs
+    log.info("KV budget: %.2f GiB = %.2f share of %.2f GiB - %.2f in use - %.2f activations (%s) - %.2f graphs%s",
              max(budget, 0) / 2**30, config.gpu_memory_utilization, total / 2**30, used / 2**30, activations / 2**30,
              "measured at build" if loaded.graph_plan.step_memory else "a bound: the artifact has no measurement",
-             graph_pool / 2**30)
+             graph_pool / 2**30, f" - {verify_graphs / 2**30:.2f} verify graphs" if verify_graphs else "")
     if draft is None:
         return max(0, budget // per_block)
     draft_per_block = bytes_per_block(draft.rank_config, draft.block_size, draft.kv_dtype)
