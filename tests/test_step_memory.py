@@ -44,6 +44,13 @@ class TestReserve:
         assert measured_reserve(MEASURED, config, 128_256) == expected
         assert activation_reserve(loaded_with(MEASURED), config) == expected
 
+    def test_speculation_samples_a_row_per_draft_token_too(self):
+        plain = RuntimeConfig(max_num_batched_tokens=256, max_num_seqs=64)
+        speculating = RuntimeConfig(max_num_batched_tokens=256, max_num_seqs=64, method="ngram",
+                                    num_speculative_tokens=3)
+        rows_part = measured_reserve(MEASURED, speculating, 1000) - measured_reserve(MEASURED, plain, 1000)
+        assert rows_part == 3 * 64 * MEASURED.bytes_per_logits_row      # the sampler's part is the larger in both
+
     def test_without_a_measurement_every_token_is_as_wide_as_the_vocabulary(self):
         config = RuntimeConfig(max_num_batched_tokens=8192)
         loaded = loaded_with(None)

@@ -115,11 +115,17 @@ def activation_reserve(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
 
 def measured_reserve(measured: StepMemory, config: RuntimeConfig, vocab_size: int) -> int:
     """The larger of the mixed forward's bytes per token times this engine's token budget and the sampler's bytes
-    per row times a row per sequence (the sampler runs once the forward's buffers are freed, in the same pool), and
-    the float32 logits of the prompt positions a step may score (the scheduler's cap), which live through both."""
+    per row times the rows a step samples (the sampler runs once the forward's buffers are freed, in the same pool),
+    and the float32 logits of the prompt positions a step may score (the scheduler's cap), which live through both."""
     return (max(config.max_num_batched_tokens * measured.bytes_per_token,
-                config.max_num_seqs * measured.bytes_per_logits_row)
+                sampled_rows(config) * measured.bytes_per_logits_row)
             + max_scored_prompt_rows(config.max_num_seqs) * vocab_size * 4 + RESERVE_SLACK_BYTES)
+
+
+def sampled_rows(config: RuntimeConfig) -> int:
+    """Logits rows one step samples at most: a row per sequence, or with speculative decoding a row per sequence
+    and draft token (a verify step scores each draft against the target's distribution)."""
+    return config.max_num_seqs * (1 + (config.num_speculative_tokens or 0))
 
 
 def activation_bound(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
