@@ -12,6 +12,7 @@ the step it fell in). The JSON's summary names the steps whose wall was over twi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import random
@@ -136,7 +137,7 @@ def memory(engine, config) -> dict:
     reserve, bound = activation_reserve(loaded, config), activation_bound(loaded, config)
     step_memory = loaded.graph_plan.step_memory
     return {"activation_reserve_bytes": reserve, "activation_bound_bytes": bound, "bytes_per_block": per_block,
-            "step_memory": step_memory.as_dict() if step_memory else None,
+            "step_memory": dataclasses.asdict(step_memory) if step_memory else None,
             "kv_blocks_with_the_bound": engine.core.scheduler.block_manager.num_blocks - (bound - reserve) // per_block}
 
 

@@ -4,7 +4,7 @@ KV cache (instead of a bound) and captures without trial."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from atom_aot.artifact.fields import Reader
 from atom_aot.errors import ArtifactError
@@ -23,10 +23,6 @@ class StepMemory:
     tokens: int                       # the mixed step measured: this many tokens ...
     rows: int                         # ... and this many logits rows sampled
 
-    def as_dict(self) -> dict:
-        return {"bytes_per_token": self.bytes_per_token, "bytes_per_logits_row": self.bytes_per_logits_row,
-                "tokens": self.tokens, "rows": self.rows}
-
 
 @dataclass(frozen=True)
 class GraphPlan:
@@ -42,7 +38,7 @@ class GraphPlan:
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps({"capture_sizes": list(self.capture_sizes), "pool_bytes": self.pool_bytes,
                            "note": self.note,
-                           "step_memory": self.step_memory.as_dict() if self.step_memory else None}, indent=indent)
+                           "step_memory": asdict(self.step_memory) if self.step_memory else None}, indent=indent)
 
     @classmethod
     def from_json(cls, raw: bytes | str, where: str = GRAPHS) -> "GraphPlan":

@@ -270,8 +270,9 @@ def freeze_startup_heap() -> None:
     """Move every object the start made out of the cyclic collector's view (gc.freeze), as vLLM does: the
     collections of the oldest generation that the step loop's garbage triggers then scan only what was made since.
     Tracing Llama-3.1-8B's throughput run on an H100 (session 44) found 0.20 s of such pauses in 18.8 s, 0.06 s
-    with the heap frozen. Without a collection first (0.1 s on this heap, on the first token's path): what the
-    start left in reference cycles stays until the engine closes (release_device_memory unfreezes)."""
+    with the heap frozen. Without a collection first (a full one took ~0.1 s on this repo's 2-core CPU machine with
+    the engine's modules imported, and would sit on the first token's path): what the start left in reference
+    cycles stays until the engine closes (release_device_memory unfreezes)."""
     gc.freeze()
     log.debug("startup heap frozen: %d objects", gc.get_freeze_count())
 
