@@ -58,7 +58,7 @@ def kv_block_count(loaded: LoadedArtifact, config: RuntimeConfig, draft: LoadedA
         budget = config.kv_cache_memory_bytes or DEFAULT_CPU_KV_BYTES
         return max(0, budget // per_block)
     # Blocks the allocator caches from the load's temporaries are free for the KV cache too: 2.6 GiB of Llama-3.1-8B's
-    # load (session 44), which counted as in use shortened its pool by 1,380 blocks.
+    # load (session 44), which counted as in use shortened its pool by 1,381 blocks.
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(loaded.device)
     used = total - free
