@@ -73,10 +73,9 @@ def _key_blocks(seq_lens_ptr, b, num_seqs, q_start, q_end, q_first, split, num_s
 
 
 @triton.jit
-def _attend_blocks(q, k_cache, v_cache, table, kb_lo, kb_hi, kv_len, q_pos, dims, dim_ok, qk_scale_log2, acc, l_i, m_i,
-                   stride_cblk, stride_crow,
-                   BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE: tl.constexpr, MASKED: tl.constexpr,
-                   V_KEY_MINOR: tl.constexpr, E4M3_DOTS: tl.constexpr):
+def _attend_blocks(q, cache, table, kb_lo, kb_hi, kv_len, q_pos, dims, dim_ok, qk_scale_log2, acc, l_i, m_i,
+                   stride_ckv, stride_cblk, stride_crow,
+                   BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE: tl.constexpr, MASKED: tl.constexpr):
     """Online softmax (base 2) of q [BLOCK_M, D] over key blocks [kb_lo, kb_hi), continuing (acc, l_i, m_i).
 
     MASKED false: the caller guarantees every key of these blocks is < kv_len and visible to every row
@@ -96,20 +95,13 @@ def _attend_blocks(q, k_cache, v_cache, table, kb_lo, kb_hi, kv_len, q_pos, dims
             v_mask = dim_ok[None, :]
         slot = page * stride_cblk + (keys % PAGE_SIZE) * stride_crow
         # k: [D, BLOCK_N] (transposed by addressing); v: [BLOCK_N, D]; fp8 caches widen here
-        k = tl.load(k_cache + slot[None, :] + dims[:, None], mask=k_mask, other=0.0).to(q.dtype)   # no-op in e4m3
-        if V_KEY_MINOR:     # a value page is [Hkv, D, PAGE_SIZE]: keys adjacent (see the module docstring)
-            v_slot = page * stride_cblk + keys % PAGE_SIZE
-            v = tl.load(v_cache + v_slot[:, None] + dims[None, :] * PAGE_SIZE, mask=v_mask, other=0.0).to(q.dtype)
-        else:
-            v = tl.load(v_cache + slot[:, None] + dims[None, :], mask=v_mask, other=0.0).to(q.dtype)
+        k = tl.load(cache + slot[None, :] + dims[:, None], mask=k_mask, other=0.0).to(q.dtype)
+        v = tl.load(cache + stride_ckv + slot[:, None] + dims[None, :], mask=v_mask, other=0.0).to(q.dtype)
         if IEEE:
             s = tl.dot(q, k, input_precision="ieee")
         else:
             s = tl.dot(q, k)
-        if E4M3_DOTS:
-            s = s * qk_scale_log2[:, None]                         # per row: q's own scale
-        else:
-            s = s * tl.cast(qk_scale_log2, tl.float32)             # [BLOCK_M, BLOCK_N]; Inductor passes floats as fp64
+        s = s * tl.cast(qk_scale_log2, tl.float32)                 # [BLOCK_M, BLOCK_N]; Inductor passes floats as fp64
         if MASKED:
             visible = (keys[None, :] <= q_pos[:, None]) & key_ok[None, :]
             s = tl.where(visible, s, float("-inf"))
@@ -124,8 +116,6 @@ def _attend_blocks(q, k_cache, v_cache, table, kb_lo, kb_hi, kv_len, q_pos, dims
         acc = acc * alpha[:, None]
         if IEEE:
             acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
-        elif E4M3_DOTS:     # p in [0, 1] scaled to e4m3's top; the product is added in fp32, not in the MMA
-            acc += tl.dot((p * 448.0).to(v.dtype), v)
         else:
             acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new
@@ -133,10 +123,10 @@ def _attend_blocks(q, k_cache, v_cache, table, kb_lo, kb_hi, kv_len, q_pos, dims
 
 
 @triton.jit
-def _attend(q, k_cache, v_cache, table, kb_lo, kb_hi, kv_len, first_pos, q_pos, dims, dim_ok, qk_scale_log2,
-            stride_cblk, stride_crow,
+def _attend(q, cache, table, kb_lo, kb_hi, kv_len, first_pos, q_pos, dims, dim_ok, qk_scale_log2,
+            stride_ckv, stride_cblk, stride_crow,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr,
-            IEEE: tl.constexpr, V_KEY_MINOR: tl.constexpr, E4M3_DOTS: tl.constexpr):
+            IEEE: tl.constexpr):
     """Online softmax of q over key blocks [kb_lo, kb_hi): (acc, l_i, m_i) in fp32. The blocks that end at or
     before `first_pos` (the tile's first query position, which every row's query is at or after) are full:
     they run unmasked; the rest (the diagonal and the last, partial block) run masked."""
@@ -144,12 +134,12 @@ def _attend(q, k_cache, v_cache, table, kb_lo, kb_hi, kv_len, first_pos, q_pos, 
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
     full_hi = tl.maximum(tl.minimum((first_pos + 1) // BLOCK_N, kb_hi), kb_lo)
-    acc, l_i, m_i = _attend_blocks(q, k_cache, v_cache, table, kb_lo, full_hi, kv_len, q_pos, dims, dim_ok,
-                                   qk_scale_log2, acc, l_i, m_i, stride_cblk, stride_crow, BLOCK_N, PAGE_SIZE, IEEE,
-                                   False, V_KEY_MINOR, E4M3_DOTS)
-    acc, l_i, m_i = _attend_blocks(q, k_cache, v_cache, table, full_hi, kb_hi, kv_len, q_pos, dims, dim_ok,
-                                   qk_scale_log2, acc, l_i, m_i, stride_cblk, stride_crow, BLOCK_N, PAGE_SIZE, IEEE,
-                                   True, V_KEY_MINOR, E4M3_DOTS)
+    acc, l_i, m_i = _attend_blocks(q, cache, table, kb_lo, full_hi, kv_len, q_pos, dims, dim_ok, qk_scale_log2,
+                                   acc, l_i, m_i, stride_ckv, stride_cblk, stride_crow, BLOCK_N, PAGE_SIZE, IEEE,
+                                   False)
+    acc, l_i, m_i = _attend_blocks(q, cache, table, full_hi, kb_hi, kv_len, q_pos, dims, dim_ok, qk_scale_log2,
+                                   acc, l_i, m_i, stride_ckv, stride_cblk, stride_crow, BLOCK_N, PAGE_SIZE, IEEE,
+                                   True)
     return acc, l_i, m_i
 
 
@@ -190,8 +180,6 @@ def paged_attention_kernel(
     MAY_SPLIT: tl.constexpr,            # the op's max_splits > 1
     KV_SCALED: tl.constexpr,            # fp8 cache with scales: stored * scale is the value
     FP8_AS_FP16: tl.constexpr,          # fp8 cache, bf16 q: the dots run in fp16 (see the module docstring)
-    V_KEY_MINOR: tl.constexpr,          # value pages are [Hkv, D, PAGE_SIZE] (see the module docstring)
-    E4M3_DOTS: tl.constexpr,            # fp8 cache: q quantized per row, p scaled; both dots in e4m3
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     tile = tl.program_id(0)
@@ -216,29 +204,14 @@ def paged_attention_kernel(
     # q: [BLOCK_M, D]
     q = tl.load(q_ptr + tok64[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
                 mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    if FP8_AS_FP16:   # |q| past fp16's range would be inf: saturate (never seen in a real model's q)
+        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
     qk_scale = tl.cast(qk_scale_log2, tl.float32)
     if KV_SCALED:
         qk_scale = qk_scale * tl.load(kv_scale_ptr)
-    if E4M3_DOTS:
-        q_abs_max = tl.max(tl.abs(q.to(tl.float32)), 1)
-        q_scale = tl.where(q_abs_max > 0.0, q_abs_max / 448.0, 1.0)
-        q8 = (q.to(tl.float32) / q_scale[:, None]).to(kv_ptr.dtype.element_ty)
-        qk_scale = q_scale * qk_scale
-    elif FP8_AS_FP16:   # |q| past fp16's range would be inf: saturate (never seen in a real model's q)
-        q8 = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
-    else:
-        q8 = q
-    k_cache = kv_ptr + layer_offset + kv_head * stride_ch
-    if V_KEY_MINOR:
-        v_cache = kv_ptr + layer_offset + stride_ckv + kv_head * (HEAD_DIM * PAGE_SIZE)
-    else:
-        v_cache = k_cache + stride_ckv
-    acc, l_i, m_i = _attend(q8, k_cache, v_cache, block_tables_ptr + b * stride_bt,
+    acc, l_i, m_i = _attend(q, kv_ptr + layer_offset + kv_head * stride_ch, block_tables_ptr + b * stride_bt,
                             kb_lo, kb_hi, kv_len, context + (q_first - q_start), q_pos, dims, dim_ok, qk_scale,
-                            stride_cblk, stride_crow, BLOCK_M, BLOCK_N, HEAD_DIM_PAD, PAGE_SIZE, IEEE, V_KEY_MINOR,
-                            E4M3_DOTS)
-    if E4M3_DOTS:
-        acc = acc * (1.0 / 448.0)
+                            stride_ckv, stride_cblk, stride_crow, BLOCK_M, BLOCK_N, HEAD_DIM_PAD, PAGE_SIZE, IEEE)
     if KV_SCALED:
         acc = acc * tl.load(kv_scale_ptr + 1)
     _store_tile(out_ptr, part_ptr, lse_ptr, acc, l_i, m_i, tok64, head, dims, row_ok, dim_ok, split, num_splits,

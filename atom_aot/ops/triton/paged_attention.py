@@ -101,8 +101,6 @@ def launch_paged_attention(
     block_m: int, block_n: int, num_warps: int, num_stages: int, target_programs: int, max_splits: int,
     kv_scale: Optional[torch.Tensor] = None,   # [2] float32 (k, v): an fp8 cache's scales
     fp8_as_fp16: Optional[bool] = None,        # None: as fp8_dots_in_fp16 says (benchmarks pass both)
-    value_key_minor: bool = False,             # value pages stored [Hkv, D, block_size] (attention_kernels.py)
-    e4m3_dots: bool = False,                   # fp8 cache: both dots in e4m3 (attention_kernels.py)
 ) -> torch.Tensor:
     """Launches the tile kernel and, when this batch splits its keys, the merge kernel; returns out [T, H, D]."""
     check_kv_cache(kv_cache)
@@ -125,7 +123,6 @@ def launch_paged_attention(
         HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), PAGE_SIZE=page_size, IEEE=q.dtype == torch.float32,
         MAY_SPLIT=max_splits > 1, KV_SCALED=kv_scale is not None,
         FP8_AS_FP16=fp8_dots_in_fp16(q.dtype, kv_cache.dtype) if fp8_as_fp16 is None else fp8_as_fp16,
-        V_KEY_MINOR=value_key_minor, E4M3_DOTS=e4m3_dots,
         num_warps=num_warps, num_stages=num_stages,
     )
     if max_splits > 1:
