@@ -14,7 +14,8 @@ from triton_support import DEVICE, ON_GPU, poisoned_outputs  # noqa: F401 (an au
 from atom_aot.ops.attention import reference_attention
 from atom_aot.ops.triton.batch_inputs import make_paged_batch
 from atom_aot.ops.triton.paged_attention import (
-    CANDIDATE_CONFIGS, DEFAULT_CONFIGS, AttentionConfig, launch_paged_attention, paged_attention, split_count)
+    CANDIDATE_CONFIGS, DEFAULT_CONFIGS, AttentionConfig, launch_paged_attention, paged_attention, reads_page_ids_ahead,
+    split_count)
 
 
 TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
@@ -180,6 +181,25 @@ def test_launcher_and_op_agree():
     args = (q, batch.kv_cache, 0, batch.block_tables, batch.seq_lens, batch.query_start_loc, 0.125,
             *fixed_splits(2).as_args())
     assert torch.equal(launch_paged_attention(*args), paged_attention(*args))
+
+
+@pytest.mark.parametrize("query_lens", [[1, 1, 1], [40, 1, 23]], ids=["decode", "mixed"])
+def test_page_ids_read_ahead_change_nothing(query_lens):
+    """Configs of 3+ stages read the next key block's page ids one iteration ahead (PREFETCH_PAGES); forced off, the
+    same config reads them in place. Both read the same keys in the same order: equal outputs, over contexts of
+    several full blocks (the unmasked loop it changes), the last one's ids read past nothing (kb + 1 == kb_hi is
+    masked)."""
+    assert reads_page_ids_ahead(3) and not reads_page_ids_ahead(2)
+    g = torch.Generator().manual_seed(23)
+    batch = make_paged_batch([130, 64, 97], query_lens, 2, 64, dtype=torch.float32, device=DEVICE, generator=g)
+    q = torch.randn(sum(query_lens), 4, 64, generator=g).to(DEVICE)
+    args = (q, batch.kv_cache, 1, batch.block_tables, batch.seq_lens, batch.query_start_loc, 0.125,
+            *AttentionConfig(16, 16, 4, 3, 1, 1).as_args())
+    ahead, inline = launch_paged_attention(*args), launch_paged_attention(*args, prefetch_pages=False)
+    assert torch.equal(ahead, inline)
+    ref = reference_attention(q.double().cpu(), batch.kv_cache[1].double().cpu(), batch.block_tables.cpu(),
+                              batch.seq_lens.cpu(), batch.query_start_loc.cpu(), 0.125)
+    assert rel_error(ahead.cpu(), ref) < TOL[torch.float32]
 
 
 def test_strided_q_view():

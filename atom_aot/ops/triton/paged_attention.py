@@ -58,6 +58,8 @@ CANDIDATE_CONFIGS = {
         AttentionConfig(16, 128, 4, 2, 512, 16),
         AttentionConfig(16, 128, 4, 4, 512, 16),    # long contexts in bf16 (docs/benchmarks/h100-fp8-kv-decode-attention.json)
         AttentionConfig(16, 32, 2, 3, 512, 32),
+        AttentionConfig(16, 128, 4, 3, 512, 16),    # fp8: two key blocks in flight (docs/benchmarks/h100-s45-*.json)
+        AttentionConfig(16, 32, 4, 4, 512, 16),     # fp8: three small ones
     ),
 }
 DEFAULT_CONFIGS = {"prefill": AttentionConfig(64, 64, 4, 2),
@@ -101,6 +103,8 @@ def launch_paged_attention(
     block_m: int, block_n: int, num_warps: int, num_stages: int, target_programs: int, max_splits: int,
     kv_scale: Optional[torch.Tensor] = None,   # [2] float32 (k, v): an fp8 cache's scales
     fp8_as_fp16: Optional[bool] = None,        # None: as fp8_dots_in_fp16 says (benchmarks pass both)
+    maxnreg: Optional[int] = None,             # eager launches only (benchmarks): ptxas' register cap
+    prefetch_pages: Optional[bool] = None,     # None: as reads_page_ids_ahead says (benchmarks pass both)
 ) -> torch.Tensor:
     """Launches the tile kernel and, when this batch splits its keys, the merge kernel; returns out [T, H, D]."""
     check_kv_cache(kv_cache)
@@ -123,11 +127,22 @@ def launch_paged_attention(
         HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), PAGE_SIZE=page_size, IEEE=q.dtype == torch.float32,
         MAY_SPLIT=max_splits > 1, KV_SCALED=kv_scale is not None,
         FP8_AS_FP16=fp8_dots_in_fp16(q.dtype, kv_cache.dtype) if fp8_as_fp16 is None else fp8_as_fp16,
-        num_warps=num_warps, num_stages=num_stages,
+        PREFETCH_PAGES=reads_page_ids_ahead(num_stages) if prefetch_pages is None else prefetch_pages,
+        num_warps=num_warps, num_stages=num_stages, **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     if max_splits > 1:
         launch_merge_splits(part, lse, out, num_splits, max_splits)
     return out
+
+
+def reads_page_ids_ahead(num_stages: int) -> bool:
+    """Whether the kernel reads the next key block's page ids one iteration ahead (PREFETCH_PAGES): with 3+ stages.
+
+    The read-ahead is what lets a third stage pipeline (without it Triton spends the stages on the table-then-cache
+    indirection and keeps one key block in flight), and it slowed fp8 prefill tiles at 2 stages by 1-3% (H100,
+    docs/benchmarks/h100-s45-attention-prefetch.json); tying it to the stages lets the build's measurement choose
+    per phase, with the launch configs' fields unchanged."""
+    return num_stages >= 3
 
 
 def fp8_dots_in_fp16(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
