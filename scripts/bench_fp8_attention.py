@@ -35,7 +35,9 @@ EXTRA = (AttentionConfig(16, 128, 4, 3, 512, 16), AttentionConfig(16, 64, 4, 3, 
 VARIANTS = {"bf16": (torch.bfloat16, False, False, None, False), "fp8->fp16": (FP8, True, False, None, False),
             "bf16 prefetch": (torch.bfloat16, False, False, None, True),
             "fp8->fp16 prefetch": (FP8, True, False, None, True),
-            "fp8->fp16 prefetch maxnreg128": (FP8, True, False, 128, True)}
+            "fp8->fp16 prefetch maxnreg128": (FP8, True, False, 128, True),
+            "fp8->fp16 head-major prefetch": (FP8, True, True, None, True),
+            "bf16 head-major prefetch": (torch.bfloat16, False, True, None, True)}
 
 
 def batch_of(context_lens, query_lens, kv_heads, dim, dtype, head_major: bool):
@@ -145,8 +147,12 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=240)
     ap.add_argument("--prefill", action="store_true", help="time prefill steps first (the build's prefill candidates)")
     ap.add_argument("--shapes", default=None, help="decode (batch x context) pairs, e.g. 256x1024,1x4096")
+    ap.add_argument("--variants", default=None, help="comma-separated VARIANTS names (default: all)")
     a = ap.parse_args()
     deadline = time.time() + a.budget_s
+    if a.variants:
+        global VARIANTS
+        VARIANTS = {name: VARIANTS[name] for name in a.variants.split(",")}
     if a.shapes:
         global SHAPES
         SHAPES = tuple(tuple(map(int, pair.split("x"))) for pair in a.shapes.split(","))
