@@ -112,9 +112,9 @@ def prefill(heads, kv_heads, dim, deadline: float) -> list:
     rows = []
     for seqs, context, new in PREFILL_SHAPES:
         for name, (dtype, fp16, head_major, maxnreg, prefetch) in VARIANTS.items():
-            if maxnreg is not None or head_major:
+            if maxnreg is not None:
                 continue
-            b = batch_of([context] * seqs, [new] * seqs, kv_heads, dim, dtype, False)
+            b = batch_of([context] * seqs, [new] * seqs, kv_heads, dim, dtype, head_major)
             q = torch.randn(seqs * new, heads, dim, device="cuda", dtype=torch.bfloat16)
             scale = torch.tensor([0.5, 2.0], device="cuda") if dtype == FP8 else None
             for c in CANDIDATE_CONFIGS["prefill"]:
