@@ -72,7 +72,7 @@ class TestMTP:
         tokens = random_prompts(1, 380, seed=31, lengths=(30, 30))[0]
         expected = mtp_reference(q_lora_dir, tokens)                      # [29, vocab]
         cfg, model = loaded_model(q_lora_dir)
-        kv = allocate_kv_cache(cfg, 4, 16, torch.float32, torch.device("cpu"), "slot-major")
+        kv = allocate_kv_cache(cfg, 4, 16, torch.float32, torch.device("cpu"))
         with torch.no_grad():
             hidden = model.hidden_states(one_sequence_step(tokens, torch.arange(30), kv))   # [30, hidden]
             head, _ = model.mtp_logits(hidden[:28], one_sequence_step(tokens[1:29], torch.arange(28), kv))
@@ -85,8 +85,7 @@ def test_latent_cache_bytes():
     from deepseek_factories import TINY_DEEPSEEK
     cfg = ModelConfig.from_hf_dict({**TINY_DEEPSEEK, "architectures": ["DeepseekV3ForCausalLM"], "vocab_size": 64})
     assert bytes_per_block(cfg, 16, torch.bfloat16) == 5 * (32 + 16) * 16 * 2
-    kv = allocate_kv_cache(cfg, 3, 16, torch.bfloat16, torch.device("cpu"), "slot-major")
-    assert kv.shape == (5, 1, 3, 16, 1, 48)
+    assert allocate_kv_cache(cfg, 3, 16, torch.bfloat16, torch.device("cpu")).shape == (5, 1, 3, 16, 1, 48)
 
 
 def test_checkpoint_without_its_mtp_layer_is_refused(q_lora_dir):
@@ -113,7 +112,7 @@ def test_compiled_artifact_serves_and_packages_the_mtp_step(q_lora_dir, q_lora, 
     assert isinstance(loaded.forwards[Phase.MTP], CompiledMTP)
     tokens = random_prompts(1, 380, seed=31, lengths=(30, 30))[0]
     cfg, model = loaded_model(q_lora_dir)
-    kv = allocate_kv_cache(cfg, 4, 16, torch.float32, torch.device("cpu"), "slot-major")
+    kv = allocate_kv_cache(cfg, 4, 16, torch.float32, torch.device("cpu"))
     with torch.no_grad():
         hidden = model.hidden_states(one_sequence_step(tokens, torch.arange(30), kv))
         logits, _ = loaded.forwards[Phase.MTP](one_sequence_step(tokens[1:30], torch.arange(29), kv), hidden[:29])

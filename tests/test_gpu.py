@@ -103,20 +103,3 @@ def test_async_scheduling_gives_the_same_outputs(gpu_model):
         bm = engine.core.block_manager
         assert engine.core.scheduler.num_preemptions > 0 and bm.num_free_blocks == bm.num_blocks
     assert results[0] == results[1]
-
-
-def test_fp8_kv_cache_head_major_pages_graphs_equal_eager(tmp_path_factory, artifact_cache):
-    """An fp8 KV cache is head-major (models/kv_layout.py): the packages were traced with its strides, which
-    their Triton kernels took as constants, so a cache of any other order would be misread by the graphs while
-    the eager module (strides read at each call) stays right: equal tokens show the orders agree."""
-    from atom_aot.models.kv_layout import page_order_of
-    model_dir = make_tiny_model(tmp_path_factory.mktemp("gpu-fp8kv") / "llama", "LlamaForCausalLM",
-                                max_position_embeddings=1024)
-    artifact = build_for_gpu(model_dir, artifact_cache, kv_cache_dtype="fp8")
-    prompts = random_prompts(6, 380, seed=14, lengths=(3, 200))
-    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    engine = LLMEngine(str(artifact), num_kv_blocks=KV_BLOCKS)
-    assert engine.loaded.kv_page_order == "head-major" and page_order_of(engine.core.runner.kv_cache) == "head-major"
-    graphs = engine.generate(prompts, params)
-    eager = LLMEngine(str(artifact), num_kv_blocks=KV_BLOCKS, enforce_eager=True).generate(prompts, params)
-    assert [o["token_ids"] for o in graphs] == [o["token_ids"] for o in eager]

@@ -86,7 +86,7 @@ def test_drafts_equal_the_mtp_layer_run_eagerly(artifact, model_dir):
     assert known[:-1] == prompt and len(drafts) == 2
     n = len(prompt)
     cfg, model = loaded_model(model_dir)
-    kv = allocate_kv_cache(cfg, 4, 16, torch.float32, torch.device("cpu"), "slot-major")
+    kv = allocate_kv_cache(cfg, 4, 16, torch.float32, torch.device("cpu"))
     with torch.no_grad():
         hidden = model.hidden_states(one_sequence_step(prompt, torch.arange(n), kv))              # [P, hidden]
         logits, mtp_hidden = model.mtp_logits(hidden, one_sequence_step(known[1:], torch.arange(n), kv))
@@ -101,7 +101,7 @@ def eager_drafts(model, cfg, known: list[int], k: int) -> tuple[list[int], torch
     every position with the next tokens, then chained k - 1 times on its own output; and the MTP
     layer's cache rows [len(known) - 1, latent] of the computed positions."""
     n = len(known) - 1
-    kv = allocate_kv_cache(cfg, 8, 16, torch.float32, torch.device("cpu"), "slot-major")
+    kv = allocate_kv_cache(cfg, 8, 16, torch.float32, torch.device("cpu"))
     with torch.no_grad():
         hidden = model.hidden_states(one_sequence_step(known[:-1], torch.arange(n), kv))         # [n, hidden]
         logits, mtp_hidden = model.mtp_logits(hidden, one_sequence_step(known[1:], torch.arange(n), kv))

@@ -75,8 +75,7 @@ class TestProbeInputs:
         mixed = loaded.forwards[Phase.MIXED]
         block_size, vocab = loaded.block_size, loaded.model_config.vocab_size
         torch.manual_seed(0)
-        kv_cache = allocate_kv_cache(loaded.rank_config, 16, block_size, loaded.kv_dtype, loaded.device,
-                                     loaded.kv_page_order)
+        kv_cache = allocate_kv_cache(loaded.rank_config, 16, block_size, loaded.kv_dtype, loaded.device)
         inputs = prefill_step_inputs(3 * 24, 24, kv_cache, block_size, vocab)
         assert inputs.seq_lens.tolist() == [24] * 3 and inputs.logits_indices.tolist() == [23, 47, 71]
         batched = mixed(inputs).clone()

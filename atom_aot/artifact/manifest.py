@@ -63,23 +63,17 @@ class Target:
         return None
 
 
-# how a KV-cache block's slots lie in memory (models/kv_layout.py): the compiled graphs were traced with it
-KV_PAGE_ORDERS = ("slot-major", "head-major")
-
-
 @dataclass(frozen=True)
 class Numerics:
     dtype: str                # activations and unquantized weights, a torch dtype name
     kv_cache_dtype: str       # e.g. "bfloat16", "float8_e4m3fn"
     max_model_len: int        # resolved (the model's max_position_embeddings unless set)
     block_size: int           # tokens per KV-cache block
-    kv_page_order: str = "slot-major"   # KV_PAGE_ORDERS; every cache the runtime allocates has it
 
     @classmethod
     def from_reader(cls, r: Reader) -> "Numerics":
         return cls(r.str("dtype", choices=DTYPE_NAMES), r.str("kv_cache_dtype", choices=KV_DTYPE_NAMES),
-                   r.int("max_model_len", minimum=16), r.int("block_size", minimum=1),
-                   r.str("kv_page_order", choices=KV_PAGE_ORDERS))
+                   r.int("max_model_len", minimum=16), r.int("block_size", minimum=1))
 
 
 @dataclass(frozen=True)
@@ -304,15 +298,7 @@ def _nonempty(r: Reader, key: str) -> str:
 # Format migrations: version v -> a function turning a v manifest into a v + 1 one. A version with
 # no path to ARTIFACT_FORMAT_VERSION is refused with the command that rebuilds it. Version 1
 # (untyped `build` section, no layout, numerics or signature version) has none: it is rebuilt.
-def _v2_to_v3(data: dict) -> dict:
-    """Format 3 records the KV cache's page order; every format-2 artifact was built slot-major."""
-    numerics = data.get("numerics")
-    if not isinstance(numerics, dict):
-        raise ArtifactError(f"{MANIFEST}: format 2 needs a `numerics` section; rebuild it: {_rebuild_hint(data)}")
-    return {**data, "format_version": 3, "numerics": {**numerics, "kv_page_order": "slot-major"}}
-
-
-MIGRATIONS: dict[int, Callable[[dict], dict]] = {2: _v2_to_v3}
+MIGRATIONS: dict[int, Callable[[dict], dict]] = {}
 
 
 def migrate(data: object, where: str = MANIFEST) -> dict:

@@ -35,7 +35,6 @@ def example_inputs(model: DecoderForCausalLM, kv_dtype: torch.dtype, block_size:
     `decode`: 3 sequences computing one token each, all sampling (tokens = sequences = logits rows).
     """
     cfg = model.config
-    layout = model.kv_cache_layout(rank_shapes(cfg, model.split))
     num_blocks, max_blocks = 37, 5
     counts, context = ([5, 4, 2], [5, 4, 2]) if phase == Phase.MIXED else ([1, 1, 1], [6, 19, 2])
     block_tables = torch.arange(len(counts) * max_blocks).view(len(counts), -1)
@@ -45,8 +44,7 @@ def example_inputs(model: DecoderForCausalLM, kv_dtype: torch.dtype, block_size:
     values = dict(
         input_ids=torch.randint(0, cfg.vocab_size, (sum(counts),)),
         positions=positions,
-        # in the page order the runtime allocates: the graph is traced with these strides (models/kv_layout.py)
-        kv_cache=layout.allocate(num_blocks, block_size, torch.float32, "cpu", layout.page_order(kv_dtype)),
+        kv_cache=torch.zeros(model.kv_cache_layout(rank_shapes(cfg, model.split)).shape(num_blocks, block_size)),
         slot_mapping=block_tables[rows, positions // block_size] * block_size + positions % block_size,
         block_tables=block_tables,
         seq_lens=torch.tensor(context),

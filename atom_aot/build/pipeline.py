@@ -298,9 +298,7 @@ def _manifest(source: ModelSource, model_config: ModelConfig, config: BuildConfi
                             config_hash=build_key({"config": source.config}), weights_hash=inputs["weights"],
                             tokenizer_hash=inputs["tokenizer"]),
         target=Target(arch=config.arch, **toolchain()), build_compiler=inputs["cxx"], options=_options(config),
-        numerics=Numerics(_dtype_name(config.torch_dtype), kv_dtype, max_len, config.block_size,
-                          kv_page_order=model_class(model_config.architecture).kv_cache_layout(model_config)
-                          .page_order(config.kv_torch_dtype)),
+        numerics=Numerics(_dtype_name(config.torch_dtype), kv_dtype, max_len, config.block_size),
         layout=layout, compiled=compiled,
         quantization=Quantization.of(quant.scheme, kv_dtype, **quant.manifest_details()),
         signature_version=SIGNATURE_VERSION, members={},

@@ -74,18 +74,17 @@ def from_cache(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None) 
 
 def write_kv_cache(kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
                    kv_scale: torch.Tensor | None = None) -> None:
-    """Scatter the new k/v rows into their slots; padded tokens (slot -1) are dropped. Indexed by (block, row), so
-    any page order works (models/kv_layout.py: a head-major cache is a strided view)."""
-    block_size = kv_layer.shape[2]
+    """Scatter the new k/v rows into their slots; padded tokens (slot -1) are dropped."""
+    _, num_blocks, block_size, num_kv_heads, head_dim = kv_layer.shape
+    flat = kv_layer.view(2, num_blocks * block_size, num_kv_heads, head_dim)
     valid = slot_mapping >= 0
     slots = slot_mapping[valid]
-    blocks, rows = slots // block_size, slots % block_size
     k_scale, v_scale = (None, None) if kv_scale is None else (kv_scale[0], kv_scale[1])
     k, v = to_cache(k[valid], kv_layer.dtype, k_scale), to_cache(v[valid], kv_layer.dtype, v_scale)
-    if kv_layer.element_size() == 1:   # index_put_ has no float8 kernel: move the bytes instead
-        kv_layer, k, v = kv_layer.view(torch.uint8), k.view(torch.uint8), v.view(torch.uint8)
-    kv_layer[0, blocks, rows] = k
-    kv_layer[1, blocks, rows] = v
+    if kv_layer.element_size() == 1:   # index_copy_ has no float8 kernel: move the bytes instead
+        flat, k, v = flat.view(torch.uint8), k.view(torch.uint8), v.view(torch.uint8)
+    flat[0].index_copy_(0, slots, k)
+    flat[1].index_copy_(0, slots, v)
 
 
 def reference_attention(q, kv_layer, block_tables, seq_lens, query_start_loc, scale, kv_scale=None) -> torch.Tensor:

@@ -37,7 +37,7 @@ def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_m
     from atom_aot.models import ModelConfig
     from atom_aot.runtime.compiled import CompiledModel
     from atom_aot.runtime.cuda_graphs import DecodeGraphs
-    from atom_aot.runtime.kv_cache import allocate_kv_cache, built_page_order
+    from atom_aot.runtime.kv_cache import allocate_kv_cache
     device = torch.device("cuda")
     cfg = rank_shapes(ModelConfig.from_json(staging / CONFIG), split)
     if split.world_size > 1:
@@ -53,8 +53,7 @@ def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_m
                                max_model_len, split, 0, device, weights, shapes)
     decode = CompiledModel(staging / package_member(Phase.DECODE), device).bind(weights)
     mixed = CompiledModel(staging / package_member(Phase.MIXED), device).bind(weights)
-    kv_cache = allocate_kv_cache(cfg, sizes[-1] + 1, block_size, getattr(torch, kv_dtype), device,
-                                 built_page_order(cfg, getattr(torch, kv_dtype)))
+    kv_cache = allocate_kv_cache(cfg, sizes[-1] + 1, block_size, getattr(torch, kv_dtype), device)
     del weights                       # bound into the packages: the loader's dict of them is not needed
     torch.cuda.synchronize()
     # Cached free blocks (the load's, the draw's) are given back first: the capture could reuse them (the pool
@@ -124,13 +123,12 @@ def measure_step_memory(mixed, cfg, block_size: int, kv_dtype, max_model_len: in
     it. `peak(run, device)`: peak_allocated (a CUDA device's allocator statistics) unless a test stands in."""
     import torch
 
-    from atom_aot.runtime.kv_cache import allocate_kv_cache, built_page_order
+    from atom_aot.runtime.kv_cache import allocate_kv_cache
     from atom_aot.runtime.sampler import Sampler, logprob_tensors
     peak = peak or peak_allocated
     seq_len = min(max_model_len, MEASURED_STEP_TOKENS)
     tokens = MEASURED_STEP_TOKENS // seq_len * seq_len
-    kv_cache = allocate_kv_cache(cfg, tokens // block_size + tokens // seq_len, block_size, kv_dtype, device,
-                                 built_page_order(cfg, kv_dtype))
+    kv_cache = allocate_kv_cache(cfg, tokens // block_size + tokens // seq_len, block_size, kv_dtype, device)
     inputs = prefill_step_inputs(tokens, seq_len, kv_cache, block_size, cfg.vocab_size)
     step_bytes = peak(functools.partial(mixed, inputs), device)
     del inputs, kv_cache

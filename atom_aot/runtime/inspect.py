@@ -56,7 +56,7 @@ def describe(art: Artifact) -> str:
         ("layout", f"tp {layout.tensor_parallel_size}, ep {layout.expert_parallel_size}, "
                    f"dp {layout.data_parallel_size} (world {layout.world_size})"),
         *([("all-reduce", describe_plan(layout.world_size))] if layout.world_size > 1 else []),
-        ("numerics", f"dtype {numerics.dtype}, kv cache {numerics.kv_cache_dtype} ({numerics.kv_page_order} pages)"),
+        ("numerics", f"dtype {numerics.dtype}, kv cache {numerics.kv_cache_dtype}"),
         *quantization_rows(m.quantization, numerics.kv_cache_dtype),
         *([("experts", m.quantization.experts)] if any(config.get(k) for k in EXPERT_COUNTS) else []),
         ("limits", f"max model len {numerics.max_model_len}, block size {numerics.block_size}"),

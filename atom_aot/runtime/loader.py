@@ -50,7 +50,6 @@ class LoadedArtifact:
     device: torch.device
     dtype: torch.dtype
     kv_dtype: torch.dtype
-    kv_page_order: str                  # the KV cache's page order its graphs were traced with (kv_layout.py)
     block_size: int
     max_model_len: int
     generation_config: dict
@@ -122,7 +121,7 @@ def load_artifact(path: str | Path, enforce_eager: bool = False, rank: int = 0) 
         model_config=model_config, hf_config=hf_config, rank=rank, weights=weights, forwards=forwards,
         execution=execution,
         device=device, dtype=getattr(torch, numerics.dtype), kv_dtype=getattr(torch, numerics.kv_cache_dtype),
-        kv_page_order=numerics.kv_page_order, block_size=numerics.block_size, max_model_len=numerics.max_model_len,
+        block_size=numerics.block_size, max_model_len=numerics.max_model_len,
         generation_config=artifact.read_json(GENERATION_CONFIG), tokenizer_dir=artifact.member_dir(TOKENIZER),
         timings=timings)
 

@@ -172,11 +172,9 @@ def prepare_model(loaded: LoadedArtifact, config: RuntimeConfig, num_blocks: int
             f"the KV cache holds {num_blocks} blocks of {loaded.block_size} tokens, fewer than the "
             f"{blocks_per_seq} that one sequence of max_model_len={max_model_len} needs. Give the cache more "
             f"memory (kv_cache_memory_bytes / gpu_memory_utilization) or lower max_model_len.")
-    kv_cache = allocate_kv_cache(loaded.rank_config, num_blocks, loaded.block_size, loaded.kv_dtype, loaded.device,
-                                 loaded.kv_page_order)
-    log.info("KV cache: %d blocks x %d tokens (%.1f MiB, %s, %s pages)", num_blocks, loaded.block_size,
-             kv_cache.numel() * kv_cache.element_size() / 2**20, str(loaded.kv_dtype).removeprefix("torch."),
-             loaded.kv_page_order)
+    kv_cache = allocate_kv_cache(loaded.rank_config, num_blocks, loaded.block_size, loaded.kv_dtype, loaded.device)
+    log.info("KV cache: %d blocks x %d tokens (%.1f MiB, %s)", num_blocks, loaded.block_size,
+             kv_cache.numel() * kv_cache.element_size() / 2**20, str(loaded.kv_dtype).removeprefix("torch."))
     return kv_cache, make_forwards(loaded, config, kv_cache, max_model_len)
 
 

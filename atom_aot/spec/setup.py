@@ -213,8 +213,7 @@ def start_draft(draft: LoadedArtifact, config: RuntimeConfig, target_tokens: int
                 max_num_seqs: int) -> DraftModelProposer:
     """The loaded draft model with a KV pool of its own (draft_kv_blocks)."""
     num_blocks = draft_kv_blocks(draft.block_size, target_tokens, max_num_seqs)
-    kv_cache = allocate_kv_cache(draft.model_config, num_blocks, draft.block_size, draft.kv_dtype, draft.device,
-                                 draft.kv_page_order)
+    kv_cache = allocate_kv_cache(draft.model_config, num_blocks, draft.block_size, draft.kv_dtype, draft.device)
     forwards = Forwards(draft.forwards[Phase.MIXED], draft.forwards.get(Phase.DECODE))
     sampler = Sampler.for_artifact(draft.forwards, draft.device, config.seed)
     runner = ModelRunner(forwards, kv_cache, draft.block_size, draft.device, sampler)
