@@ -92,9 +92,8 @@ def _attend_blocks(q, cache, table, kb_lo, kb_hi, kv_len, q_pos, dims, dim_ok, q
     block of a decode step. There the block table's entries for the next block are read one iteration
     ahead (PREFETCH_PAGES): otherwise each iteration waits for its page ids before it can ask for its keys."""
     offsets = tl.arange(0, BLOCK_N)
-    if PREFETCH_PAGES and not MASKED:   # (offsets < BLOCK_N): the scalar condition as a [BLOCK_N] mask
-        next_page = tl.load(table + (kb_lo * BLOCK_N + offsets) // PAGE_SIZE,
-                            mask=(offsets < BLOCK_N) & (kb_lo < kb_hi), other=0)
+    if PREFETCH_PAGES and not MASKED:
+        next_page = tl.load(table + (kb_lo * BLOCK_N + offsets) // PAGE_SIZE, mask=kb_lo < kb_hi, other=0)
     for kb in range(kb_lo, kb_hi):
         keys = kb * BLOCK_N + offsets                       # [BLOCK_N] key positions
         if MASKED:
@@ -105,8 +104,7 @@ def _attend_blocks(q, cache, table, kb_lo, kb_hi, kv_len, q_pos, dims, dim_ok, q
         else:
             if PREFETCH_PAGES:
                 page = next_page.to(tl.int64)
-                next_page = tl.load(table + (keys + BLOCK_N) // PAGE_SIZE,
-                                    mask=(offsets < BLOCK_N) & (kb + 1 < kb_hi), other=0)
+                next_page = tl.load(table + (keys + BLOCK_N) // PAGE_SIZE, mask=kb + 1 < kb_hi, other=0)
             else:
                 page = tl.load(table + keys // PAGE_SIZE).to(tl.int64)
             k_mask = dim_ok[:, None]
