@@ -63,10 +63,10 @@ def run(q, batch, config: AttentionConfig, kv_scale, fp16: bool, maxnreg=None, p
                                   maxnreg=maxnreg, prefetch_pages=prefetch)
 
 
-def check(heads, kv_heads, dim) -> dict:
+def check(heads, kv_heads, dim, variants: dict) -> dict:
     """Relative error (float64) of each variant on a batch of mixed contexts, decode shape."""
     errors = {}
-    for name, (dtype, fp16, head_major, maxnreg, prefetch) in VARIANTS.items():
+    for name, (dtype, fp16, head_major, maxnreg, prefetch) in variants.items():
         b = batch_of([700, 33, 1500, 5], [1, 1, 1, 1], kv_heads, dim, dtype, head_major)
         q = torch.randn(4, heads, dim, device="cuda", dtype=torch.bfloat16)
         scale = torch.tensor([0.7, 1.3], device="cuda") if dtype == FP8 else None
@@ -78,11 +78,11 @@ def check(heads, kv_heads, dim) -> dict:
     return errors
 
 
-def sweep(heads, kv_heads, dim, ceiling: float, deadline: float) -> list:
+def sweep(heads, kv_heads, dim, variants: dict, shapes: tuple, ceiling: float, deadline: float) -> list:
     rows = []
     configs = CANDIDATE_CONFIGS["decode"] + EXTRA
-    for batch_size, context in SHAPES:
-        for name, (dtype, fp16, head_major, maxnreg, prefetch) in VARIANTS.items():
+    for batch_size, context in shapes:
+        for name, (dtype, fp16, head_major, maxnreg, prefetch) in variants.items():
             b = batch_of([context] * batch_size, [1] * batch_size, kv_heads, dim, dtype, head_major)
             q = torch.randn(batch_size, heads, dim, device="cuda", dtype=torch.bfloat16)
             scale = torch.tensor([0.5, 2.0], device="cuda") if dtype == FP8 else None
@@ -107,11 +107,11 @@ def sweep(heads, kv_heads, dim, ceiling: float, deadline: float) -> list:
 PREFILL_SHAPES = ((8, 1024, 1024), (2, 0, 4096), (1, 3072, 1024))   # (sequences, cached context, new tokens each)
 
 
-def prefill(heads, kv_heads, dim, deadline: float) -> list:
+def prefill(heads, kv_heads, dim, variants: dict, deadline: float) -> list:
     """Prefill steps (every new token attends causally over context + the new tokens) per variant and config."""
     rows = []
     for seqs, context, new in PREFILL_SHAPES:
-        for name, (dtype, fp16, head_major, maxnreg, prefetch) in VARIANTS.items():
+        for name, (dtype, fp16, head_major, maxnreg, prefetch) in variants.items():
             if maxnreg is not None:
                 continue
             b = batch_of([context] * seqs, [new] * seqs, kv_heads, dim, dtype, head_major)
@@ -150,19 +150,15 @@ def main() -> None:
     ap.add_argument("--variants", default=None, help="comma-separated VARIANTS names (default: all)")
     a = ap.parse_args()
     deadline = time.time() + a.budget_s
-    if a.variants:
-        global VARIANTS
-        VARIANTS = {name: VARIANTS[name] for name in a.variants.split(",")}
-    if a.shapes:
-        global SHAPES
-        SHAPES = tuple(tuple(map(int, pair.split("x"))) for pair in a.shapes.split(","))
+    variants = {name: VARIANTS[name] for name in a.variants.split(",")} if a.variants else VARIANTS
+    shapes = tuple(tuple(map(int, pair.split("x"))) for pair in a.shapes.split(",")) if a.shapes else SHAPES
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     result["copy_gbps"] = ceiling = copy_gbps()
     result["models"] = {}
     for model, (heads, kv_heads, dim) in MODELS.items():
-        errors = check(heads, kv_heads, dim)
-        prefill_rows = prefill(heads, kv_heads, dim, deadline) if a.prefill else []
-        rows = sweep(heads, kv_heads, dim, ceiling, deadline)
+        errors = check(heads, kv_heads, dim, variants)
+        prefill_rows = prefill(heads, kv_heads, dim, variants, deadline) if a.prefill else []
+        rows = sweep(heads, kv_heads, dim, variants, shapes, ceiling, deadline)
         result["models"][model] = {"rel_error_vs_float64": errors, "best": best(rows),
                                    "prefill_best": best(prefill_rows), "rows": rows, "prefill_rows": prefill_rows}
         with open(a.out, "w") as f:
