@@ -6,9 +6,9 @@ config reach the memory bound at large batch; with --prefill, prefill steps firs
 Variants: bf16 and fp8 caches (fp8 with fp16 dots), each with and without the page ids read one iteration ahead
 (PREFETCH_PAGES; since session 45 the op reads ahead for configs of 3+ stages), and fp8 with ptxas' registers
 capped at 128 (maxnreg, which an eager launch can pass and an exported graph cannot: it tests whether residency
-bounds the kernel). Each runs the build's decode candidates plus narrower / deeper tiles. Achieved bandwidth counts the cache bytes a step must read
-(every sequence's K and V at its context), against this run's copy bandwidth. Each variant's error against a
-float64 reference on one batch is recorded first. Session 45 also ran value pages stored key-minor and both dots
+bounds the kernel). Each runs the build's decode candidates plus narrower / deeper tiles. Achieved bandwidth
+counts the cache bytes a step must read (every sequence's K and V at its context), against this run's copy
+bandwidth. Each variant's error against a float64 reference on one batch is recorded first. Session 45 also ran value pages stored key-minor and both dots
 in e4m3 through this script (commit 48256d9; docs/benchmarks/h100-s45-fp8-attention-layouts-e4m3.json).
 """
 from __future__ import annotations
