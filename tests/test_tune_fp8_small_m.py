@@ -64,6 +64,7 @@ def test_build_rows_use_small_m_for_decode_only(monkeypatch, scheme):
         k: ({c: v for c, v in r.items() if s != "fp8-block" or c != ATEN}) for k, r in rows.items()
         if phase == "decode" or int(k.split()[1].split("x")[0]) > SMALL_M_MAX})
     monkeypatch.setattr(tune_fp8, "measure_small_m", lambda *a: small)
+    monkeypatch.setattr(tune_fp8, "measure_silu_mul_quant", lambda cfg, dtype, phase: silu_timings(phase))
     row = PhaseTuning({"attention": BackendChoice("triton")})
     base = Tuning(arch="sm90", measured=True, phases={Phase.DECODE: row, Phase.MIXED: row}, kernels={})
     tuned = _with_measured_linear(base, BuildConfig(arch="sm90"), ModelConfig.from_hf_dict(TINY_QWEN3), scheme)
@@ -75,6 +76,43 @@ def test_build_rows_use_small_m_for_decode_only(monkeypatch, scheme):
     make_backend("fp8_linear", mixed)
     measured = tuned.measurements_ms["fp8_linear"]["decode"]
     assert "64,256,1,4,6" in measured["chosen"]
+
+
+def silu_timings(phase: str) -> dict:
+    """The one-pass kernel at 16 warps fastest at decode's token counts, Inductor's kernels at the mixed phase's."""
+    tokens = (1, 16, 64, 256) if phase == "decode" else (512, 2048, 8192)
+    return {f"silu_mul_quant {m}x96": {("inductor",): 2.0 * m, ("triton", 8): 2.5 * m,
+                                       ("triton", 16): (1.0 if phase == "decode" else 3.0) * m}
+            for m in tokens}
+
+
+def test_fp8_rows_name_the_measured_silu_mul_quant_per_phase(monkeypatch):
+    """Per-token fp8 weights: each phase's row names the faster of Inductor's kernels and the one-pass kernel
+    (with its warps) for the down projection's input; the backends build, inspect says which runs; other
+    schemes (static scales, block scales) get no such row."""
+    from atom_aot.build.config import BuildConfig
+    from atom_aot.build.tune import _with_measured_linear
+    from atom_aot.models import ModelConfig
+    from atom_aot.ops.backends import make_backend
+    from model_factories import TINY_QWEN3
+    pytest.importorskip("triton")
+    rows, small = timings(small_ms=6.0)
+    monkeypatch.setattr(tune_fp8, "measure_linear", lambda cfg, s, dtype, phase: rows)
+    monkeypatch.setattr(tune_fp8, "measure_small_m", lambda *a: small)
+    monkeypatch.setattr(tune_fp8, "measure_silu_mul_quant", lambda cfg, dtype, phase: silu_timings(phase))
+    row = PhaseTuning({"attention": BackendChoice("triton")})
+    base = Tuning(arch="sm90", measured=True, phases={Phase.DECODE: row, Phase.MIXED: row}, kernels={})
+    cfg = ModelConfig.from_hf_dict(TINY_QWEN3)
+    tuned = _with_measured_linear(base, BuildConfig(arch="sm90"), cfg, "fp8")
+    decode, mixed = (tuned.for_phase(p).op("silu_mul_quant") for p in (Phase.DECODE, Phase.MIXED))
+    assert decode == BackendChoice("triton", {"silu_mul_quant": (16,)}) and mixed == BackendChoice("inductor")
+    make_backend("silu_mul_quant", decode)
+    make_backend("silu_mul_quant", mixed)
+    assert tuned.measurements_ms["silu_mul_quant"]["decode"]["chosen"] == "triton,16"
+    assert "decode: triton atom_triton::silu_mul_quant (16 warps)" in tuned.kernels["silu-mul + fp8 quant"]
+    for scheme in ("fp8-static", "fp8-block"):
+        other = _with_measured_linear(base, BuildConfig(arch="sm90"), cfg, scheme)
+        assert "silu_mul_quant" not in other.for_phase(Phase.DECODE).ops
 
 
 @pytest.mark.parametrize("small_ms", [6.0, 11.0])

@@ -24,6 +24,7 @@ from atom_aot.artifact.tuning import BackendChoice, PhaseTuning, Tuning, timings
 from atom_aot.build.config import BuildConfig
 from atom_aot.models import ModelConfig, model_class
 from atom_aot.models.quant_layers import linear_op
+from atom_aot.ops.fp8 import fits_one_program
 
 log = logging.getLogger("atom_aot")
 
@@ -87,8 +88,27 @@ def _with_measured_linear(tuning: Tuning, config: BuildConfig, cfg: ModelConfig,
         timings[phase.value] = {"chosen": chosen, **timings_json(rows[phase])}
     label, text = GPU_LINEAR_KERNELS[op]
     kernels = {**tuning.kernels, label: f"{scheme}: {text}, per phase as measured"}
-    return Tuning(arch=tuning.arch, measured=True, phases=phases, kernels=kernels,
-                  measurements_ms={**tuning.measurements_ms, op: timings})
+    measurements = {**tuning.measurements_ms, op: timings}
+    if scheme == "fp8" and fits_one_program(cfg.intermediate_size):
+        phases, kernels["silu-mul + fp8 quant"], measurements["silu_mul_quant"] = _with_silu_mul_quant(
+            phases, config, cfg)
+    return Tuning(arch=tuning.arch, measured=True, phases=phases, kernels=kernels, measurements_ms=measurements)
+
+
+def _with_silu_mul_quant(phases: dict, config: BuildConfig, cfg: ModelConfig) -> tuple[dict, str, dict]:
+    """Each phase's row plus its measured silu_mul_quant backend, the kernels line for inspect, the timings."""
+    from atom_aot.build.tune_fp8 import measure_silu_mul_quant, silu_mul_quant_choice
+    out, timings, picks = {}, {}, []
+    for phase, row in phases.items():
+        name = "decode" if phase == Phase.DECODE else "mixed"
+        rows = measure_silu_mul_quant(cfg, config.torch_dtype, name)
+        best = _best(rows)
+        out[phase] = PhaseTuning({**row.ops, "silu_mul_quant": silu_mul_quant_choice(best)})
+        timings[phase.value] = {"chosen": ",".join(map(str, best)), **timings_json(rows)}
+        picks.append(f"{name}: " + ("Inductor's kernels" if best[0] == "inductor" else
+                                    f"triton atom_triton::silu_mul_quant ({best[1]} warps)"))
+    log.info("silu-mul + fp8 quantization before down_proj: %s", "; ".join(picks))
+    return out, "; ".join(picks) + " (as measured)", timings
 
 
 def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int, linear_scheme: str = "none") -> Tuning:

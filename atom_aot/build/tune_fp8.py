@@ -6,6 +6,10 @@ cuBLAS) and each config of atom_aot/ops/triton/int4_gemm.py. Every candidate is 
 linear of the model (qkv, o, gate_up, down) at the phase's token counts, and tune.py keeps the one
 with the lowest geometric-mean slowdown against each shape's fastest.
 
+With `fp8` (per-token) weights, the down projection's input (silu(gate) * up, quantized) is measured too:
+Inductor's kernels for the torch code against the one-pass Triton kernel (ops/triton/silu_mul_quant.py)
+at each warp count, on the model's MLP width, and each phase's row names the faster (`silu_mul_quant`).
+
 For decode with fp8 or int8 weights the small-M kernel's configs (ops/triton/small_m_gemm.py; block_k dividing
 128 for block-scaled weights) are timed too, at M <= SMALL_M_MAX: where the best of them beats the
 best of the others there, every phase gets the `small_m+aten` / `small_m+triton` backend (that kernel
@@ -100,6 +104,31 @@ def measure_small_m(cfg: ModelConfig, scheme: str, dtype: torch.dtype, timer) ->
                 gemm = make_backend(op, small_m_choice(config, large, op))   # eager: M <= max: small
                 row[("small_m", *config)] = timer(lambda: gemm(x, *layer, None), ("small_m", *config))
     return rows
+
+
+def measure_silu_mul_quant(cfg: ModelConfig, dtype: torch.dtype, phase: str) -> dict[str, dict]:
+    """'silu_mul_quant {M}x{N}' -> {candidate: ms}: ("inductor",) is what Inductor compiles of the torch code
+    (dynamic token count, as the exported packages have it), ("triton", warps) the one-pass kernel."""
+    import atom_aot.ops.triton  # noqa: F401
+    from atom_aot.ops.backends.silu_mul_quant import InductorSiluMulQuant
+    from atom_aot.ops.triton.silu_mul_quant import CANDIDATE_WARPS, launch_silu_mul_quant
+    from atom_aot.ops.triton.timing import measure_ms
+    n = cfg.intermediate_size
+    compiled = torch.compile(InductorSiluMulQuant(BackendChoice("inductor")), dynamic=True, fullgraph=True)
+    rows = {}
+    for m in TOKENS[phase]:
+        gate_up = torch.randn(m, 2 * n, device="cuda", dtype=dtype)
+        row = rows.setdefault(f"silu_mul_quant {m}x{n}", {})
+        row[("inductor",)] = measure_ms(lambda: compiled(gate_up))[0]
+        for warps in CANDIDATE_WARPS:
+            row[("triton", warps)] = measure_ms(lambda: launch_silu_mul_quant(gate_up, warps))[0]
+    return rows
+
+
+def silu_mul_quant_choice(candidate: Candidate) -> BackendChoice:
+    if candidate[0] == "inductor":
+        return BackendChoice("inductor")
+    return BackendChoice("triton", {"silu_mul_quant": candidate[1:]})
 
 
 def small_m_choice(small: tuple[int, ...], large: Candidate, op: str = "fp8_linear") -> BackendChoice:

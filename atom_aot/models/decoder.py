@@ -19,7 +19,7 @@ from atom_aot.models.layers import RMSNorm, RotaryEmbedding, make_linear
 from atom_aot.models.parallel import (ONE_RANK, PEER_TABLE_BUFFER, PartialSums, Split, attach_peer_table,
                                       check_splittable, defer_reduction, local_kv_heads, make_embedding,
                                       reduce_partial_sums, vocab_logits)
-from atom_aot.models.quant_layers import use_linear_kernels
+from atom_aot.models.quant_layers import takes_silu_mul_quant, use_linear_kernels
 from atom_aot.models.step_inputs import StepInputs
 from atom_aot.ops.backends import make_backend
 from atom_aot.ops.backends.base import AttentionArgs, AttentionBackend, AttentionInputs, QKNorm
@@ -67,11 +67,17 @@ class GatedMLP(nn.Module):
         width = (intermediate_size or cfg.intermediate_size) // tp
         self.gate_up_proj = make_linear(cfg.hidden_size, 2 * width, False, dtype, quant)
         self.down_proj = make_linear(width, cfg.hidden_size, False, dtype, quant)
+        self.down_proj.fed_by_silu_mul = True   # an fp8 one may take its input quantized with the SiLU-mul
         self.defer_reduce = False      # True: the output stays partial sums for the next norm (parallel.py)
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return reduce_partial_sums(self.down_proj(F.silu(gate) * up), self.tp, self.defer_reduce)
+        gate_up = self.gate_up_proj(x)
+        if takes_silu_mul_quant(self.down_proj):
+            out = self.down_proj.forward_silu_mul(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            out = self.down_proj(F.silu(gate) * up)
+        return reduce_partial_sums(out, self.tp, self.defer_reduce)
 
 
 class DecoderLayer(nn.Module):

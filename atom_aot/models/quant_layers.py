@@ -20,7 +20,9 @@ min(amax, ub) / 448 and the values beyond ub saturate at +-448, exactly fbgemm's
 no change to the GEMM's kernels.
 
 The GEMM runs through the backend the phase's tuning row names for `fp8_linear` (aten or triton),
-`int8_linear` (aten) or `int4_linear` (aten or triton).
+`int8_linear` (aten) or `int4_linear` (aten or triton). An `fp8` down projection fed by a SiLU-mul
+(GatedMLP) also takes its input quantized by the row's `silu_mul_quant` backend where the row has one
+(`forward_silu_mul`: Inductor's kernels, or one Triton pass); a row without it keeps the plain path.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from torch import nn
 
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
 from atom_aot.ops.backends import make_backend
-from atom_aot.ops.fp8 import BLOCK, FP8_DTYPE
+from atom_aot.ops.fp8 import BLOCK, FP8_DTYPE, fits_one_program
 from atom_aot.ops.int4 import GROUP
 
 FP8_SCHEMES = ("fp8", "fp8-static", "fp8-block", "fp8-ub")
@@ -70,6 +72,8 @@ class Fp8Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype)) if bias else None
         # the aten op (reference on the CPU) until use_linear_kernels sets the phase's choice
         self.gemm = make_backend("fp8_linear", BackendChoice("aten"))
+        self.fed_by_silu_mul = False   # GatedMLP's down projection (set there)
+        self.silu_mul_quant = None     # that input's quantizer, when the phase's row names one (use_linear_kernels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, K] -> [T, N]
@@ -77,6 +81,20 @@ class Fp8Linear(nn.Module):
             bound = self.activation_scale_ub.to(x.dtype)                 # [1]
             x = torch.clamp(x, min=-bound, max=bound)
         return self.gemm(x, self.weight, self.weight_scale, self.input_scale, self.bias)
+
+    def forward_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """This layer on silu(gate) * up of gate_up [T, 2K] (gate first), quantized by `silu_mul_quant` where set."""
+        if self.silu_mul_quant is None:
+            from atom_aot.ops.backends.silu_mul_quant import silu_mul
+            return self(silu_mul(gate_up))
+        xq, x_scale = self.silu_mul_quant(gate_up)                         # [T, K] e4m3, [T, 1]
+        return self.gemm.quantized(xq, x_scale, self.weight, self.weight_scale, self.bias, gate_up.dtype)
+
+
+def takes_silu_mul_quant(layer: nn.Module) -> bool:
+    """Whether `layer`'s input may come quantized from a silu_mul_quant backend: a GatedMLP's down projection
+    with per-channel weights and dynamic per-token activations (the `fp8` scheme)."""
+    return isinstance(layer, Fp8Linear) and layer.fed_by_silu_mul and layer.scheme == "fp8"
 
 
 class Int8Linear(nn.Module):
@@ -131,10 +149,17 @@ def make_quantized_linear(in_features: int, out_features: int, bias: bool, dtype
 
 def use_linear_kernels(model: nn.Module, row: PhaseTuning) -> None:
     """Point every quantized linear of `model` at the backend `row` names for its op (a model with
-    none asks the row nothing)."""
+    none asks the row nothing), and the down projections that take it at the row's silu_mul_quant backend
+    (none where the row has no such choice: artifacts built before it, the CPU's)."""
     for op, cls in LINEAR_CLASSES.items():
         layers = [m for m in model.modules() if isinstance(m, cls)]
         if layers:
             gemm = make_backend(op, row.op(op))
             for layer in layers:
                 layer.gemm = gemm
+    fed = [m for m in model.modules() if takes_silu_mul_quant(m)]
+    choice = row.ops.get("silu_mul_quant")
+    quantizer = make_backend("silu_mul_quant", choice) if fed and choice is not None else None
+    for layer in fed:       # the one-pass kernel holds a row in one program: wider inputs keep the plain path
+        fits = choice is None or choice.backend != "triton" or fits_one_program(layer.weight.shape[1])
+        layer.silu_mul_quant = quantizer if fits else None

@@ -22,6 +22,7 @@ FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max      # 448
 BLOCK = 128                               # weight blocks are BLOCK x BLOCK, activation groups 1 x BLOCK
 MIN_SCALE = 1e-12                         # an all-zero row or block still gets a finite scale
+ONE_PROGRAM_ROW = 32768                   # widest row ops/triton/silu_mul_quant.py holds in one program
 
 LIBRARY = torch.library.Library("atom", "FRAGMENT")
 LIBRARY.define("fp8_linear(Tensor x, Tensor weight, Tensor weight_scale, Tensor? input_scale, Tensor? bias) -> Tensor")
@@ -51,6 +52,12 @@ def quantize_activations(x: torch.Tensor, input_scale: Optional[torch.Tensor],
         return _to_fp8(groups / scale[..., None]).flatten(1), scale
     scale = (xf.abs().amax(-1, keepdim=True) / FP8_MAX).clamp(min=MIN_SCALE)         # [M, 1]
     return _to_fp8(xf / scale), scale
+
+
+def fits_one_program(width: int) -> bool:
+    """Whether the one-pass SiLU-mul quantization (ops/triton/silu_mul_quant.py) holds rows of `width` outputs:
+    its tile is the next power of two of it."""
+    return 1 << max(width - 1, 0).bit_length() <= ONE_PROGRAM_ROW
 
 
 def quantize_weight_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,14 +118,23 @@ def fp8_linear_reference(
     if block_scaled:
         check_block_shapes(x, weight, weight_scale)
     xq, x_scale = quantize_activations(x, input_scale, block_scaled)
-    if block_scaled:
-        xf = (xq.float().unflatten(1, (-1, BLOCK)) * x_scale[..., None]).flatten(1)  # [M, K]
-        y = xf @ dequantize_weight(weight, weight_scale).T
-    else:
-        y = (xq.float() @ weight.float().T) * x_scale * weight_scale                 # [M, N]
+    if not block_scaled:
+        return scaled_matmul_reference(xq, x_scale, weight, weight_scale, bias, x.dtype)
+    xf = (xq.float().unflatten(1, (-1, BLOCK)) * x_scale[..., None]).flatten(1)      # [M, K]
+    y = xf @ dequantize_weight(weight, weight_scale).T
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype)
+
+
+def scaled_matmul_reference(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
+                            weight_scale: torch.Tensor, bias: Optional[torch.Tensor],
+                            out_dtype: torch.dtype) -> torch.Tensor:
+    """Per-channel weights on activations already quantized (xq [M, K] e4m3, x_scale [M, 1]), float32 sums."""
+    y = (xq.float() @ weight.float().T) * x_scale * weight_scale                     # [M, N]
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(out_dtype)
 
 
 def fp8_linear_cublas(x, weight, weight_scale, input_scale, bias) -> torch.Tensor:

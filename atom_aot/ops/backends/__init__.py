@@ -40,6 +40,10 @@ REGISTRY: dict[str, dict[str, BackendEntry]] = {
         "small_m+aten": BackendEntry("atom_aot.ops.backends.fp8_linear", "small_m_over_aten"),
         "small_m+triton": BackendEntry("atom_aot.ops.backends.fp8_linear", "small_m_over_triton"),
     },
+    "silu_mul_quant": {
+        "inductor": BackendEntry("atom_aot.ops.backends.silu_mul_quant", "InductorSiluMulQuant"),
+        "triton": BackendEntry("atom_aot.ops.backends.silu_mul_quant", "TritonSiluMulQuant"),
+    },
     "int8_linear": {
         "aten": BackendEntry("atom_aot.ops.backends.int8_linear", "AtenInt8Linear"),
         "small_m+aten": BackendEntry("atom_aot.ops.backends.int8_linear", "SmallMInt8Linear"),

@@ -36,6 +36,13 @@ class AtenFp8Linear:
             return self.inline(x, weight, weight_scale, input_scale, bias)
         return self.op(x, weight, weight_scale, input_scale, bias)
 
+    def quantized(self, xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                  bias: Optional[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
+        """The GEMM on activations quantized before it (per-token: the silu_mul_quant backends)."""
+        from atom_aot.ops.fp8 import scaled_matmul_reference, scaled_mm_rowwise
+        gemm = scaled_mm_rowwise if xq.device.type == "cuda" else scaled_matmul_reference
+        return gemm(xq, x_scale, weight, weight_scale, bias, out_dtype)
+
 
 class TritonFp8Linear:
     def __init__(self, choice: BackendChoice):
@@ -46,6 +53,10 @@ class TritonFp8Linear:
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                  input_scale: Optional[torch.Tensor], bias: Optional[torch.Tensor]) -> torch.Tensor:
         return torch.ops.atom_triton.fp8_linear(x, weight, weight_scale, input_scale, bias, *self.args)
+
+    def quantized(self, xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                  bias: Optional[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
+        return torch.ops.atom_triton.fp8_scaled_mm(xq, x_scale, weight, weight_scale, bias, out_dtype, *self.args)
 
 
 class SmallMFp8Linear:
@@ -62,13 +73,18 @@ class SmallMFp8Linear:
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                  input_scale: Optional[torch.Tensor], bias: Optional[torch.Tensor]) -> torch.Tensor:
-        from atom_aot.ops.fp8 import is_block_scaled, quantize_activations, scaled_mm_rowwise
+        from atom_aot.ops.fp8 import is_block_scaled, quantize_activations
         block_scaled = is_block_scaled(weight_scale)
         if block_scaled and self.large_args is None:
             raise ValueError("block-scaled fp8 weights need small_m+triton (cuBLASLt has no 128x128 block scales); "
                              "rebuild the artifact with this atom-aot's atom-build")
         xq, x_scale = quantize_activations(x, input_scale, block_scaled)          # [M, K] e4m3, [M, 1 or K/128]
-        out_dtype = x.dtype
+        return self.quantized(xq, x_scale, weight, weight_scale, bias, x.dtype)
+
+    def quantized(self, xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                  bias: Optional[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
+        """The GEMM on quantized activations: the small-M kernel up to max_m tokens, the large one above."""
+        from atom_aot.ops.fp8 import scaled_mm_rowwise
 
         def small(xq, x_scale, weight, weight_scale, bias):
             return torch.ops.atom_triton.scaled_mm_small_m(xq, x_scale, weight, weight_scale, bias, out_dtype,
@@ -80,7 +96,7 @@ class SmallMFp8Linear:
                                                            *self.large_args)
             return scaled_mm_rowwise(xq, x_scale, weight, weight_scale, bias, out_dtype)
 
-        return by_token_count(x.shape[0], self.small.max_m, small, large, (xq, x_scale, weight, weight_scale), bias)
+        return by_token_count(xq.shape[0], self.small.max_m, small, large, (xq, x_scale, weight, weight_scale), bias)
 
 
 def small_m_over_aten(choice: BackendChoice) -> SmallMFp8Linear:

@@ -63,6 +63,15 @@ class GemmConfig:
 
 
 @dataclass(frozen=True)
+class RowConfig:
+    """A one-program-per-row kernel's launch config (ops/triton/silu_mul_quant.py)."""
+    num_warps: int
+
+    def as_args(self) -> tuple[int]:
+        return (self.num_warps,)
+
+
+@dataclass(frozen=True)
 class SmallMConfig:
     """The small-M FP8 GEMM's launch config (ops/triton/small_m_gemm.py) and the token count it serves up to."""
     max_m: int
