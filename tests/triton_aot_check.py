@@ -23,7 +23,7 @@ from triton.compiler import ASTSource
 
 from atom_aot.distributed.peer_table import TABLE_SIZE
 from atom_aot.ops.triton import (all_reduce_norm, fused_moe, moe_routing, paged_attention, rope_cache,
-                                 sampling_threshold, small_m_gemm)
+                                 sampling_threshold, silu_mul_quant, small_m_gemm)
 
 TARGETS = {
     "sm90": GPUTarget("cuda", 90, 32),
@@ -202,6 +202,17 @@ def sampling_launches() -> list[Launch]:
     return list(distinct.values())
 
 
+def silu_mul_quant_launches(widths=(3072, 14336, 18432)) -> list[Launch]:
+    """The one-pass SiLU-mul + fp8 quantization at Qwen3-0.6B's, Llama-3.1-8B's and DeepSeek-V3's MLP widths
+    (rows of 4096, 16384 and 32768 lanes), each warp count the build measures."""
+    launches = []
+    for width in widths:
+        for warps in silu_mul_quant.CANDIDATE_WARPS:
+            launches += record_launches(silu_mul_quant, silu_mul_quant.launch_silu_mul_quant,
+                                        torch.empty(256, 2 * width, dtype=torch.bfloat16, device="meta"), warps)
+    return launches
+
+
 MODELS = {"qwen3-0.6b": dict(num_heads=16, num_kv_heads=8, head_dim=128),
           "llama-3.1-8b": dict(num_heads=32, num_kv_heads=8, head_dim=128)}
 
@@ -248,7 +259,11 @@ def main() -> None:
     parser.add_argument("--all-reduce-norm", action="store_true", help="only the fused all-reduce + RMSNorm")
     parser.add_argument("--moe-glue", action="store_true", help="only the MoE op's sort and the routers")
     parser.add_argument("--sampling", action="store_true", help="only the sampler's threshold kernel")
+    parser.add_argument("--silu-mul-quant", action="store_true", help="only the one-pass SiLU-mul fp8 quantization")
     args = parser.parse_args()
+    if args.silu_mul_quant:
+        print(json.dumps(compile_all(silu_mul_quant_launches(), args.targets.split(","))))
+        return
     if args.sampling:
         print(json.dumps(compile_all(sampling_launches(), args.targets.split(","))))
         return
