@@ -94,3 +94,20 @@ def test_gated_mlp_takes_the_rows_silu_mul_quant_backend():
         torch.testing.assert_close(mlp(x), plain, rtol=2e-2, atol=1e-3)
     with pytest.raises(Exception, match="silu_mul_quant"):
         use_linear_kernels(mlp, PhaseTuning({**plain_row, "silu_mul_quant": BackendChoice("triton")}))
+
+
+@pytest.mark.parametrize("gemm", [BackendChoice("triton", {"fp8_gemm": (16, 32, 32, 4, 1)}),
+                                  BackendChoice("small_m+triton", {"fp8_small_m": (4, 32, 32, 2, 4, 1),
+                                                                   "fp8_gemm": (16, 32, 32, 4, 1)})],
+                         ids=["triton", "small_m+triton"])
+def test_every_fp8_gemm_backend_takes_the_quantized_input(gemm):
+    """The Triton GEMM backends' `quantized` entries (fp8_scaled_mm; the small-M kernel up to max_m tokens, the
+    GEMM above: 3 and 6 tokens here) on the kernel's input give the plain path's output on those backends."""
+    mlp = quantized_mlp()
+    for tokens in (3, 6):
+        x = torch.randn(tokens, 64, generator=torch.Generator().manual_seed(tokens)).bfloat16().to(DEVICE)
+        use_linear_kernels(mlp, PhaseTuning({"fp8_linear": gemm}))
+        plain = mlp(x)
+        use_linear_kernels(mlp, PhaseTuning({"fp8_linear": gemm,
+                                             "silu_mul_quant": BackendChoice("triton", {"silu_mul_quant": (4,)})}))
+        torch.testing.assert_close(mlp(x), plain, rtol=2e-2, atol=1e-3)
