@@ -101,7 +101,7 @@ def _with_silu_mul_quant(phases: dict, config: BuildConfig, cfg: ModelConfig) ->
     out, timings, picks = {}, {}, []
     for phase, row in phases.items():
         name = "decode" if phase == Phase.DECODE else "mixed"
-        rows = measure_silu_mul_quant(cfg, config.torch_dtype, name)
+        rows = measure_silu_mul_quant(cfg, config.torch_dtype, name, _ms_unless_too_big)
         best = _best(rows)
         out[phase] = PhaseTuning({**row.ops, "silu_mul_quant": silu_mul_quant_choice(best)})
         timings[phase.value] = {"chosen": ",".join(map(str, best)), **timings_json(rows)}

@@ -106,9 +106,10 @@ def measure_small_m(cfg: ModelConfig, scheme: str, dtype: torch.dtype, timer) ->
     return rows
 
 
-def measure_silu_mul_quant(cfg: ModelConfig, dtype: torch.dtype, phase: str) -> dict[str, dict]:
+def measure_silu_mul_quant(cfg: ModelConfig, dtype: torch.dtype, phase: str, timer) -> dict[str, dict]:
     """'silu_mul_quant {M}x{N}' -> {candidate: ms}: ("inductor",) is what Inductor compiles of the torch code
-    (dynamic token count, as the exported packages have it), ("triton", warps) the one-pass kernel."""
+    (dynamic token count, as the exported packages have it), ("triton", warps) the one-pass kernel, None where
+    `timer` (fn, candidate) says it does not fit this GPU (a row in registers: a smaller register file)."""
     import atom_aot.ops.triton  # noqa: F401
     from atom_aot.ops.backends.silu_mul_quant import InductorSiluMulQuant
     from atom_aot.ops.triton.silu_mul_quant import CANDIDATE_WARPS, launch_silu_mul_quant
@@ -121,7 +122,7 @@ def measure_silu_mul_quant(cfg: ModelConfig, dtype: torch.dtype, phase: str) -> 
         row = rows.setdefault(f"silu_mul_quant {m}x{n}", {})
         row[("inductor",)] = measure_ms(lambda: compiled(gate_up))[0]
         for warps in CANDIDATE_WARPS:
-            row[("triton", warps)] = measure_ms(lambda: launch_silu_mul_quant(gate_up, warps))[0]
+            row[("triton", warps)] = timer(lambda: launch_silu_mul_quant(gate_up, warps), ("triton", warps))
     return rows
 
 
