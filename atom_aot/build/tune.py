@@ -29,7 +29,9 @@ from atom_aot.ops.fp8 import fits_one_program
 log = logging.getLogger("atom_aot")
 
 DECODE_BATCHES = (1, 8, 32, 128, 256)
-PREFILL_BATCHES = ((1, 1024), (4, 512))      # (sequences, tokens each)
+# (sequences, tokens each); 8 x 1024 is a full prefill step at the scheduler's 8192 batched tokens, where the
+# grid is 8x 1x1024's (the small shapes alone are latency-bound: their configs' spread is what launches cost)
+PREFILL_BATCHES = ((1, 1024), (4, 512), (8, 1024))
 PREFILL_MOE_TOKENS = 2048                    # where the MoE op's last (prefill) bucket is timed
 CPU_LINEAR_KERNELS = {"fp8_linear": ("fp8 gemm", "float32 reference on fp8 values (atom::fp8_linear)"),
                       "int8_linear": ("int8 gemm", "exact integer accumulation reference (atom::int8_linear)"),
