@@ -64,7 +64,7 @@ def test_build_rows_use_small_m_for_decode_only(monkeypatch, scheme):
         k: ({c: v for c, v in r.items() if s != "fp8-block" or c != ATEN}) for k, r in rows.items()
         if phase == "decode" or int(k.split()[1].split("x")[0]) > SMALL_M_MAX})
     monkeypatch.setattr(tune_fp8, "measure_small_m", lambda *a: small)
-    monkeypatch.setattr(tune_fp8, "measure_silu_mul_quant", lambda cfg, dtype, phase, timer: silu_timings(phase))
+    monkeypatch.setattr(tune_fp8, "measure_silu_mul_quant", silu_measurements)
     row = PhaseTuning({"attention": BackendChoice("triton")})
     base = Tuning(arch="sm90", measured=True, phases={Phase.DECODE: row, Phase.MIXED: row}, kernels={})
     tuned = _with_measured_linear(base, BuildConfig(arch="sm90"), ModelConfig.from_hf_dict(TINY_QWEN3), scheme)
@@ -86,6 +86,11 @@ def silu_timings(phase: str) -> dict:
             for m in tokens}
 
 
+def silu_measurements(cfg, dtype, phases, timer):
+    """Stands in for tune_fp8.measure_silu_mul_quant."""
+    return {phase: silu_timings(phase) for phase in phases}
+
+
 def test_fp8_rows_name_the_measured_silu_mul_quant_per_phase(monkeypatch):
     """Per-token fp8 weights: each phase's row names the faster of Inductor's kernels and the one-pass kernel
     (with its warps) for the down projection's input; the backends build, inspect says which runs; other
@@ -99,7 +104,7 @@ def test_fp8_rows_name_the_measured_silu_mul_quant_per_phase(monkeypatch):
     rows, small = timings(small_ms=6.0)
     monkeypatch.setattr(tune_fp8, "measure_linear", lambda cfg, s, dtype, phase: rows)
     monkeypatch.setattr(tune_fp8, "measure_small_m", lambda *a: small)
-    monkeypatch.setattr(tune_fp8, "measure_silu_mul_quant", lambda cfg, dtype, phase, timer: silu_timings(phase))
+    monkeypatch.setattr(tune_fp8, "measure_silu_mul_quant", silu_measurements)
     row = PhaseTuning({"attention": BackendChoice("triton")})
     base = Tuning(arch="sm90", measured=True, phases={Phase.DECODE: row, Phase.MIXED: row}, kernels={})
     cfg = ModelConfig.from_hf_dict(TINY_QWEN3)

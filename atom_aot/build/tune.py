@@ -98,17 +98,19 @@ def _with_measured_linear(tuning: Tuning, config: BuildConfig, cfg: ModelConfig,
 
 
 def _with_silu_mul_quant(phases: dict, config: BuildConfig, cfg: ModelConfig) -> tuple[dict, str, dict]:
-    """Each phase's row plus its measured silu_mul_quant backend, the kernels line for inspect, the timings."""
+    """Each phase's row plus its measured silu_mul_quant backend, the kernels line for inspect, the timings
+    (each token-count set measured once: the mixed one serves every phase but decode)."""
     from atom_aot.build.tune_fp8 import measure_silu_mul_quant, silu_mul_quant_choice
-    out, timings, picks = {}, {}, []
-    for phase, row in phases.items():
-        name = "decode" if phase == Phase.DECODE else "mixed"
-        rows = measure_silu_mul_quant(cfg, config.torch_dtype, name, _ms_unless_too_big)
-        best = _best(rows)
-        out[phase] = PhaseTuning({**row.ops, "silu_mul_quant": silu_mul_quant_choice(best)})
-        timings[phase.value] = {"chosen": ",".join(map(str, best)), **timings_json(rows)}
-        picks.append(f"{name}: " + ("Inductor's kernels" if best[0] == "inductor" else
-                                    f"triton atom_triton::silu_mul_quant ({best[1]} warps)"))
+    kinds = {phase: "decode" if phase == Phase.DECODE else "mixed" for phase in phases}
+    measured = measure_silu_mul_quant(cfg, config.torch_dtype, tuple(sorted(set(kinds.values()))), _ms_unless_too_big)
+    best = {kind: _best(rows) for kind, rows in measured.items()}
+    out = {phase: PhaseTuning({**row.ops, "silu_mul_quant": silu_mul_quant_choice(best[kinds[phase]])})
+           for phase, row in phases.items()}
+    timings = {phase.value: {"chosen": ",".join(map(str, best[kinds[phase]])), **timings_json(measured[kinds[phase]])}
+               for phase in phases}
+    picks = [f"{phase.value}: " + ("Inductor's kernels" if best[kind][0] == "inductor" else
+                                   f"triton atom_triton::silu_mul_quant ({best[kind][1]} warps)")
+             for phase, kind in kinds.items()]
     log.info("silu-mul + fp8 quantization before down_proj: %s", "; ".join(picks))
     return out, "; ".join(picks) + " (as measured)", timings
 

@@ -106,24 +106,26 @@ def measure_small_m(cfg: ModelConfig, scheme: str, dtype: torch.dtype, timer) ->
     return rows
 
 
-def measure_silu_mul_quant(cfg: ModelConfig, dtype: torch.dtype, phase: str, timer) -> dict[str, dict]:
-    """'silu_mul_quant {M}x{N}' -> {candidate: ms}: ("inductor",) is what Inductor compiles of the torch code
-    (dynamic token count, as the exported packages have it), ("triton", warps) the one-pass kernel, None where
-    `timer` (fn, candidate) says it does not fit this GPU (a row in registers: a smaller register file)."""
+def measure_silu_mul_quant(cfg: ModelConfig, dtype: torch.dtype, phases: tuple[str, ...], timer) -> dict[str, dict]:
+    """phase ("decode" / "mixed") -> 'silu_mul_quant {M}x{N}' -> {candidate: ms}: ("inductor",) is what Inductor
+    compiles of the torch code (once, with a dynamic token count, as the exported packages have it), ("triton",
+    warps) the one-pass kernel, None where `timer` (fn, candidate) says it does not fit this GPU (a row in
+    registers: a smaller register file)."""
     import atom_aot.ops.triton  # noqa: F401
     from atom_aot.ops.backends.silu_mul_quant import InductorSiluMulQuant
     from atom_aot.ops.triton.silu_mul_quant import CANDIDATE_WARPS, launch_silu_mul_quant
     from atom_aot.ops.triton.timing import measure_ms
     n = cfg.intermediate_size
     compiled = torch.compile(InductorSiluMulQuant(BackendChoice("inductor")), dynamic=True, fullgraph=True)
-    rows = {}
-    for m in TOKENS[phase]:
-        gate_up = torch.randn(m, 2 * n, device="cuda", dtype=dtype)
-        row = rows.setdefault(f"silu_mul_quant {m}x{n}", {})
-        row[("inductor",)] = measure_ms(lambda: compiled(gate_up))[0]
-        for warps in CANDIDATE_WARPS:
-            row[("triton", warps)] = timer(lambda: launch_silu_mul_quant(gate_up, warps), ("triton", warps))
-    return rows
+    measured = {}
+    for phase in phases:
+        rows = measured[phase] = {}
+        for m in TOKENS[phase]:
+            gate_up = torch.randn(m, 2 * n, device="cuda", dtype=dtype)
+            row = rows[f"silu_mul_quant {m}x{n}"] = {("inductor",): measure_ms(lambda: compiled(gate_up))[0]}
+            for warps in CANDIDATE_WARPS:
+                row[("triton", warps)] = timer(lambda: launch_silu_mul_quant(gate_up, warps), ("triton", warps))
+    return measured
 
 
 def silu_mul_quant_choice(candidate: Candidate) -> BackendChoice:
