@@ -10,7 +10,6 @@ from typing import Callable, Iterable
 
 import torch
 from torch import nn
-import torch.nn.functional as F
 
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
 from atom_aot.models.config import ModelConfig
@@ -19,10 +18,11 @@ from atom_aot.models.layers import RMSNorm, RotaryEmbedding, make_linear
 from atom_aot.models.parallel import (ONE_RANK, PEER_TABLE_BUFFER, PartialSums, Split, attach_peer_table,
                                       check_splittable, defer_reduction, local_kv_heads, make_embedding,
                                       reduce_partial_sums, vocab_logits)
-from atom_aot.models.quant_layers import takes_silu_mul_quant, use_linear_kernels
+from atom_aot.models.quant_layers import quantizes_silu_mul, use_linear_kernels
 from atom_aot.models.step_inputs import StepInputs
 from atom_aot.ops.backends import make_backend
 from atom_aot.ops.backends.base import AttentionArgs, AttentionBackend, AttentionInputs, QKNorm
+from atom_aot.ops.backends.silu_mul_quant import silu_mul
 
 
 class DecoderAttention(nn.Module):
@@ -67,16 +67,14 @@ class GatedMLP(nn.Module):
         width = (intermediate_size or cfg.intermediate_size) // tp
         self.gate_up_proj = make_linear(cfg.hidden_size, 2 * width, False, dtype, quant)
         self.down_proj = make_linear(width, cfg.hidden_size, False, dtype, quant)
-        self.down_proj.fed_by_silu_mul = True   # an fp8 one may take its input quantized with the SiLU-mul
         self.defer_reduce = False      # True: the output stays partial sums for the next norm (parallel.py)
 
     def forward(self, x):
         gate_up = self.gate_up_proj(x)
-        if takes_silu_mul_quant(self.down_proj):
+        if quantizes_silu_mul(self.down_proj):      # an fp8 one whose row names a silu_mul_quant backend
             out = self.down_proj.forward_silu_mul(gate_up)
         else:
-            gate, up = gate_up.chunk(2, dim=-1)
-            out = self.down_proj(F.silu(gate) * up)
+            out = self.down_proj(silu_mul(gate_up))
         return reduce_partial_sums(out, self.tp, self.defer_reduce)
 
 

@@ -72,8 +72,9 @@ class Fp8Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype)) if bias else None
         # the aten op (reference on the CPU) until use_linear_kernels sets the phase's choice
         self.gemm = make_backend("fp8_linear", BackendChoice("aten"))
-        self.fed_by_silu_mul = False   # GatedMLP's down projection (set there)
-        self.silu_mul_quant = None     # that input's quantizer, when the phase's row names one (use_linear_kernels)
+        # the quantizer of an input made by a SiLU-mul (GatedMLP's down projection calls forward_silu_mul), where
+        # the phase's row names one (use_linear_kernels)
+        self.silu_mul_quant = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, K] -> [T, N]
@@ -83,18 +84,20 @@ class Fp8Linear(nn.Module):
         return self.gemm(x, self.weight, self.weight_scale, self.input_scale, self.bias)
 
     def forward_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """This layer on silu(gate) * up of gate_up [T, 2K] (gate first), quantized by `silu_mul_quant` where set."""
-        if self.silu_mul_quant is None:
-            from atom_aot.ops.backends.silu_mul_quant import silu_mul
-            return self(silu_mul(gate_up))
+        """This layer on silu(gate) * up of gate_up [T, 2K] (gate first), quantized by `silu_mul_quant` (set)."""
         xq, x_scale = self.silu_mul_quant(gate_up)                         # [T, K] e4m3, [T, 1]
         return self.gemm.quantized(xq, x_scale, self.weight, self.weight_scale, self.bias, gate_up.dtype)
 
 
 def takes_silu_mul_quant(layer: nn.Module) -> bool:
-    """Whether `layer`'s input may come quantized from a silu_mul_quant backend: a GatedMLP's down projection
-    with per-channel weights and dynamic per-token activations (the `fp8` scheme)."""
-    return isinstance(layer, Fp8Linear) and layer.fed_by_silu_mul and layer.scheme == "fp8"
+    """Whether `layer`'s input may come quantized from a silu_mul_quant backend: per-channel weights and dynamic
+    per-token activations (the `fp8` scheme)."""
+    return isinstance(layer, Fp8Linear) and layer.scheme == "fp8"
+
+
+def quantizes_silu_mul(layer: nn.Module) -> bool:
+    """Whether `layer` (a GatedMLP's down projection) takes its SiLU-mul input through a silu_mul_quant backend."""
+    return getattr(layer, "silu_mul_quant", None) is not None
 
 
 class Int8Linear(nn.Module):
@@ -149,17 +152,17 @@ def make_quantized_linear(in_features: int, out_features: int, bias: bool, dtype
 
 def use_linear_kernels(model: nn.Module, row: PhaseTuning) -> None:
     """Point every quantized linear of `model` at the backend `row` names for its op (a model with
-    none asks the row nothing), and the down projections that take it at the row's silu_mul_quant backend
-    (none where the row has no such choice: artifacts built before it, the CPU's)."""
+    none asks the row nothing), and the `fp8` ones at the row's silu_mul_quant backend, which a GatedMLP's down
+    projection uses (none where the row has no such choice: artifacts built before it, the CPU's)."""
     for op, cls in LINEAR_CLASSES.items():
         layers = [m for m in model.modules() if isinstance(m, cls)]
         if layers:
             gemm = make_backend(op, row.op(op))
             for layer in layers:
                 layer.gemm = gemm
-    fed = [m for m in model.modules() if takes_silu_mul_quant(m)]
+    per_token = [m for m in model.modules() if takes_silu_mul_quant(m)]
     choice = row.ops.get("silu_mul_quant")
-    quantizer = make_backend("silu_mul_quant", choice) if fed and choice is not None else None
-    for layer in fed:       # the one-pass kernel holds a row in one program: wider inputs keep the plain path
+    quantizer = make_backend("silu_mul_quant", choice) if per_token and choice is not None else None
+    for layer in per_token:  # the one-pass kernel holds a row in one program: wider inputs keep the plain path
         fits = choice is None or choice.backend != "triton" or fits_one_program(layer.weight.shape[1])
         layer.silu_mul_quant = quantizer if fits else None

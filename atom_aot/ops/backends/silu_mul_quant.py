@@ -5,7 +5,7 @@ dynamic scales, `fp8` scheme) from its gate_up output, chosen per phase from tun
 Inductor to fuse: a looped amax reduction and a quantizing kernel, each reading gate and up.
 `triton`: `atom_triton::silu_mul_quant`, one pass with the row in registers (ops/triton/silu_mul_quant.py).
 An artifact whose tuning.json has no such row (built before it existed, or for the CPU) runs the down
-projection on F.silu(gate) * up as it always did (models/quant_layers.py: Fp8Linear.forward_silu_mul).
+projection on F.silu(gate) * up as it always did (models/decoder.py GatedMLP; models/quant_layers.py).
 """
 from __future__ import annotations
 
