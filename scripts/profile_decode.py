@@ -145,16 +145,7 @@ def kernel_breakdown(engine, args) -> dict:
             engine.step()
         torch.cuda.synchronize()
     wall_ms = 1e3 * (time.perf_counter() - start) / args.steps
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    by_name: dict[str, list] = defaultdict(lambda: [0.0, 0])
-    by_category: dict[str, float] = defaultdict(float)
-    spans = []
-    for e in kernels:
-        us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-        by_name[e.name][0] += us
-        by_name[e.name][1] += 1
-        by_category[categorize(e.name)] += us
-        spans.append((e.time_range.start, e.time_range.end))
+    by_name, by_category, spans = kernel_times(prof)
     busy_ms = sum(by_category.values()) / 1e3 / args.steps
     top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:25]
     return {"wall_ms_per_step_under_profiler": wall_ms, "gpu_kernel_ms_per_step": busy_ms,
@@ -164,6 +155,22 @@ def kernel_breakdown(engine, args) -> dict:
                                                                                   key=lambda kv: -kv[1])},
             "top_kernels": [{"name": n[:120], "ms_per_step": t / 1e3 / args.steps, "calls_per_step": c / args.steps}
                             for n, (t, c) in top]}
+
+
+def kernel_times(prof) -> tuple[dict[str, list], dict[str, float], list[tuple[float, float]]]:
+    """A profile's GPU kernels: name -> [microseconds, calls], category -> microseconds, and their time spans."""
+    by_name: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    by_category: dict[str, float] = defaultdict(float)
+    spans = []
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        by_name[e.name][0] += us
+        by_name[e.name][1] += 1
+        by_category[categorize(e.name)] += us
+        spans.append((e.time_range.start, e.time_range.end))
+    return by_name, by_category, spans
 
 
 def idle_gaps(spans: list[tuple[float, float]], steps: int) -> dict:

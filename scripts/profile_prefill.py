@@ -14,13 +14,12 @@ import argparse
 import json
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from profile_decode import categorize  # noqa: E402
+from profile_decode import kernel_times  # noqa: E402
 
 
 def main(argv=None):
@@ -43,20 +42,14 @@ def main(argv=None):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA], acc_events=True) as prof:
         engine.generate(prompts, params)
         torch.cuda.synchronize()
-    by_name, by_cat, calls = defaultdict(float), defaultdict(float), defaultdict(int)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0:
-            by_name[e.name] += e.device_time_total / 1e3
-            calls[e.name] += 1
-    for name, ms in by_name.items():
-        by_cat[categorize(name)] += ms
+    by_name, by_category, _ = kernel_times(prof)
     tokens = a.prompts * a.input_len
     report = {"device": torch.cuda.get_device_name(0), "artifact": a.artifact, "prompts": a.prompts,
               "input_len": a.input_len, "wall_s": wall, "tok_s": tokens / wall,
-              "kernel_ms_total": sum(by_name.values()),
-              "category_ms": dict(sorted(by_cat.items(), key=lambda kv: -kv[1])),
-              "top_kernels": [{"name": n[:160], "ms": ms, "calls": calls[n]}
-                              for n, ms in sorted(by_name.items(), key=lambda kv: -kv[1])[:25]]}
+              "kernel_ms_total": sum(by_category.values()) / 1e3,
+              "category_ms": {k: us / 1e3 for k, us in sorted(by_category.items(), key=lambda kv: -kv[1])},
+              "top_kernels": [{"name": n[:160], "ms": us / 1e3, "calls": calls}
+                              for n, (us, calls) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:25]]}
     json.dump(report, open(a.out, "w"), indent=1)
     print(json.dumps({k: report[k] for k in ("wall_s", "tok_s", "kernel_ms_total", "category_ms")}, indent=1))
 
