@@ -11,8 +11,11 @@ two of N, num_warps spreading it), so gate and up are read once and q written on
 and 251 us at 8192 on an H100 (docs/kernels.md).
 
 The numerics are the eager model's: silu(gate) and the product are rounded to the activation dtype, as
-F.silu(gate) * up is, then quantized as quantize_activations does (amax / 448, floored at MIN_SCALE; both
-divisions IEEE-rounded, as torch's), so the CPU reference is the check.
+F.silu(gate) * up is, then quantized as quantize_activations does (amax / 448, floored at MIN_SCALE; y / scale IEEE-rounded), so
+the eager reference is the check on either device. The scale's division is Triton's by a constant: on an H100
+it equals CUDA eager's amax / 448, which torch computes as amax times the fp32 reciprocal of 448 (a CPU
+scalar divisor); the interpreter divides as CPU eager does. An IEEE division there (div_rn) differed from
+CUDA eager by an ulp on some rows, enough to flip q's rounding (H100, session 47).
 """
 from __future__ import annotations
 
@@ -38,8 +41,7 @@ def silu_mul_quant_kernel(x_ptr, q_ptr, scale_ptr, N, stride_x, stride_q,
     g = gate.to(tl.float32)
     act = (g * tl.sigmoid(g)).to(gate.dtype)                            # F.silu(gate), rounded as eager
     y = (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype).to(tl.float32)   # * up, rounded as eager
-    amax = tl.max(tl.abs(y), axis=0)
-    scale = tl.maximum(tl.math.div_rn(amax, tl.full(amax.shape, FP8_LIMIT, tl.float32)), SCALE_FLOOR)
+    scale = tl.maximum(tl.max(tl.abs(y), axis=0) / FP8_LIMIT, SCALE_FLOOR)   # see the module docstring
     q = tl.clamp(tl.math.div_rn(y, tl.zeros_like(y) + scale), -FP8_LIMIT, FP8_LIMIT)
     tl.store(q_ptr + row * stride_q + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
     tl.store(scale_ptr + row, scale)
