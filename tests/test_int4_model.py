@@ -83,6 +83,8 @@ def test_gpu_tuning_rows_name_the_measured_backend(monkeypatch, scheme, op, kern
         f"{g} 1x8x8": {("small_m", 64, 256, 1, 4, 4): 3.0} for g in ("qkv_proj", "down_proj")})
     monkeypatch.setattr(tune_fp8, "measure_silu_mul_quant", lambda cfg, dtype, phases, timer: {
         p: {"silu_mul_quant 1x8": {("inductor",): 1.0}} for p in phases})
+    monkeypatch.setattr(tune_fp8, "measure_rms_norm_quant", lambda cfg, dtype, phases, timer: {
+        p: {"rms_norm_quant 1x8": {("inductor",): 1.0}} for p in phases})
     row = PhaseTuning({"attention": BackendChoice("triton")})
     base = Tuning(arch="sm90", measured=True, phases={Phase.DECODE: row, Phase.MIXED: row}, kernels={})
     tuned = _with_measured_linear(base, BuildConfig(arch="sm90"), ModelConfig.from_hf_dict(TINY_QWEN3), scheme)

@@ -65,6 +65,7 @@ def test_build_rows_use_small_m_for_decode_only(monkeypatch, scheme):
         if phase == "decode" or int(k.split()[1].split("x")[0]) > SMALL_M_MAX})
     monkeypatch.setattr(tune_fp8, "measure_small_m", lambda *a: small)
     monkeypatch.setattr(tune_fp8, "measure_silu_mul_quant", silu_measurements)
+    monkeypatch.setattr(tune_fp8, "measure_rms_norm_quant", norm_measurements)
     row = PhaseTuning({"attention": BackendChoice("triton")})
     base = Tuning(arch="sm90", measured=True, phases={Phase.DECODE: row, Phase.MIXED: row}, kernels={})
     tuned = _with_measured_linear(base, BuildConfig(arch="sm90"), ModelConfig.from_hf_dict(TINY_QWEN3), scheme)
@@ -91,10 +92,19 @@ def silu_measurements(cfg, dtype, phases, timer):
     return {phase: silu_timings(phase) for phase in phases}
 
 
-def test_fp8_rows_name_the_measured_silu_mul_quant_per_phase(monkeypatch):
+def norm_measurements(cfg, dtype, phases, timer):
+    """Stands in for tune_fp8.measure_rms_norm_quant: the one-pass kernel at 8 warps fastest in every phase, the
+    16-warp one out of registers (None)."""
+    tokens = {"decode": (1, 16, 64, 256), "mixed": (512, 2048, 8192)}
+    return {phase: {f"rms_norm_quant {m}x64": {("inductor",): 2.0 * m, ("triton", 8): 1.5 * m, ("triton", 16): None}
+                    for m in tokens[phase]} for phase in phases}
+
+
+def test_fp8_rows_name_the_measured_row_quantizers_per_phase(monkeypatch):
     """Per-token fp8 weights: each phase's row names the faster of Inductor's kernels and the one-pass kernel
-    (with its warps) for the down projection's input; the backends build, inspect says which runs; other
-    schemes (static scales, block scales) get no such row."""
+    (with its warps) for the down projection's input (silu_mul_quant) and for the qkv / gate_up projections'
+    (rms_norm_quant); the backends build, inspect says which runs; other schemes (static scales, block scales)
+    get no such rows."""
     from atom_aot.build.config import BuildConfig
     from atom_aot.build.tune import _with_measured_linear
     from atom_aot.models import ModelConfig
@@ -105,19 +115,24 @@ def test_fp8_rows_name_the_measured_silu_mul_quant_per_phase(monkeypatch):
     monkeypatch.setattr(tune_fp8, "measure_linear", lambda cfg, s, dtype, phase: rows)
     monkeypatch.setattr(tune_fp8, "measure_small_m", lambda *a: small)
     monkeypatch.setattr(tune_fp8, "measure_silu_mul_quant", silu_measurements)
+    monkeypatch.setattr(tune_fp8, "measure_rms_norm_quant", norm_measurements)
     row = PhaseTuning({"attention": BackendChoice("triton")})
     base = Tuning(arch="sm90", measured=True, phases={Phase.DECODE: row, Phase.MIXED: row}, kernels={})
     cfg = ModelConfig.from_hf_dict(TINY_QWEN3)
     tuned = _with_measured_linear(base, BuildConfig(arch="sm90"), cfg, "fp8")
     decode, mixed = (tuned.for_phase(p).op("silu_mul_quant") for p in (Phase.DECODE, Phase.MIXED))
     assert decode == BackendChoice("triton", {"silu_mul_quant": (16,)}) and mixed == BackendChoice("inductor")
-    make_backend("silu_mul_quant", decode)
-    make_backend("silu_mul_quant", mixed)
+    norms = [tuned.for_phase(p).op("rms_norm_quant") for p in (Phase.DECODE, Phase.MIXED)]
+    assert norms == [BackendChoice("triton", {"rms_norm_quant": (8,)})] * 2
+    for op, choice in (("silu_mul_quant", decode), ("silu_mul_quant", mixed), ("rms_norm_quant", norms[0])):
+        make_backend(op, choice)
     assert tuned.measurements_ms["silu_mul_quant"]["decode"]["chosen"] == "triton,16"
+    assert tuned.measurements_ms["rms_norm_quant"]["mixed"]["chosen"] == "triton,8"
     assert "decode: triton atom_triton::silu_mul_quant (16 warps)" in tuned.kernels["silu-mul + fp8 quant"]
+    assert "mixed: triton atom_triton::add_rms_norm_quant (8 warps)" in tuned.kernels["rms-norm + fp8 quant"]
     for scheme in ("fp8-static", "fp8-block"):
         other = _with_measured_linear(base, BuildConfig(arch="sm90"), cfg, scheme)
-        assert "silu_mul_quant" not in other.for_phase(Phase.DECODE).ops
+        assert not {"silu_mul_quant", "rms_norm_quant"} & set(other.for_phase(Phase.DECODE).ops)
 
 
 @pytest.mark.parametrize("small_ms", [6.0, 11.0])

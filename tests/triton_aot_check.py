@@ -22,8 +22,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from atom_aot.distributed.peer_table import TABLE_SIZE
-from atom_aot.ops.triton import (all_reduce_norm, fused_moe, moe_routing, paged_attention, rope_cache,
-                                 sampling_threshold, silu_mul_quant, small_m_gemm)
+from atom_aot.ops.triton import (all_reduce_norm, fused_moe, moe_routing, paged_attention, rms_norm_quant,
+                                 rope_cache, sampling_threshold, silu_mul_quant, small_m_gemm)
 
 TARGETS = {
     "sm90": GPUTarget("cuda", 90, 32),
@@ -213,6 +213,18 @@ def silu_mul_quant_launches(widths=(3072, 14336, 18432)) -> list[Launch]:
     return launches
 
 
+def rms_norm_quant_launches(widths=(1024, 4096, 7168)) -> list[Launch]:
+    """The one-pass residual add + RMSNorm + fp8 quantization at Qwen3-0.6B's, Llama-3.1-8B's and DeepSeek-V3's
+    hidden sizes, each warp count the build measures."""
+    launches = []
+    for width in widths:
+        for warps in rms_norm_quant.CANDIDATE_WARPS:
+            x = torch.empty(256, width, dtype=torch.bfloat16, device="meta")
+            launches += record_launches(rms_norm_quant, rms_norm_quant.launch_add_rms_norm_quant, x, x, x[0], 1e-6,
+                                        warps)
+    return launches
+
+
 MODELS = {"qwen3-0.6b": dict(num_heads=16, num_kv_heads=8, head_dim=128),
           "llama-3.1-8b": dict(num_heads=32, num_kv_heads=8, head_dim=128)}
 
@@ -260,7 +272,11 @@ def main() -> None:
     parser.add_argument("--moe-glue", action="store_true", help="only the MoE op's sort and the routers")
     parser.add_argument("--sampling", action="store_true", help="only the sampler's threshold kernel")
     parser.add_argument("--silu-mul-quant", action="store_true", help="only the one-pass SiLU-mul fp8 quantization")
+    parser.add_argument("--rms-norm-quant", action="store_true", help="only the one-pass add + RMSNorm fp8 quantization")
     args = parser.parse_args()
+    if args.rms_norm_quant:
+        print(json.dumps(compile_all(rms_norm_quant_launches(), args.targets.split(","))))
+        return
     if args.silu_mul_quant:
         print(json.dumps(compile_all(silu_mul_quant_launches(), args.targets.split(","))))
         return

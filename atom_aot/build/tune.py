@@ -91,28 +91,39 @@ def _with_measured_linear(tuning: Tuning, config: BuildConfig, cfg: ModelConfig,
     label, text = GPU_LINEAR_KERNELS[op]
     kernels = {**tuning.kernels, label: f"{scheme}: {text}, per phase as measured"}
     measurements = {**tuning.measurements_ms, op: timings}
-    if scheme == "fp8" and fits_one_program(cfg.intermediate_size):
-        phases, kernels["silu-mul + fp8 quant"], measurements["silu_mul_quant"] = _with_silu_mul_quant(
-            phases, config, cfg)
+    if scheme == "fp8":
+        from atom_aot.build.tune_fp8 import measure_rms_norm_quant, measure_silu_mul_quant
+        for op, label, width, measure, where in (
+                ("silu_mul_quant", "silu-mul + fp8 quant", cfg.intermediate_size, measure_silu_mul_quant,
+                 "before down_proj"),
+                ("rms_norm_quant", "rms-norm + fp8 quant", cfg.hidden_size, measure_rms_norm_quant,
+                 "before qkv_proj and gate_up_proj")):
+            if fits_one_program(width):
+                phases, kernels[label], measurements[op] = _with_row_quantizer(phases, config, cfg, op, measure, where)
     return Tuning(arch=tuning.arch, measured=True, phases=phases, kernels=kernels, measurements_ms=measurements)
 
 
-def _with_silu_mul_quant(phases: dict, config: BuildConfig, cfg: ModelConfig) -> tuple[dict, str, dict]:
-    """Each phase's row plus its measured silu_mul_quant backend, the kernels line for inspect, the timings
-    (each token-count set measured once: the mixed one serves every phase but decode)."""
-    from atom_aot.build.tune_fp8 import measure_silu_mul_quant, silu_mul_quant_choice
+def _with_row_quantizer(phases: dict, config: BuildConfig, cfg: ModelConfig, op: str, measure,
+                        where: str) -> tuple[dict, str, dict]:
+    """Each phase's row plus its measured `op` backend (silu_mul_quant, rms_norm_quant: tune_fp8.py), the kernels
+    line for inspect, the timings (each token-count set measured once: the mixed one serves every phase but
+    decode)."""
+    from atom_aot.build.tune_fp8 import row_quantizer_choice
     kinds = {phase: "decode" if phase == Phase.DECODE else "mixed" for phase in phases}
-    measured = measure_silu_mul_quant(cfg, config.torch_dtype, tuple(sorted(set(kinds.values()))), _ms_unless_too_big)
+    measured = measure(cfg, config.torch_dtype, tuple(sorted(set(kinds.values()))), _ms_unless_too_big)
     best = {kind: _best(rows) for kind, rows in measured.items()}
-    out = {phase: PhaseTuning({**row.ops, "silu_mul_quant": silu_mul_quant_choice(best[kinds[phase]])})
+    out = {phase: PhaseTuning({**row.ops, op: row_quantizer_choice(op, best[kinds[phase]])})
            for phase, row in phases.items()}
     timings = {phase.value: {"chosen": ",".join(map(str, best[kinds[phase]])), **timings_json(measured[kinds[phase]])}
                for phase in phases}
     picks = [f"{phase.value}: " + ("Inductor's kernels" if best[kind][0] == "inductor" else
-                                   f"triton atom_triton::silu_mul_quant ({best[kind][1]} warps)")
+                                   f"triton atom_triton::{KERNEL_OPS[op]} ({best[kind][1]} warps)")
              for phase, kind in kinds.items()]
-    log.info("silu-mul + fp8 quantization before down_proj: %s", "; ".join(picks))
+    log.info("%s quantization %s: %s", op.replace("_quant", ""), where, "; ".join(picks))
     return out, "; ".join(picks) + " (as measured)", timings
+
+
+KERNEL_OPS = {"silu_mul_quant": "silu_mul_quant", "rms_norm_quant": "add_rms_norm_quant"}   # row op -> atom_triton op
 
 
 def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int, linear_scheme: str = "none") -> Tuning:

@@ -6,9 +6,10 @@ cuBLAS) and each config of atom_aot/ops/triton/int4_gemm.py. Every candidate is 
 linear of the model (qkv, o, gate_up, down) at the phase's token counts, and tune.py keeps the one
 with the lowest geometric-mean slowdown against each shape's fastest.
 
-With `fp8` (per-token) weights, the down projection's input (silu(gate) * up, quantized) is measured too:
-Inductor's kernels for the torch code against the one-pass Triton kernel (ops/triton/silu_mul_quant.py)
-at each warp count, on the model's MLP width, and each phase's row names the faster (`silu_mul_quant`).
+With `fp8` (per-token) weights, the quantized inputs are measured too: the down projection's (silu(gate) * up)
+and the qkv and gate_up projections' (residual add + RMSNorm): Inductor's kernels for the torch code against
+the one-pass Triton kernels (ops/triton/silu_mul_quant.py, rms_norm_quant.py) at each warp count, on the
+model's MLP width and hidden size, and each phase's row names the faster (`silu_mul_quant`, `rms_norm_quant`).
 
 For decode with fp8 or int8 weights the small-M kernel's configs (ops/triton/small_m_gemm.py; block_k dividing
 128 for block-scaled weights) are timed too, at M <= SMALL_M_MAX: where the best of them beats the
@@ -114,24 +115,50 @@ def measure_silu_mul_quant(cfg: ModelConfig, dtype: torch.dtype, phases: tuple[s
     import atom_aot.ops.triton  # noqa: F401
     from atom_aot.ops.backends.silu_mul_quant import InductorSiluMulQuant
     from atom_aot.ops.triton.silu_mul_quant import CANDIDATE_WARPS, launch_silu_mul_quant
-    from atom_aot.ops.triton.timing import measure_ms
     n = cfg.intermediate_size
-    compiled = torch.compile(InductorSiluMulQuant(BackendChoice("inductor")), dynamic=True, fullgraph=True)
+    return _measure_row_quantizer(
+        "silu_mul_quant", n, phases, lambda m: (torch.randn(m, 2 * n, device="cuda", dtype=dtype),),
+        InductorSiluMulQuant(BackendChoice("inductor")), launch_silu_mul_quant, CANDIDATE_WARPS, timer)
+
+
+def measure_rms_norm_quant(cfg: ModelConfig, dtype: torch.dtype, phases: tuple[str, ...], timer) -> dict[str, dict]:
+    """phase -> 'rms_norm_quant {M}x{H}' -> {candidate: ms}, as measure_silu_mul_quant: the residual add, RMSNorm
+    and per-token quantization before an fp8 qkv or gate_up projection, on the model's hidden size."""
+    import atom_aot.ops.triton  # noqa: F401
+    from atom_aot.ops.backends.rms_norm_quant import InductorRmsNormQuant
+    from atom_aot.ops.triton.rms_norm_quant import CANDIDATE_WARPS, launch_add_rms_norm_quant
+    h, eps = cfg.hidden_size, cfg.rms_norm_eps
+    weight = torch.randn(h, device="cuda", dtype=dtype)
+
+    def inputs(m: int) -> tuple:
+        return (torch.randn(m, h, device="cuda", dtype=dtype), torch.randn(m, h, device="cuda", dtype=dtype),
+                weight, eps)
+    return _measure_row_quantizer("rms_norm_quant", h, phases, inputs, InductorRmsNormQuant(BackendChoice("inductor")),
+                                  launch_add_rms_norm_quant, CANDIDATE_WARPS, timer)
+
+
+def _measure_row_quantizer(name: str, width: int, phases: tuple[str, ...], inputs, inductor, launch, warps_list,
+                           timer) -> dict[str, dict]:
+    """phase -> '{name} {M}x{width}' -> {("inductor",): ms, ("triton", warps): ms or None} at the phase's token
+    counts; `inputs(M)` -> the arguments both take (the kernel's launcher also its warp count)."""
+    from atom_aot.ops.triton.timing import measure_ms
+    compiled = torch.compile(inductor, dynamic=True, fullgraph=True)
     measured = {}
     for phase in phases:
         rows = measured[phase] = {}
         for m in TOKENS[phase]:
-            gate_up = torch.randn(m, 2 * n, device="cuda", dtype=dtype)
-            row = rows[f"silu_mul_quant {m}x{n}"] = {("inductor",): measure_ms(lambda: compiled(gate_up))[0]}
-            for warps in CANDIDATE_WARPS:
-                row[("triton", warps)] = timer(lambda: launch_silu_mul_quant(gate_up, warps), ("triton", warps))
+            args = inputs(m)
+            row = rows[f"{name} {m}x{width}"] = {("inductor",): measure_ms(lambda: compiled(*args))[0]}
+            for warps in warps_list:
+                row[("triton", warps)] = timer(lambda: launch(*args, warps), ("triton", warps))
     return measured
 
 
-def silu_mul_quant_choice(candidate: Candidate) -> BackendChoice:
+def row_quantizer_choice(op: str, candidate: Candidate) -> BackendChoice:
+    """The `op` (silu_mul_quant, rms_norm_quant) backend of a measured candidate."""
     if candidate[0] == "inductor":
         return BackendChoice("inductor")
-    return BackendChoice("triton", {"silu_mul_quant": candidate[1:]})
+    return BackendChoice("triton", {op: candidate[1:]})
 
 
 def small_m_choice(small: tuple[int, ...], large: Candidate, op: str = "fp8_linear") -> BackendChoice:

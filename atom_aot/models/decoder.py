@@ -104,6 +104,16 @@ class DecoderLayer(nn.Module):
         hidden, residual = self.post_attention_layernorm(hidden, residual, partial if self.attn_partial else None)
         return self.mlp(hidden), residual
 
+    def quantized_norms(self) -> list[tuple[RMSNorm, nn.Module]]:
+        """(norm, the linear that alone takes its output): the norms use_linear_kernels may point at an
+        rms_norm_quant backend, so that they hand that linear its input quantized (models/quant_layers.py)."""
+        pairs = []
+        if isinstance(self.self_attn, DecoderAttention):
+            pairs.append((self.input_layernorm, self.self_attn.qkv_proj))
+        if isinstance(self.mlp, GatedMLP):
+            pairs.append((self.post_attention_layernorm, self.mlp.gate_up_proj))
+        return pairs
+
 
 class DecoderModel(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str, qk_norm: bool, max_positions: int,

@@ -12,7 +12,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from atom_aot.distributed.collectives import all_reduce, all_reduce_add_rms_norm
-from atom_aot.models.quant_layers import make_quantized_linear
+from atom_aot.models.quant_layers import QuantizedInput, make_quantized_linear
 from atom_aot.ops.norm import rms_norm
 
 
@@ -23,10 +23,16 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(size, dtype=dtype))
+        # where this norm feeds an fp8 linear alone, the phase row's rms_norm_quant backend (use_linear_kernels):
+        # the residual path then returns that linear's input quantized (a QuantizedInput)
+        self.quantizer = None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, partial=None):
         """`partial` (models/parallel.py PartialSums): x holds this rank's partial sums, all-reduced here (on GPUs
         in the kernel that adds and normalizes; on the CPU first, then the add and norm below)."""
+        if self.quantizer is not None and residual is not None and partial is None:
+            q, scale, residual = self.quantizer(x, residual, self.weight, self.eps)
+            return QuantizedInput(q, scale, x.dtype), residual
         if partial is not None and x.is_cuda:
             return all_reduce_add_rms_norm(x, residual, self.weight, self.eps, partial.peers, partial.world_size)
         if partial is not None:

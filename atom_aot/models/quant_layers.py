@@ -20,11 +20,14 @@ min(amax, ub) / 448 and the values beyond ub saturate at +-448, exactly fbgemm's
 no change to the GEMM's kernels.
 
 The GEMM runs through the backend the phase's tuning row names for `fp8_linear` (aten or triton),
-`int8_linear` (aten) or `int4_linear` (aten or triton). An `fp8` down projection fed by a SiLU-mul
-(GatedMLP) also takes its input quantized by the row's `silu_mul_quant` backend where the row has one
-(`forward_silu_mul`: Inductor's kernels, or one Triton pass); a row without it keeps the plain path.
+`int8_linear` (aten) or `int4_linear` (aten or triton). An `fp8` layer may take its input already quantized:
+a down projection fed by a SiLU-mul (GatedMLP) from the row's `silu_mul_quant` backend (`forward_silu_mul`), a
+qkv or gate_up projection fed by an RMSNorm with a residual from the row's `rms_norm_quant` backend (the norm
+returns a `QuantizedInput`); each Inductor's kernels or one Triton pass. A row without them keeps the plain path.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -49,6 +52,13 @@ def linear_op(scheme: str) -> str:
 def int4_groups(scheme: str, in_features: int) -> int:
     """G, the number of scale/zero groups along K of an int4 layer."""
     return 1 if scheme == "int4-w4a16-channel" else -(-in_features // GROUP)
+
+
+class QuantizedInput(NamedTuple):
+    """A linear's input quantized before it (per-token e4m3, by an RMSNorm's rms_norm_quant backend)."""
+    q: torch.Tensor           # [T, K] e4m3
+    scale: torch.Tensor       # [T, 1] float32
+    dtype: torch.dtype        # the activations' dtype: the linear's output dtype
 
 
 def _frozen(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -76,8 +86,10 @@ class Fp8Linear(nn.Module):
         # the phase's row names one (use_linear_kernels)
         self.silu_mul_quant = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | QuantizedInput) -> torch.Tensor:
         # x: [T, K] -> [T, N]
+        if isinstance(x, QuantizedInput):        # the norm before it quantized it (use_linear_kernels)
+            return self.gemm.quantized(x.q, x.scale, self.weight, self.weight_scale, self.bias, x.dtype)
         if self.activation_scale_ub is not None:
             bound = self.activation_scale_ub.to(x.dtype)                 # [1]
             x = torch.clamp(x, min=-bound, max=bound)
@@ -89,9 +101,9 @@ class Fp8Linear(nn.Module):
         return self.gemm.quantized(xq, x_scale, self.weight, self.weight_scale, self.bias, gate_up.dtype)
 
 
-def takes_silu_mul_quant(layer: nn.Module) -> bool:
-    """Whether `layer`'s input may come quantized from a silu_mul_quant backend: per-channel weights and dynamic
-    per-token activations (the `fp8` scheme)."""
+def takes_quantized_input(layer: nn.Module) -> bool:
+    """Whether `layer`'s input may come quantized from a silu_mul_quant or rms_norm_quant backend: per-channel
+    weights and dynamic per-token activations (the `fp8` scheme)."""
     return isinstance(layer, Fp8Linear) and layer.scheme == "fp8"
 
 
@@ -152,17 +164,31 @@ def make_quantized_linear(in_features: int, out_features: int, bias: bool, dtype
 
 def use_linear_kernels(model: nn.Module, row: PhaseTuning) -> None:
     """Point every quantized linear of `model` at the backend `row` names for its op (a model with
-    none asks the row nothing), and the `fp8` ones at the row's silu_mul_quant backend, which a GatedMLP's down
-    projection uses (none where the row has no such choice: artifacts built before it, the CPU's)."""
+    none asks the row nothing), the `fp8` ones at the row's silu_mul_quant backend, which a GatedMLP's down
+    projection uses, and the norms that feed an `fp8` one alone (a module's `quantized_norms()`: the decoder
+    layer's) at the row's rms_norm_quant backend (none where the row has no such choice: artifacts built before
+    it, the CPU's)."""
     for op, cls in LINEAR_CLASSES.items():
         layers = [m for m in model.modules() if isinstance(m, cls)]
         if layers:
             gemm = make_backend(op, row.op(op))
             for layer in layers:
                 layer.gemm = gemm
-    per_token = [m for m in model.modules() if takes_silu_mul_quant(m)]
+    per_token = [m for m in model.modules() if takes_quantized_input(m)]
     choice = row.ops.get("silu_mul_quant")
     quantizer = make_backend("silu_mul_quant", choice) if per_token and choice is not None else None
     for layer in per_token:  # the one-pass kernel holds a row in one program: wider inputs keep the plain path
         fits = choice is None or choice.backend != "triton" or fits_one_program(layer.weight.shape[1])
         layer.silu_mul_quant = quantizer if fits else None
+    _use_norm_quantizers(model, row)
+
+
+def _use_norm_quantizers(model: nn.Module, row: PhaseTuning) -> None:
+    """Each (norm, linear) pair of the model's `quantized_norms()` gets the row's rms_norm_quant backend where the
+    linear takes a quantized input and the backend holds the norm's width; every other pair's norm gets none."""
+    choice = row.ops.get("rms_norm_quant")
+    quantizer = make_backend("rms_norm_quant", choice) if choice is not None else None
+    for module in model.modules():
+        for norm, linear in getattr(module, "quantized_norms", lambda: ())():
+            fits = choice is None or choice.backend != "triton" or fits_one_program(norm.weight.shape[0])
+            norm.quantizer = quantizer if takes_quantized_input(linear) and fits else None

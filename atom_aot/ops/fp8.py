@@ -22,7 +22,7 @@ FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max      # 448
 BLOCK = 128                               # weight blocks are BLOCK x BLOCK, activation groups 1 x BLOCK
 MIN_SCALE = 1e-12                         # an all-zero row or block still gets a finite scale
-ONE_PROGRAM_ROW = 32768                   # widest row ops/triton/silu_mul_quant.py holds in one program
+ONE_PROGRAM_ROW = 32768                   # widest row the one-pass quantizing kernels hold in one program
 
 LIBRARY = torch.library.Library("atom", "FRAGMENT")
 LIBRARY.define("fp8_linear(Tensor x, Tensor weight, Tensor weight_scale, Tensor? input_scale, Tensor? bias) -> Tensor")
@@ -55,8 +55,8 @@ def quantize_activations(x: torch.Tensor, input_scale: Optional[torch.Tensor],
 
 
 def fits_one_program(width: int) -> bool:
-    """Whether the one-pass SiLU-mul quantization (ops/triton/silu_mul_quant.py) holds rows of `width` outputs:
-    its tile is the next power of two of it."""
+    """Whether the one-pass quantizing kernels (ops/triton/silu_mul_quant.py, rms_norm_quant.py) hold rows of
+    `width` values: their tile is the next power of two of it."""
     return 1 << max(width - 1, 0).bit_length() <= ONE_PROGRAM_ROW
 
 

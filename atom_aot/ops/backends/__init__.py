@@ -44,6 +44,10 @@ REGISTRY: dict[str, dict[str, BackendEntry]] = {
         "inductor": BackendEntry("atom_aot.ops.backends.silu_mul_quant", "InductorSiluMulQuant"),
         "triton": BackendEntry("atom_aot.ops.backends.silu_mul_quant", "TritonSiluMulQuant"),
     },
+    "rms_norm_quant": {
+        "inductor": BackendEntry("atom_aot.ops.backends.rms_norm_quant", "InductorRmsNormQuant"),
+        "triton": BackendEntry("atom_aot.ops.backends.rms_norm_quant", "TritonRmsNormQuant"),
+    },
     "int8_linear": {
         "aten": BackendEntry("atom_aot.ops.backends.int8_linear", "AtenInt8Linear"),
         "small_m+aten": BackendEntry("atom_aot.ops.backends.int8_linear", "SmallMInt8Linear"),

@@ -64,7 +64,7 @@ class GemmConfig:
 
 @dataclass(frozen=True)
 class RowConfig:
-    """A one-program-per-row kernel's launch config (ops/triton/silu_mul_quant.py)."""
+    """A one-program-per-row kernel's launch config (ops/triton/silu_mul_quant.py, rms_norm_quant.py)."""
     num_warps: int
 
     def as_args(self) -> tuple[int]:
