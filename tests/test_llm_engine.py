@@ -55,6 +55,33 @@ def test_the_start_freezes_the_heap_and_close_unfreezes_it(tiny_llama_eager_arti
     assert gc.get_freeze_count() == 0            # so the close's collection sees the engine's cycles
 
 
+def test_engines_space_out_full_collections_and_the_last_close_restores_them(tiny_llama_eager_artifact, monkeypatch):
+    """Python's full collections (each walks every object made since the start, stalling the step loop) run 100x
+    rarer while an engine of the process runs; the last close puts Python's default back; a threshold the process
+    set itself is kept."""
+    import gc
+    from atom_aot.runtime import startup
+    monkeypatch.setattr(startup._FullCollections, "engines", 0)      # engines other tests left open
+    monkeypatch.setattr(startup._FullCollections, "before", None)
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, startup.PYTHON_FULL_COLLECTION_AFTER)
+        first = LLMEngine(str(tiny_llama_eager_artifact), num_kv_blocks=64)
+        second = LLMEngine(str(tiny_llama_eager_artifact), num_kv_blocks=64)
+        assert gc.get_threshold() == (700, 10, startup.FULL_COLLECTION_AFTER)
+        first.close()
+        assert gc.get_threshold() == (700, 10, startup.FULL_COLLECTION_AFTER)      # the second still runs
+        second.close()
+        assert gc.get_threshold() == (700, 10, startup.PYTHON_FULL_COLLECTION_AFTER)
+        gc.set_threshold(700, 10, 50)
+        third = LLMEngine(str(tiny_llama_eager_artifact), num_kv_blocks=64)
+        assert gc.get_threshold() == (700, 10, 50)
+        third.close()
+        assert gc.get_threshold() == (700, 10, 50)
+    finally:
+        gc.set_threshold(*before)
+
+
 def test_a_prompt_token_outside_the_vocabulary_is_refused_and_the_engine_goes_on(engine):
     from atom_aot.errors import RequestError
     vocab = engine.loaded.model_config.vocab_size

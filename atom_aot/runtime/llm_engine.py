@@ -16,7 +16,7 @@ from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.output_processor import OutputProcessor, RequestOutput, StreamCallback
 from atom_aot.runtime.profiler import TorchProfiler
 from atom_aot.runtime.sampling_params import SamplingParams
-from atom_aot.runtime.startup import load_and_start
+from atom_aot.runtime.startup import load_and_start, restore_full_collections
 from atom_aot.runtime.tokenizer import apply_chat_template, encode_prompt, load_artifact_tokenizer
 
 
@@ -133,6 +133,7 @@ def release_device_memory() -> None:
     (a second engine in one process found 29 of 150 GB free on an H200, session 35). The start froze its heap
     (startup.freeze_startup_heap): unfrozen first, or the collection would not see the engine's cycles."""
     gc.unfreeze()
+    restore_full_collections()
     gc.collect()
     if torch.cuda.is_initialized():
         torch.cuda.empty_cache()
