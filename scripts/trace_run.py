@@ -122,6 +122,9 @@ def summarize(steps: list[dict], seconds: float, num_prompts: int, gc_pauses: Gc
         "tail": {"steps": len(tail), "ms": sum(s["wall_ms"] for s in tail),
                  "rows_per_step_mean": statistics.fmean(s["launched_rows"] for s in tail) if tail else 0},
         "prefill_steps": sum(s["launched_prefill"] for s in steps),
+        # each step's wall is mostly the step launched before it (async scheduling): a phase's sum, to a step or two
+        "ms_by_phase": {phase: sum(s["wall_ms"] for s in steps if s["launched_prefill"] == (phase == "prefill"))
+                        for phase in ("prefill", "decode")},
         "gc": {"count_by_generation": {g: sum(1 for p in pauses if p[0] == g) for g in (0, 1, 2)},
                "ms_by_generation": {g: sum(p[1] for p in pauses if p[0] == g) for g in (0, 1, 2)},
                "longest": sorted(pauses, key=lambda p: -p[1])[:10]},

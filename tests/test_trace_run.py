@@ -22,6 +22,8 @@ def test_a_pool_that_holds_the_workload_runs_it_without_preemption(tiny_llama_ea
     summary = result["summary"]
     assert result["output_tokens"] == 12 * 20 and summary["preemptions"] == 0
     assert summary["steps"] == len(result["steps"]) and summary["prefill_steps"] >= 1
+    walls = sum(step["wall_ms"] for step in result["steps"])
+    assert abs(sum(summary["ms_by_phase"].values()) - walls) < 1e-6 and min(summary["ms_by_phase"].values()) > 0
     # the warm-up (sbs.py's: the first 4 prompts) left their two full blocks each in the prefix cache
     assert result["steps"][0]["launched_prefill"] and result["steps"][0]["launched_tokens"] == 12 * 40 - 4 * 32
     assert summary["tail"]["steps"] <= 2                 # every sequence ran to its last token together
