@@ -101,3 +101,24 @@ def test_compiled_fp8_artifact_matches_its_eager_twin(tiny_llama_dir, build_arti
     outs = [[o["token_ids"] for o in LLMEngine(str(build_artifact(tiny_llama_dir, compile=c, **options)))
              .generate(prompts, params)] for c in ("none", "aoti")]
     assert outs[0] == outs[1]
+
+
+def test_norms_that_quantize_give_the_twins_logits_and_export():
+    """With the row's rms_norm_quant (`inductor`: the torch code, the CPU's), every norm with a residual hands its
+    qkv / gate_up projection a QuantizedInput: the logits stay those of the plain fp8 path (the same quantization,
+    computed before the GEMM instead of in it), and the model exports with those projections off the opaque fp8
+    op: o_proj, down_proj and the first layer's qkv_proj (no residual yet) keep it."""
+    from atom_aot.artifact.phase import Phase
+    from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
+    from atom_aot.build.export import export_model
+    from atom_aot.models.quant_layers import use_linear_kernels
+    twin = fp8_twin(tiny_model(seed=9), torch.float32)
+    with torch.no_grad():
+        plain = twin(prefill_step(twin, torch.float32))
+        use_linear_kernels(twin, PhaseTuning({"fp8_linear": BackendChoice("aten"),
+                                              "rms_norm_quant": BackendChoice("inductor")}))
+        fused = twin(prefill_step(twin, torch.float32))
+    torch.testing.assert_close(fused, plain, rtol=1e-4, atol=1e-4)
+    exported = export_model(twin, torch.float32, 16, 128, torch.device("cpu"), Phase.MIXED)
+    calls = [n for n in exported.graph.nodes if n.target is torch.ops.atom.fp8_linear.default]
+    assert len(calls) == 2 * twin.config.num_hidden_layers + 1
