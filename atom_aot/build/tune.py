@@ -103,6 +103,9 @@ def _with_measured_linear(tuning: Tuning, config: BuildConfig, cfg: ModelConfig,
     return Tuning(arch=tuning.arch, measured=True, phases=phases, kernels=kernels, measurements_ms=measurements)
 
 
+KERNEL_OPS = {"silu_mul_quant": "silu_mul_quant", "rms_norm_quant": "add_rms_norm_quant"}   # row op -> atom_triton op
+
+
 def _with_row_quantizer(phases: dict, config: BuildConfig, cfg: ModelConfig, op: str, measure,
                         where: str) -> tuple[dict, str, dict]:
     """Each phase's row plus its measured `op` backend (silu_mul_quant, rms_norm_quant: tune_fp8.py), the kernels
@@ -121,9 +124,6 @@ def _with_row_quantizer(phases: dict, config: BuildConfig, cfg: ModelConfig, op:
              for phase, kind in kinds.items()]
     log.info("%s quantization %s: %s", op.replace("_quant", ""), where, "; ".join(picks))
     return out, "; ".join(picks) + " (as measured)", timings
-
-
-KERNEL_OPS = {"silu_mul_quant": "silu_mul_quant", "rms_norm_quant": "add_rms_norm_quant"}   # row op -> atom_triton op
 
 
 def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int, linear_scheme: str = "none") -> Tuning:
