@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
+import triton.language as tl
 
 
 def next_pow2(n: int) -> int:
@@ -60,6 +61,18 @@ class GemmConfig:
 
     def as_args(self) -> tuple[int, int, int, int, int]:
         return (self.block_m, self.block_n, self.block_k, self.num_warps, self.num_stages)
+
+
+@triton.jit
+def store_row_quantized(y, q_row_ptr, scale_ptr, cols, ok, FP8_LIMIT: tl.constexpr, SCALE_FLOOR: tl.constexpr):
+    """A row y (float32, in registers) quantized per token as ops/fp8.quantize_activations does: q = y / scale
+    (IEEE-rounded) clamped to +-FP8_LIMIT at q_row_ptr + cols, scale = amax / FP8_LIMIT (Triton's division by the
+    constant: CUDA eager's reciprocal product on an H100; see ops/triton/silu_mul_quant.py) floored at SCALE_FLOOR
+    at scale_ptr. The one-pass quantizing kernels (silu_mul_quant, rms_norm_quant) end here."""
+    scale = tl.maximum(tl.max(tl.abs(y), axis=0) / FP8_LIMIT, SCALE_FLOOR)
+    q = tl.clamp(tl.math.div_rn(y, tl.zeros_like(y) + scale), -FP8_LIMIT, FP8_LIMIT)
+    tl.store(q_row_ptr + cols, q.to(q_row_ptr.dtype.element_ty), mask=ok)
+    tl.store(scale_ptr, scale)
 
 
 @dataclass(frozen=True)

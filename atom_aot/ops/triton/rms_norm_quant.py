@@ -23,7 +23,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from atom_aot.ops.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE, ONE_PROGRAM_ROW, fits_one_program
-from atom_aot.ops.triton._common import check_last_dim_contiguous, next_pow2
+from atom_aot.ops.triton._common import check_last_dim_contiguous, next_pow2, store_row_quantized
 
 CANDIDATE_WARPS = (4, 8, 16)          # the build measures these against Inductor's kernel (tune_fp8.py)
 
@@ -45,10 +45,7 @@ def add_rms_norm_quant_kernel(x_ptr, res_ptr, w_ptr, q_ptr, scale_ptr, sum_ptr, 
     normed = (hf * rstd).to(x.dtype)                                    # normalized in float32, cast back
     w = tl.load(w_ptr + cols, mask=ok, other=0.0)
     y = (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype).to(tl.float32)   # weight * it, rounded
-    scale = tl.maximum(tl.max(tl.abs(y), axis=0) / FP8_LIMIT, SCALE_FLOOR)
-    q = tl.clamp(tl.math.div_rn(y, tl.zeros_like(y) + scale), -FP8_LIMIT, FP8_LIMIT)
-    tl.store(q_ptr + row * stride_q + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
-    tl.store(scale_ptr + row, scale)
+    store_row_quantized(y, q_ptr + row * stride_q, scale_ptr + row, cols, ok, FP8_LIMIT, SCALE_FLOOR)
 
 
 def launch_add_rms_norm_quant(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,

@@ -25,7 +25,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from atom_aot.ops.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE, ONE_PROGRAM_ROW, fits_one_program
-from atom_aot.ops.triton._common import check_last_dim_contiguous, next_pow2
+from atom_aot.ops.triton._common import check_last_dim_contiguous, next_pow2, store_row_quantized
 
 CANDIDATE_WARPS = (4, 8, 16, 32)          # the build measures these against Inductor's kernels (tune_fp8.py)
 
@@ -41,10 +41,7 @@ def silu_mul_quant_kernel(x_ptr, q_ptr, scale_ptr, N, stride_x, stride_q,
     g = gate.to(tl.float32)
     act = (g * tl.sigmoid(g)).to(gate.dtype)                            # F.silu(gate), rounded as eager
     y = (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype).to(tl.float32)   # * up, rounded as eager
-    scale = tl.maximum(tl.max(tl.abs(y), axis=0) / FP8_LIMIT, SCALE_FLOOR)   # see the module docstring
-    q = tl.clamp(tl.math.div_rn(y, tl.zeros_like(y) + scale), -FP8_LIMIT, FP8_LIMIT)
-    tl.store(q_ptr + row * stride_q + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
-    tl.store(scale_ptr + row, scale)
+    store_row_quantized(y, q_ptr + row * stride_q, scale_ptr + row, cols, ok, FP8_LIMIT, SCALE_FLOOR)
 
 
 def launch_silu_mul_quant(gate_up: torch.Tensor, num_warps: int) -> tuple[torch.Tensor, torch.Tensor]:
