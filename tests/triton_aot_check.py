@@ -274,20 +274,12 @@ def main() -> None:
     parser.add_argument("--silu-mul-quant", action="store_true", help="only the one-pass SiLU-mul fp8 quantization")
     parser.add_argument("--rms-norm-quant", action="store_true", help="only the one-pass add + RMSNorm fp8 quantization")
     args = parser.parse_args()
-    if args.rms_norm_quant:
-        print(json.dumps(compile_all(rms_norm_quant_launches(), args.targets.split(","))))
-        return
-    if args.silu_mul_quant:
-        print(json.dumps(compile_all(silu_mul_quant_launches(), args.targets.split(","))))
-        return
-    if args.sampling:
-        print(json.dumps(compile_all(sampling_launches(), args.targets.split(","))))
-        return
-    if args.all_reduce_norm:
-        print(json.dumps(compile_all(all_reduce_norm_launches(), args.targets.split(","))))
-        return
-    if args.moe_glue:
-        print(json.dumps(compile_all(moe_glue_launches(), args.targets.split(","))))
+    only = {"rms_norm_quant": rms_norm_quant_launches, "silu_mul_quant": silu_mul_quant_launches,
+            "sampling": sampling_launches, "all_reduce_norm": all_reduce_norm_launches,
+            "moe_glue": moe_glue_launches}      # flag (its dest) -> the launches it compiles alone
+    chosen = [launches for flag, launches in only.items() if getattr(args, flag)]
+    if chosen:
+        print(json.dumps(compile_all(chosen[0](), args.targets.split(","))))
         return
     results = check(args.model, args.targets.split(","), torch.float8_e4m3fn if args.fp8_cache else None,
                     args.all_candidates, args.small_m)
