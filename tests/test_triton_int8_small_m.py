@@ -76,7 +76,7 @@ def test_backend_picks_the_kernel_by_token_count(m, monkeypatch):
     monkeypatch.setattr(torch.ops.atom_triton, "scaled_mm_small_m", lambda *a: calls.append(m) or op(*a))
     y = gemm(x, weight, weight_scale, input_scale, b)
     assert calls == ([m] if m <= 4 else [])
-    assert rel_err(y, int8_linear(x.cpu(), weight.cpu(), weight_scale.cpu(), input_scale.cpu(), b.cpu())) < TOL
+    assert rel_err(y.cpu(), int8_linear(x.cpu(), weight.cpu(), weight_scale.cpu(), input_scale.cpu(), b.cpu())) < TOL
 
 
 @pytest.mark.skipif(ON_GPU, reason="the CPU's int8 model reference; the GPU run is the package test")
