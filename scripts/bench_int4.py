@@ -2,11 +2,13 @@
 
     PYTHONPATH=. python scripts/bench_int4.py --out $OUT/int4-gemm.json       # H100/H200, ~3 min
 
-1. Correctness: the Triton GEMM (`atom_triton::int4_linear`, every candidate config) and the `aten`
-   CUDA path (dequantize, then cuBLAS) against the CPU reference on the same bf16 inputs, groups of 128
-   and per channel, at M in 1..300.
-2. Timing per layer group and M: bf16 F.linear (cuBLAS), each Triton config, and the `aten` path
-   compiled (as in a package); the build's measure_ms (CUDA-graph replay, median, L2 flushed).
+1. Correctness: the Triton GEMM (`atom_triton::int4_linear`, every candidate config), the small-M one
+   (`atom_triton::int4_linear_small_m`, every config the group allows, M <= 16) and the `aten` CUDA path
+   (dequantize, then cuBLAS) against the CPU reference on the same bf16 inputs, groups of 128 and per
+   channel, at M in 1..300.
+2. Timing per layer group and M: bf16 F.linear (cuBLAS), each Triton config, each small-M config (M <= 16)
+   and the `aten` path compiled (as in a package); the build's measure_ms (CUDA-graph replay, median, L2
+   flushed).
 """
 from __future__ import annotations
 
@@ -35,8 +37,14 @@ def random_layer(n: int, k: int, groups: int, device: str = "cpu", seed: int = 0
     return [t.to(device) for t in (weight, scale, zero)]
 
 
+def small_m_configs(groups: int) -> list[tuple]:
+    from atom_aot.ops.triton.int4_small_m import CANDIDATE_CONFIGS
+    return [c for c in CANDIDATE_CONFIGS if groups == 1 or 128 % c[1] == 0]
+
+
 def check() -> list[dict]:
     from atom_aot.ops.triton.int4_gemm import CANDIDATE_CONFIGS, launch_int4_linear
+    from atom_aot.ops.triton.int4_small_m import launch_int4_small_m
     rows = []
     for groups in (1, 4):
         layer = random_layer(264, 512, groups)
@@ -50,6 +58,8 @@ def check() -> list[dict]:
                    "aten_vs_reference": rel_error(int4_linear_dequantized(*args).cpu(), ref)}
             for c in CANDIDATE_CONFIGS:
                 row[f"triton{c.as_args()}_vs_reference"] = rel_error(launch_int4_linear(*args, *c.as_args()).cpu(), ref)
+            for c in small_m_configs(groups) if m <= 16 else ():
+                row[f"small_m{c}_vs_reference"] = rel_error(launch_int4_small_m(*args, *c).cpu(), ref)
             assert all(v < 1e-2 for key, v in row.items() if key.endswith("reference")), row
             rows.append(row)
     return rows
@@ -57,6 +67,7 @@ def check() -> list[dict]:
 
 def bench(compiled) -> list[dict]:
     from atom_aot.ops.triton.int4_gemm import CANDIDATE_CONFIGS, launch_int4_linear
+    from atom_aot.ops.triton.int4_small_m import launch_int4_small_m
     from atom_aot.ops.triton.timing import measure_ms
     rows = []
     for group, (n, k) in LLAMA_8B.items():
@@ -70,8 +81,10 @@ def bench(compiled) -> list[dict]:
             for c in CANDIDATE_CONFIGS:
                 args = c.as_args()
                 row[f"triton{args}_ms"] = measure_ms(lambda: launch_int4_linear(x, *layer, None, *args))[0]
-            best = min(v for key, v in row.items() if key.startswith("triton"))
-            row["best_triton_speedup_vs_bf16"] = row["bf16_ms"] / best
+            for c in small_m_configs(k // 128) if m <= 16 else ():
+                row[f"small_m{c}_ms"] = measure_ms(lambda: launch_int4_small_m(x, *layer, None, *c))[0]
+            best = min(v for key, v in row.items() if key.startswith(("triton", "small_m")))
+            row["best_int4_speedup_vs_bf16"] = row["bf16_ms"] / best
             print(json.dumps(row), flush=True)
             rows.append(row)
         del layer, w16

@@ -32,11 +32,13 @@ def test_matches_float64(group, shape):
     assert rel_err(y.cpu(), float64_product(x.cpu(), v, b_cpu)) < TOL
 
 
-def test_bf16_activations_match_the_reference_op():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_activations_match_the_reference_op(dtype):
+    """The widened weight is BIAS + q (128 in bf16, 1024 in fp16) and BIAS + z comes off each K step's sums."""
     v, x, layer, _, _ = case(64, 256, 128, 6, seed=12)
-    x = x.bfloat16()
+    x = x.to(dtype)
     y = torch.ops.atom_triton.int4_linear(x, *layer, None, 16, 32, 128, 4, 1)
-    assert y.dtype == torch.bfloat16
+    assert y.dtype == dtype
     ref = int4_linear_reference(x.cpu(), *runtime(v), None)
     assert rel_err(y.cpu(), ref) < 1e-2 and rel_err(y.cpu(), float64_product(x.cpu(), v)) < 1e-2
 

@@ -160,3 +160,33 @@ def test_int8_rows_take_the_small_m_kernel_only_where_faster(monkeypatch, small_
             assert choice == BackendChoice("aten")
         make_backend("int8_linear", choice)
     assert "int8 gemm" in tuned.kernels
+
+
+@pytest.mark.parametrize("scheme", ["int4-w4a16", "int4-w4a16-channel"])
+def test_int4_rows_take_the_small_m_kernel_with_the_int4_gemm_above(monkeypatch, scheme):
+    """int4 has `aten` (dequantize, cuBLAS) and the Triton GEMM; the small-M kernel joins the best of them in
+    every phase where it beats them at decode's small M, its params under `int4_small_m` and the Triton
+    GEMM's under `int4_gemm` (not fp8's key); the rows' backends build. Only configs whose K step lies in one
+    group of 128 are timed for grouped weights."""
+    from atom_aot.build.config import BuildConfig
+    from atom_aot.build.tune import _with_measured_linear
+    from atom_aot.models import ModelConfig
+    from atom_aot.ops.backends import make_backend
+    from model_factories import TINY_QWEN3
+    pytest.importorskip("triton")
+    rows, small = timings(small_ms=6.0)
+    small_int4 = ("small_m", 64, 128, 2, 4, 4)
+    small = {shape: {small_int4: v[SMALL_A]} for shape, v in small.items()}
+    monkeypatch.setattr(tune_fp8, "measure_linear", lambda cfg, s, dtype, phase: {
+        k: r for k, r in rows.items() if phase == "decode" or int(k.split()[1].split("x")[0]) > SMALL_M_MAX})
+    monkeypatch.setattr(tune_fp8, "measure_small_m", lambda *a: small)
+    row = PhaseTuning({"attention": BackendChoice("triton")})
+    base = Tuning(arch="sm90", measured=True, phases={Phase.DECODE: row, Phase.MIXED: row}, kernels={})
+    tuned = _with_measured_linear(base, BuildConfig(arch="sm90"), ModelConfig.from_hf_dict(TINY_QWEN3), scheme)
+    for phase in (Phase.DECODE, Phase.MIXED):
+        choice = tuned.for_phase(phase).op("int4_linear")
+        assert choice == BackendChoice("small_m+triton", {"int4_small_m": (SMALL_M_MAX, *small_int4[1:]),
+                                                          "int4_gemm": TRITON[1:]})
+        make_backend("int4_linear", choice)
+    block_ks = {c[1] for c in tune_fp8.small_m_configs(scheme)}
+    assert (256 in block_ks) == (scheme == "int4-w4a16-channel") and all(128 % k == 0 for k in block_ks - {256})

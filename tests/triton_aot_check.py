@@ -22,8 +22,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from atom_aot.distributed.peer_table import TABLE_SIZE
-from atom_aot.ops.triton import (all_reduce_norm, fused_moe, moe_routing, paged_attention, rms_norm_quant,
-                                 rope_cache, sampling_threshold, silu_mul_quant, small_m_gemm)
+from atom_aot.ops.triton import (all_reduce_norm, fused_moe, int4_gemm, int4_small_m, moe_routing, paged_attention,
+                                 rms_norm_quant, rope_cache, sampling_threshold, silu_mul_quant, small_m_gemm)
 
 TARGETS = {
     "sm90": GPUTarget("cuda", 90, 32),
@@ -32,7 +32,7 @@ TARGETS = {
 }
 POINTER_TYPES = {torch.float64: "*fp64", torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16",
                  torch.float8_e4m3fnuz: "*fp8e4b8",
-                 torch.float8_e4m3fn: "*fp8e4nv", torch.int8: "*i8", torch.int32: "*i32", torch.int64: "*i64"}
+                 torch.float8_e4m3fn: "*fp8e4nv", torch.int8: "*i8", torch.uint8: "*u8", torch.int32: "*i32", torch.int64: "*i64"}
 
 
 @dataclass
@@ -102,9 +102,11 @@ def _cuda_usage(cubin: bytes) -> dict:
         f.write(cubin)
         f.flush()
         text = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True).stdout
     found = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", text))
     return {"registers": int(found.get("REG", -1)), "stack_bytes": int(found.get("STACK", -1)),
-            "local_bytes": int(found.get("LOCAL", -1))}
+            "local_bytes": int(found.get("LOCAL", -1)),
+            "int_to_float_instructions": len(re.findall(r"\bI2FP?[.\s]", sass))}   # I2F / I2FP (the int4 GEMMs: none)
 
 
 def _amd_usage(amdgcn: str) -> dict:
@@ -225,6 +227,27 @@ def rms_norm_quant_launches(widths=(1024, 4096, 7168)) -> list[Launch]:
     return launches
 
 
+def int4_launches(n: int = 4096, k: int = 14336) -> list[Launch]:
+    """Every int4 GEMM config at Llama-3.1-8B's down_proj, groups of 128 and per channel, bf16 and fp16: the large-M
+    kernel at 2048 tokens, the small-M one (and its split-K reduce) at 1 token."""
+    launches = []
+    for dtype in (torch.bfloat16, torch.float16):
+        for groups in (k // 128, 1):
+            weight = torch.empty(n, k // 2, dtype=torch.uint8, device="meta")
+            scale = torch.empty(n, groups, dtype=torch.float32, device="meta")
+            zero = torch.empty(n, groups, dtype=torch.uint8, device="meta")
+            for config in int4_gemm.CANDIDATE_CONFIGS:
+                x = torch.empty(2048, k, dtype=dtype, device="meta")
+                launches += record_launches(int4_gemm, int4_gemm.launch_int4_linear, x, weight, scale, zero, None,
+                                            *config.as_args())
+            for config in int4_small_m.CANDIDATE_CONFIGS:
+                if groups == 1 or 128 % config[1] == 0:
+                    x = torch.empty(1, k, dtype=dtype, device="meta")
+                    launches += record_launches(int4_small_m, int4_small_m.launch_int4_small_m, x, weight, scale,
+                                                zero, None, *config)
+    return launches
+
+
 MODELS = {"qwen3-0.6b": dict(num_heads=16, num_kv_heads=8, head_dim=128),
           "llama-3.1-8b": dict(num_heads=32, num_kv_heads=8, head_dim=128)}
 
@@ -273,10 +296,11 @@ def main() -> None:
     parser.add_argument("--sampling", action="store_true", help="only the sampler's threshold kernel")
     parser.add_argument("--silu-mul-quant", action="store_true", help="only the one-pass SiLU-mul fp8 quantization")
     parser.add_argument("--rms-norm-quant", action="store_true", help="only the one-pass add + RMSNorm fp8 quantization")
+    parser.add_argument("--int4", action="store_true", help="only the int4 GEMMs (large-M and small-M)")
     args = parser.parse_args()
     only = {"rms_norm_quant": rms_norm_quant_launches, "silu_mul_quant": silu_mul_quant_launches,
             "sampling": sampling_launches, "all_reduce_norm": all_reduce_norm_launches,
-            "moe_glue": moe_glue_launches}      # flag (its dest) -> the launches it compiles alone
+            "moe_glue": moe_glue_launches, "int4": int4_launches}      # flag (its dest) -> the launches it compiles alone
     chosen = [launches for flag, launches in only.items() if getattr(args, flag)]
     if chosen:
         print(json.dumps(compile_all(chosen[0](), args.targets.split(","))))

@@ -40,7 +40,8 @@ CPU_LINEAR_KERNELS = {"fp8_linear": ("fp8 gemm", "float32 reference on fp8 value
 GPU_LINEAR_KERNELS = {"fp8_linear": ("fp8 gemm", "aten (cuBLASLt _scaled_mm) or triton atom_triton::fp8_linear, "
                                                   "decode's small M on atom_triton::scaled_mm_small_m where faster"),
                       "int4_linear": ("int4 gemm", "triton atom_triton::int4_linear (nibbles unpacked in "
-                                                   "registers) or aten (dequantize, then cuBLAS)"),
+                                                   "registers) or aten (dequantize, then cuBLAS), decode's small M "
+                                                   "on atom_triton::int4_linear_small_m where faster"),
                       "int8_linear": ("int8 gemm", "aten torch._int_mm (cuBLAS int8 GEMM, int32 accumulation; rows "
                                                    "padded by 16), decode's small M on "
                                                    "atom_triton::scaled_mm_small_m where faster")}

@@ -11,8 +11,8 @@ and the qkv and gate_up projections' (residual add + RMSNorm): Inductor's kernel
 the one-pass Triton kernels (ops/triton/silu_mul_quant.py, rms_norm_quant.py) at each warp count, on the
 model's MLP width and hidden size, and each phase's row names the faster (`silu_mul_quant`, `rms_norm_quant`).
 
-For decode with fp8 or int8 weights the small-M kernel's configs (ops/triton/small_m_gemm.py; block_k dividing
-128 for block-scaled weights) are timed too, at M <= SMALL_M_MAX: where the best of them beats the
+For decode with fp8, int8 or int4 weights the small-M kernel's configs (ops/triton/small_m_gemm.py,
+int4_small_m.py; block_k dividing 128 for block-scaled fp8 and grouped int4 weights) are timed too, at M <= SMALL_M_MAX: where the best of them beats the
 best of the others there, every phase gets the `small_m+aten` / `small_m+triton` backend (that kernel
 up to SMALL_M_MAX tokens, the phase's best GEMM above it: the mixed phase runs speculative verify
 steps and short prefills of a few tokens too), else the one GEMM as before (`small_m_pick`,
@@ -28,13 +28,15 @@ import torch
 from atom_aot.artifact.tuning import BackendChoice
 from atom_aot.models import ModelConfig
 from atom_aot.models.quant_layers import INT4_SCHEMES, INT8_SCHEMES, int4_groups, linear_op
+from atom_aot.ops.int4 import GROUP as INT4_GROUP
 
 TOKENS = {"decode": (1, 16, 64, 256), "mixed": (512, 2048, 8192)}
 SMALL_M_MAX = 16                 # the small-M kernel's BLOCK_M: one M tile, each weight byte read once
-SMALL_M_SCHEMES = ("fp8", "fp8-static", "fp8-ub", "fp8-block", *INT8_SCHEMES)
+SMALL_M_SCHEMES = ("fp8", "fp8-static", "fp8-ub", "fp8-block", *INT8_SCHEMES, *INT4_SCHEMES)
 Candidate = tuple   # ("aten",) or ("triton", block_m, block_n, block_k, num_warps, num_stages)
 TRITON_KERNELS = {"fp8_linear": "fp8_gemm", "int4_linear": "int4_gemm"}    # op -> its Triton kernel's params key
-SMALL_M_KERNELS = {"fp8_linear": "fp8_small_m", "int8_linear": "int8_small_m"}   # op -> the small-M params key
+SMALL_M_KERNELS = {"fp8_linear": "fp8_small_m", "int8_linear": "int8_small_m",   # op -> the small-M params key
+                   "int4_linear": "int4_small_m"}
 
 
 def linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -91,9 +93,7 @@ def measure_small_m(cfg: ModelConfig, scheme: str, dtype: torch.dtype, timer) ->
     config does not fit this GPU} at the decode token counts <= SMALL_M_MAX."""
     import atom_aot.ops.triton  # noqa: F401
     from atom_aot.ops.backends import make_backend
-    from atom_aot.ops.fp8 import BLOCK
-    from atom_aot.ops.triton.small_m_gemm import CANDIDATE_CONFIGS
-    configs = [c for c in CANDIDATE_CONFIGS if scheme != "fp8-block" or BLOCK % c[1] == 0]
+    configs = small_m_configs(scheme)
     large = candidates(scheme)[-1]            # never runs at these M; block-scaled weights need a triton one
     op, rows = linear_op(scheme), {}
     for group, (n, k) in linear_shapes(cfg).items():
@@ -161,12 +161,25 @@ def row_quantizer_choice(op: str, candidate: Candidate) -> BackendChoice:
     return BackendChoice("triton", {op: candidate[1:]})
 
 
+def small_m_configs(scheme: str) -> list[tuple[int, ...]]:
+    """The small-M kernel's candidate (block_n, block_k, split_k, warps, stages) for `scheme`: a K step must lie
+    in one scale group where the weight has groups (fp8 128x128 blocks, int4 groups of 128)."""
+    from atom_aot.ops.fp8 import BLOCK
+    if scheme in INT4_SCHEMES:
+        from atom_aot.ops.triton.int4_small_m import CANDIDATE_CONFIGS
+        group = None if scheme == "int4-w4a16-channel" else INT4_GROUP
+    else:
+        from atom_aot.ops.triton.small_m_gemm import CANDIDATE_CONFIGS
+        group = BLOCK if scheme == "fp8-block" else None
+    return [c for c in CANDIDATE_CONFIGS if group is None or group % c[1] == 0]
+
+
 def small_m_choice(small: tuple[int, ...], large: Candidate, op: str = "fp8_linear") -> BackendChoice:
     """The small-M kernel with `small` (block_n, block_k, split_k, warps, stages) up to SMALL_M_MAX
     tokens, the `large` candidate above."""
     params = {SMALL_M_KERNELS[op]: (SMALL_M_MAX, *small)}
     if large[0] == "triton":
-        params["fp8_gemm"] = large[1:]
+        params[TRITON_KERNELS[op]] = large[1:]
     return BackendChoice(f"small_m+{large[0]}", params)
 
 

@@ -55,6 +55,8 @@ REGISTRY: dict[str, dict[str, BackendEntry]] = {
     "int4_linear": {
         "aten": BackendEntry("atom_aot.ops.backends.int4_linear", "AtenInt4Linear"),
         "triton": BackendEntry("atom_aot.ops.backends.int4_linear", "TritonInt4Linear"),
+        "small_m+aten": BackendEntry("atom_aot.ops.backends.int4_linear", "small_m_over_aten"),
+        "small_m+triton": BackendEntry("atom_aot.ops.backends.int4_linear", "small_m_over_triton"),
     },
 }
 

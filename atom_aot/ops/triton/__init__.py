@@ -8,6 +8,6 @@ backend (atom_aot/ops/backends/triton.py) calls them. See docs/kernels.md.
 
 Importing this package needs `triton`; the CPU path never imports it.
 """
-from atom_aot.ops.triton import (all_reduce_norm, fp8_gemm, fused_moe, int4_gemm, mla_decode,  # noqa: F401
-                                moe_routing, paged_attention, rms_norm_quant, rope_cache,
+from atom_aot.ops.triton import (all_reduce_norm, fp8_gemm, fused_moe, int4_gemm, int4_small_m,  # noqa: F401
+                                mla_decode, moe_routing, paged_attention, rms_norm_quant, rope_cache,
                                 sampling_threshold, silu_mul_quant, small_m_gemm)   # each registers atom_triton::*

@@ -1,15 +1,19 @@
 """`atom_triton::int4_linear`: the W4A16 linear (atom_aot/ops/int4.py's layout) as a Triton GEMM.
 
-The packed weight is read as bytes and unpacked in registers: each K step loads a [BLOCK_K/2, BLOCK_N]
-tile of bytes, splits it into the even-k (low) and odd-k (high) nibbles, subtracts the group's zero
-point and multiplies each half with the matching strided half of the activations:
+The packed weight is read as bytes and widened in registers without a single int -> float conversion
+instruction (on an H100 those run at ~8 values per clock per SM: the first form of this kernel, which
+converted each nibble to float32 and then to bf16, was bound by them, 1.5-10x slower than bf16 cuBLAS,
+docs/benchmarks/h100-s48-int4-int8-gemm.json). Instead each nibble q is OR-ed into the mantissa of a
+constant BIAS (128 in bf16 and float32, 1024 in fp16, whose ulp there is 1), so the bit pattern read
+as a float *is* BIAS + q, exactly (`biased_nibbles`). The zero point and the bias come off after the
+dot, once per output instead of once per weight value:
 
-    partial = a[:, even k] @ (low - z) + a[:, odd k] @ (high - z)     (tl.dot in x's dtype, fp32 accumulation)
-    grouped (G > 1): acc += partial * s[n, k0 // group]   (BLOCK_K divides the group: one group per step)
-    per channel (G = 1): acc += partial, scaled by s[n, 0] once at the end
+    sum_k x[m, k] (q[n, k] - z[n, g]) = sum_k x[m, k] (BIAS + q[n, k]) - (BIAS + z[n, g]) sum_k x[m, k]
 
-(q - z) is an integer in [-16, 15], exact in bf16/fp16, so the dot sees the stored values exactly and
-the scale is applied in float32. Launch params arrive as ints (the build measured them).
+(tl.dot in x's dtype, fp32 accumulation; the products are exact, the subtraction costs ~4 bits of the
+fp32 sum's 24). float32 activations (tests, the CPU interpreter) subtract BIAS + z from the widened
+weight instead, exactly, and take the IEEE dot. Per group (G > 1; BLOCK_K divides the group) each
+K step's sum is scaled by s[n, group]; per channel (G = 1) the total once at the end.
 """
 from typing import Optional
 
@@ -33,6 +37,33 @@ CANDIDATE_CONFIGS = (
 
 
 @triton.jit
+def biased_nibbles(packed, ROWS: tl.constexpr, HALF: tl.constexpr, DTYPE: tl.constexpr):
+    """packed [ROWS, HALF] uint8 -> [ROWS, 2 * HALF] BIAS + q in DTYPE, in k order (each byte's low nibble
+    first): bit patterns only (mask, shift, or, bitcast), no conversion instruction."""
+    if DTYPE == tl.float32:
+        low = ((packed & 0xF).to(tl.int32) << 16) | 0x43000000              # 128.0 = 0x43000000
+        high = ((packed >> 4).to(tl.int32) << 16) | 0x43000000
+        return tl.join(low, high).reshape(ROWS, 2 * HALF).to(tl.float32, bitcast=True)
+    elif DTYPE == tl.float16:
+        low = (packed & 0xF).to(tl.int16) | 0x6400                          # 1024.0 = 0x6400
+        high = (packed >> 4).to(tl.int16) | 0x6400
+        return tl.join(low, high).reshape(ROWS, 2 * HALF).to(tl.float16, bitcast=True)
+    else:
+        low = (packed & 0xF).to(tl.int16) | 0x4300                          # bf16 128.0 = 0x4300
+        high = (packed >> 4).to(tl.int16) | 0x4300
+        return tl.join(low, high).reshape(ROWS, 2 * HALF).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def biased_zeros(z, DTYPE: tl.constexpr):
+    """z (uint8 zero points) -> float32 BIAS + z, by bits as biased_nibbles (BIAS 2^7: z at mantissa bit 16;
+    fp16's 2^10: bit 13)."""
+    if DTYPE == tl.float16:
+        return ((z.to(tl.int32) << 13) | 0x44800000).to(tl.float32, bitcast=True)     # 1024.0 = 0x44800000
+    return ((z.to(tl.int32) << 16) | 0x43000000).to(tl.float32, bitcast=True)         # 128.0 = 0x43000000
+
+
+@triton.jit
 def int4_gemm_kernel(
     a_ptr, b_ptr, s_ptr, z_ptr, c_ptr, bias_ptr,
     M, N,
@@ -42,30 +73,30 @@ def int4_gemm_kernel(
 ):
     """c [M, N] = a [M, K] @ ((q - z) * s)^T (+ bias); q packed two a byte in b [N, K/2]."""
     HALF: tl.constexpr = BLOCK_K // 2
+    DTYPE: tl.constexpr = a_ptr.dtype.element_ty
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)                 # [BLOCK_M]
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)                 # [BLOCK_N]
     rj = tl.arange(0, HALF)                                                 # byte index within the step
+    rk = tl.arange(0, BLOCK_K)
     m_ok, n_ok = rm < M, rn < N
     rm64, rn64 = rm.to(tl.int64), rn.to(tl.int64)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if GROUPS == 1:
+        zb = biased_zeros(tl.load(z_ptr + rn64, mask=n_ok, other=0), DTYPE)          # [BLOCK_N] BIAS + z
     for k0 in range(0, K, BLOCK_K):
-        j_ok = (k0 // 2 + rj) < K // 2
-        a_rows = a_ptr + rm64[:, None] * stride_am + (k0 + 2 * rj)[None, :]
-        a_mask = m_ok[:, None] & j_ok[None, :]
-        a_even = tl.load(a_rows, mask=a_mask, other=0.0)                    # [BLOCK_M, HALF]
-        a_odd = tl.load(a_rows + 1, mask=a_mask, other=0.0)                 # [BLOCK_M, HALF]
-        packed = tl.load(b_ptr + rn64[None, :] * stride_bn + (k0 // 2 + rj)[:, None],
-                         mask=n_ok[None, :] & j_ok[:, None], other=0)       # [HALF, BLOCK_N] uint8
-        group = k0 * GROUPS // K
-        z = tl.load(z_ptr + rn64 * GROUPS + group, mask=n_ok, other=0).to(tl.int32)    # [BLOCK_N]
-        # integers in [-16, 15], exact in every float type; via fp32 (no direct int -> bf16 convert)
-        low = ((packed & 0xF).to(tl.int32) - z[None, :]).to(tl.float32).to(a_ptr.dtype.element_ty)
-        high = ((packed >> 4).to(tl.int32) - z[None, :]).to(tl.float32).to(a_ptr.dtype.element_ty)
+        a = tl.load(a_ptr + rm64[:, None] * stride_am + (k0 + rk)[None, :],
+                    mask=m_ok[:, None] & (k0 + rk < K)[None, :], other=0.0)         # [BLOCK_M, BLOCK_K]
+        packed = tl.load(b_ptr + rn64[:, None] * stride_bn + (k0 // 2 + rj)[None, :],
+                         mask=n_ok[:, None] & (k0 // 2 + rj < K // 2)[None, :], other=0)   # [BLOCK_N, HALF] uint8
+        if GROUPS > 1:
+            group = k0 * GROUPS // K
+            zb = biased_zeros(tl.load(z_ptr + rn64 * GROUPS + group, mask=n_ok, other=0), DTYPE)
+        w = biased_nibbles(packed, BLOCK_N, HALF, DTYPE)                    # [BLOCK_N, BLOCK_K] BIAS + q
         if IEEE:
-            partial = tl.dot(a_even, low, input_precision="ieee")
-            partial = tl.dot(a_odd, high, partial, input_precision="ieee")
+            partial = tl.dot(a, tl.trans(w - zb[:, None]), input_precision="ieee")
         else:
-            partial = tl.dot(a_odd, high, tl.dot(a_even, low))
+            row_sums = tl.sum(a.to(tl.float32), axis=1)                         # [BLOCK_M]
+            partial = tl.dot(a, tl.trans(w)) - row_sums[:, None] * zb[None, :]
         if GROUPS > 1:
             s = tl.load(s_ptr + rn64 * GROUPS + group, mask=n_ok, other=0.0)            # [BLOCK_N]
             acc += partial * s[None, :]
@@ -79,6 +110,17 @@ def int4_gemm_kernel(
              mask=m_ok[:, None] & n_ok[None, :])
 
 
+def int4_operands(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, weight_zero: torch.Tensor,
+                  block_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The int4 GEMMs' checks (layout, a K step within one group) and their contiguous x, scales, zeros."""
+    check_int4_shapes(weight, weight_scale, weight_zero)
+    check_last_dim_contiguous("weight", weight)
+    k, groups = x.shape[1], weight_scale.shape[1]
+    if groups > 1 and (k // groups) % block_k:
+        raise ValueError(f"int4 linear: block_k {block_k} must divide the group size {k // groups}")
+    return x.contiguous(), weight_scale.contiguous(), weight_zero.contiguous()
+
+
 def launch_int4_linear(
     x: torch.Tensor,                        # [M, K] bf16/fp16/fp32
     weight: torch.Tensor,                   # [N, K/2] uint8
@@ -87,16 +129,12 @@ def launch_int4_linear(
     bias: Optional[torch.Tensor],           # [N] or None
     block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int,
 ) -> torch.Tensor:
-    check_int4_shapes(weight, weight_scale, weight_zero)
-    check_last_dim_contiguous("weight", weight)
+    x, weight_scale, weight_zero = int4_operands(x, weight, weight_scale, weight_zero, block_k)
     (m, k), n, groups = x.shape, weight.shape[0], weight_scale.shape[1]
-    if groups > 1 and (k // groups) % block_k:
-        raise ValueError(f"int4 linear: block_k {block_k} must divide the group size {k // groups}")
-    x = x.contiguous()
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     wrap_triton(int4_gemm_kernel)[grid](
-        x, weight, weight_scale.contiguous(), weight_zero.contiguous(), out, weight_scale if bias is None else bias,
+        x, weight, weight_scale, weight_zero, out, weight_scale if bias is None else bias,
         m, n, x.stride(0), weight.stride(0), out.stride(0),
         K=k, GROUPS=groups, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,

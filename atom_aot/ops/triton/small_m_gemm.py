@@ -44,6 +44,20 @@ CANDIDATE_CONFIGS = (        # the spread measured on an H100 (docs/benchmarks/h
 
 
 @triton.jit
+def store_swapped_tile(acc, out_ptr, part_ptr, bias_ptr, rn64, rm64, n_ok, m_ok, pid_k, M, N, stride_om,
+                       SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """acc^T [BLOCK_N, BLOCK_M] to out [M, N] (+ bias, cast) with one K slice, else to its slice of the
+    contiguous partials [SPLIT_K, M, N] as it is (the small-M kernels' epilogue; int4_small_m.py's too)."""
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn64, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        tl.store(out_ptr + rm64[None, :] * stride_om + rn64[:, None], acc.to(out_ptr.dtype.element_ty),
+                 mask=n_ok[:, None] & m_ok[None, :])
+    else:
+        tl.store(part_ptr + (pid_k * M + rm64[None, :]) * N + rn64[:, None], acc, mask=n_ok[:, None] & m_ok[None, :])
+
+
+@triton.jit
 def small_m_gemm_kernel(
     x_ptr, w_ptr, out_ptr, part_ptr, x_scale_ptr, w_scale_ptr, bias_ptr,
     M, N, stride_xm, stride_wn, stride_om, stride_xsm, stride_wsn,
@@ -88,18 +102,12 @@ def small_m_gemm_kernel(
             acc += tl.dot(w, xt)
         else:                      # only at the end (the MMA's own fast accumulation over all of K)
             acc = tl.dot(w, xt, acc)
-    if SPLIT_K == 1:
-        if not BLOCK_SCALED:
-            sw = tl.load(w_scale_ptr + rn64, mask=n_ok, other=0.0)             # [BLOCK_N]
-            sx = tl.load(x_scale_ptr + rm64 * stride_xsm, mask=m_ok, other=0.0)   # [BLOCK_M]
-            acc = acc.to(tl.float32) * sw[:, None] * sx[None, :]
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-        tl.store(out_ptr + rm64[None, :] * stride_om + rn64[:, None], acc.to(out_ptr.dtype.element_ty),
-                 mask=n_ok[:, None] & m_ok[None, :])
-    else:
-        # partial [SPLIT_K, M, N] float32 (int32 for int8), contiguous
-        tl.store(part_ptr + (pid_k * M + rm64[None, :]) * N + rn64[:, None], acc, mask=n_ok[:, None] & m_ok[None, :])
+    if SPLIT_K == 1 and not BLOCK_SCALED:
+        sw = tl.load(w_scale_ptr + rn64, mask=n_ok, other=0.0)                 # [BLOCK_N]
+        sx = tl.load(x_scale_ptr + rm64 * stride_xsm, mask=m_ok, other=0.0)    # [BLOCK_M]
+        acc = acc.to(tl.float32) * sw[:, None] * sx[None, :]
+    store_swapped_tile(acc, out_ptr, part_ptr, bias_ptr, rn64, rm64, n_ok, m_ok, pid_k, M, N, stride_om,
+                       SPLIT_K, HAS_BIAS)            # split K: float32 partials (int32 for int8), scaled by the reduce
 
 
 @triton.jit
