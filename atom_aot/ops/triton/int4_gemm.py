@@ -1,17 +1,18 @@
 """`atom_triton::int4_linear`: the W4A16 linear (atom_aot/ops/int4.py's layout) as a Triton GEMM.
 
 The packed weight is read as bytes and widened in registers without a single int -> float conversion
-instruction (on an H100 those run at ~8 values per clock per SM: the first form of this kernel, which
-converted each nibble to float32 and then to bf16, was bound by them, 1.5-10x slower than bf16 cuBLAS,
-docs/benchmarks/h100-s48-int4-int8-gemm.json). Instead each nibble q is OR-ed into the mantissa of a
+instruction. The first form of this kernel converted each nibble to float32, then to bf16: two
+conversions per value at an SM's 16 a clock, which bounds it at ~1 TB/s of int4 bytes on an H100; it
+ran at 0.87 (gate_up at M = 1) and was 1.5-10x slower than bf16 cuBLAS
+(docs/benchmarks/h100-s48-int4-int8-gemm.json). Instead each nibble q is OR-ed into the mantissa of a
 constant BIAS (128 in bf16 and float32, 1024 in fp16, whose ulp there is 1), so the bit pattern read
 as a float *is* BIAS + q, exactly (`biased_nibbles`). The zero point and the bias come off after the
 dot, once per output instead of once per weight value:
 
     sum_k x[m, k] (q[n, k] - z[n, g]) = sum_k x[m, k] (BIAS + q[n, k]) - (BIAS + z[n, g]) sum_k x[m, k]
 
-(tl.dot in x's dtype, fp32 accumulation; the products are exact, the subtraction costs ~4 bits of the
-fp32 sum's 24). float32 activations (tests, the CPU interpreter) subtract BIAS + z from the widened
+(tl.dot in x's dtype, fp32 accumulation; the products are exact, the subtraction cancels ~5 bits of
+the fp32 sum's 24 with bf16's BIAS, ~8 with fp16's). float32 activations (tests, the CPU interpreter) subtract BIAS + z from the widened
 weight instead, exactly, and take the IEEE dot. Per group (G > 1; BLOCK_K divides the group) each
 K step's sum is scaled by s[n, group]; per channel (G = 1) the total once at the end.
 """
