@@ -9,6 +9,12 @@ import torch
 
 ARCHES = ("cpu", "sm80", "sm90", "sm100", "gfx942", "gfx950")
 DEFAULT_CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
+# Arches whose FP8 is not the OCP e4m3fn that atom-aot quantizes, loads and computes in: what they lack.
+FP8_UNSUPPORTED = {
+    "sm80": "no FP8 in its tensor cores or its conversions (FP8 needs sm89+)",
+    "gfx942": "its FP8 is e4m3fnuz (exponent bias 8, largest value 240, no negative zero), which atom-aot does "
+              "not convert to yet (gfx950 takes e4m3fn)",
+}
 
 
 def detect_arch() -> str:

@@ -254,3 +254,23 @@ def test_a_block_scaled_dense_checkpoint_splits_over_tp_on_block_boundaries(tmp_
                                                 num_attention_heads=4, num_key_value_heads=4), tmp_path / "nb", "fp8-block")
     with pytest.raises(BuildError, match="query rows per rank .* is 64"):
         build_artifact(narrow, compile="none", tensor_parallel_size=2)
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "sm80"])
+def test_fp8_for_an_arch_without_e4m3fn_is_refused_by_name(arch, tiny_dir, tmp_path):
+    """gfx942 computes in e4m3fnuz and sm80 has no FP8: --quant fp8, an FP8 checkpoint and an FP8 KV cache are
+    each refused at plan time naming the arch and what it lacks; bf16 and int8 plan there, and gfx950 / sm90 take
+    FP8."""
+    from atom_aot.build.config import BuildConfig
+    from atom_aot.build.pipeline import plan
+    lacks = "e4m3fnuz" if arch == "gfx942" else "sm89"
+    checkpoint = write_prequantized(tiny_dir, tmp_path / "fp8-ckpt", "ct-channel-dynamic")
+    for model, options, named in ((tiny_dir, {"quant": "fp8"}, "fp8 linears"),
+                                  (checkpoint, {}, "fp8 linears"),
+                                  (tiny_dir, {"kv_cache_dtype": "fp8"}, "--kv-cache-dtype fp8")):
+        with pytest.raises(BuildError, match=f"{named}.*cannot be built for {arch}: .*{lacks}"):
+            plan(str(model), BuildConfig(arch=arch, **options))
+    for options in ({}, {"quant": "int8"}):
+        plan(str(tiny_dir), BuildConfig(arch=arch, **options))
+    for fine in ("gfx950", "sm90"):
+        plan(str(checkpoint), BuildConfig(arch=fine, kv_cache_dtype="fp8"))

@@ -19,7 +19,7 @@ from typing import Callable
 
 from safetensors.torch import save_file
 
-from atom_aot.arch import device_for_arch, detect_arch, toolchain
+from atom_aot.arch import FP8_UNSUPPORTED, device_for_arch, detect_arch, toolchain
 from atom_aot.artifact.build_options import BuildOptions, drawn_at_load
 from atom_aot.artifact.graph_plan import GRAPHS
 from atom_aot.artifact.layout import CONFIG, GENERATION_CONFIG, TOKENIZER, package_member
@@ -50,7 +50,7 @@ from atom_aot.build.resume import StageCheckpoints, build_device_name
 from atom_aot.errors import ArtifactError, BuildError
 from atom_aot.models import ModelConfig, model_class
 from atom_aot.models.parallel import Split, block_split_problem, check_splittable, rank_shapes
-from atom_aot.models.quant_layers import INT4_SCHEMES
+from atom_aot.models.quant_layers import FP8_SCHEMES, INT4_SCHEMES
 from atom_aot.version import ARTIFACT_FORMAT_VERSION, __version__
 
 log = logging.getLogger("atom_aot")
@@ -95,12 +95,23 @@ def plan(model: str | None, config: BuildConfig) -> tuple[ModelSource, ModelConf
                              f"smaller -tp (or -tp 1, or -dp N --ep)")
     if linear_quant.scheme in INT4_SCHEMES:
         check_int4_model(model_config, config.tensor_parallel_size)
+    check_fp8_format(config, linear_quant.scheme)
     try:
         check_splittable(model_config, config.split)
     except ValueError as e:
         raise BuildError(str(e)) from None
     inputs = key_inputs(source, config)
     return source, model_config, build_key(inputs), inputs
+
+
+def check_fp8_format(config: BuildConfig, scheme: str) -> None:
+    """FP8 weights (--quant fp8 or an FP8 checkpoint) or an FP8 KV cache only where the arch computes e4m3fn."""
+    uses = [what for what, used in ((f"{scheme} linears", scheme in FP8_SCHEMES),
+                                    ("--kv-cache-dtype fp8", config.kv_cache_dtype == "fp8")) if used]
+    if uses and config.arch in FP8_UNSUPPORTED:
+        raise BuildError(f"{' and '.join(uses)} cannot be built for {config.arch}: {FP8_UNSUPPORTED[config.arch]}. "
+                         f"Build this model in bf16 there (a bf16 checkpoint, no --quant fp8, --kv-cache-dtype auto), "
+                         f"or for an arch with e4m3fn FP8 (sm89+, gfx950)")
 
 
 def build(model: str | None, config: BuildConfig, cache_dir: Path | None = None, out: Path | None = None,
