@@ -12,11 +12,11 @@ the one-pass Triton kernels (ops/triton/silu_mul_quant.py, rms_norm_quant.py) at
 model's MLP width and hidden size, and each phase's row names the faster (`silu_mul_quant`, `rms_norm_quant`).
 
 For decode with fp8, int8 or int4 weights the small-M kernel's configs (ops/triton/small_m_gemm.py,
-int4_small_m.py; block_k dividing 128 for block-scaled fp8 and grouped int4 weights) are timed too, at M <= SMALL_M_MAX: where the best of them beats the
-best of the others there, every phase gets the `small_m+aten` / `small_m+triton` backend (that kernel
-up to SMALL_M_MAX tokens, the phase's best GEMM above it: the mixed phase runs speculative verify
-steps and short prefills of a few tokens too), else the one GEMM as before (`small_m_pick`,
-`phase_choice`).
+int4_small_m.py; block_k dividing 128 for block-scaled fp8 and grouped int4 weights: small_m_configs) are
+timed too, at M <= SMALL_M_MAX: where the best of them beats the best of the others there, every phase
+gets the `small_m+aten` / `small_m+triton` backend (that kernel up to SMALL_M_MAX tokens, the phase's best
+GEMM above it: the mixed phase runs speculative verify steps and short prefills of a few tokens too), else
+the one GEMM as before (`small_m_pick`, `phase_choice`).
 """
 from __future__ import annotations
 

@@ -86,7 +86,8 @@ class RowConfig:
 
 @dataclass(frozen=True)
 class SmallMConfig:
-    """The small-M FP8 GEMM's launch config (ops/triton/small_m_gemm.py) and the token count it serves up to."""
+    """A small-M GEMM's launch config (ops/triton/small_m_gemm.py: fp8, int8; int4_small_m.py) and the token
+    count it serves up to."""
     max_m: int
     block_n: int
     block_k: int
