@@ -101,7 +101,7 @@ def test_the_rms_norm_quant_kernel_compiles_for_sm90_and_gfx942():
 
 def test_int4_gemms_compile_for_sm90_without_conversions_and_for_gfx942():
     """Every int4 GEMM config (large-M and small-M with its split-K reduce) at Llama-3.1-8B's down_proj, groups of
-    128 and per channel, bf16 and fp16: within an H100's registers (no spills) and shared memory, and with no
+    128 and per channel, bf16 (fp16: each kernel's first config): within an H100's registers (no spills) and shared memory, and with no
     int -> float conversion instruction in the SASS (the nibbles widen by bit patterns: what bound the kernel's
     first form). On gfx942 they
     compile (the 128 x 128 x 64 grouped large-M config spills 9 VGPRs there; no AMD device measures it)."""

@@ -228,23 +228,23 @@ def rms_norm_quant_launches(widths=(1024, 4096, 7168)) -> list[Launch]:
 
 
 def int4_launches(n: int = 4096, k: int = 14336) -> list[Launch]:
-    """Every int4 GEMM config at Llama-3.1-8B's down_proj, groups of 128 and per channel, bf16 and fp16: the large-M
-    kernel at 2048 tokens, the small-M one (and its split-K reduce) at 1 token."""
+    """Every int4 GEMM config at Llama-3.1-8B's down_proj in bf16, groups of 128 and per channel: the large-M kernel
+    at 2048 tokens, the small-M one (and its split-K reduce) at 1 token; in fp16 (the other bias) each kernel's
+    first config, grouped."""
     launches = []
-    for dtype in (torch.bfloat16, torch.float16):
-        for groups in (k // 128, 1):
-            weight = torch.empty(n, k // 2, dtype=torch.uint8, device="meta")
-            scale = torch.empty(n, groups, dtype=torch.float32, device="meta")
-            zero = torch.empty(n, groups, dtype=torch.uint8, device="meta")
-            for config in int4_gemm.CANDIDATE_CONFIGS:
-                x = torch.empty(2048, k, dtype=dtype, device="meta")
-                launches += record_launches(int4_gemm, int4_gemm.launch_int4_linear, x, weight, scale, zero, None,
-                                            *config.as_args())
-            for config in int4_small_m.CANDIDATE_CONFIGS:
-                if groups == 1 or 128 % config[1] == 0:
-                    x = torch.empty(1, k, dtype=dtype, device="meta")
-                    launches += record_launches(int4_small_m, int4_small_m.launch_int4_small_m, x, weight, scale,
-                                                zero, None, *config)
+    cases = ((torch.bfloat16, k // 128, None), (torch.bfloat16, 1, None), (torch.float16, k // 128, 1))
+    for dtype, groups, configs in cases:     # configs: how many of each kernel's candidates (None: all)
+        weight = torch.empty(n, k // 2, dtype=torch.uint8, device="meta")
+        scale = torch.empty(n, groups, dtype=torch.float32, device="meta")
+        zero = torch.empty(n, groups, dtype=torch.uint8, device="meta")
+        for config in int4_gemm.CANDIDATE_CONFIGS[:configs]:
+            x = torch.empty(2048, k, dtype=dtype, device="meta")
+            launches += record_launches(int4_gemm, int4_gemm.launch_int4_linear, x, weight, scale, zero, None,
+                                        *config.as_args())
+        for config in [c for c in int4_small_m.CANDIDATE_CONFIGS if groups == 1 or 128 % c[1] == 0][:configs]:
+            x = torch.empty(1, k, dtype=dtype, device="meta")
+            launches += record_launches(int4_small_m, int4_small_m.launch_int4_small_m, x, weight, scale, zero, None,
+                                        *config)
     return launches
 
 
