@@ -21,6 +21,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from atom_aot.build.tune_fp8 import small_m_configs
 from atom_aot.distributed.peer_table import TABLE_SIZE
 from atom_aot.ops.triton import (all_reduce_norm, fused_moe, int4_gemm, int4_small_m, moe_routing, paged_attention,
                                  rms_norm_quant, rope_cache, sampling_threshold, silu_mul_quant, small_m_gemm)
@@ -241,7 +242,7 @@ def int4_launches(n: int = 4096, k: int = 14336) -> list[Launch]:
             x = torch.empty(2048, k, dtype=dtype, device="meta")
             launches += record_launches(int4_gemm, int4_gemm.launch_int4_linear, x, weight, scale, zero, None,
                                         *config.as_args())
-        for config in [c for c in int4_small_m.CANDIDATE_CONFIGS if groups == 1 or 128 % c[1] == 0][:configs]:
+        for config in small_m_configs("int4-w4a16-channel" if groups == 1 else "int4-w4a16")[:configs]:
             x = torch.empty(1, k, dtype=dtype, device="meta")
             launches += record_launches(int4_small_m, int4_small_m.launch_int4_small_m, x, weight, scale, zero, None,
                                         *config)
