@@ -7,7 +7,7 @@ of each rank (MAX_RANKS slots), two_shot_rows]. slab_bytes 0 means no peer memor
 the kernel sums the message (NCCL, or the two-shot kernel), and the kernel only adds and normalizes.
 two_shot_rows: from how many rows per program the kernel sums two-shot (each rank sums a share of the rows, the
 others read those sums from it) instead of one-shot (every rank reads every row of every rank); 0: never. The entry
-came last (session 40), so a package built before reads the entries it knows where they were. This module holds
+came last, so a package built before reads the entries it knows where they were. This module holds
 no Triton and no CUDA: the CPU side (the rule, the table's layout) is testable anywhere.
 """
 from __future__ import annotations
@@ -32,14 +32,14 @@ def peer_path_taken(rows: int, row_bytes: int, slab_bytes: int) -> bool:
             and per_program * row_bytes <= slab_bytes)
 
 
-MIN_SLAB_BYTES = 32 << 10  # 4 rows of hidden 4096 in bf16 per program: a decode batch of 256 (session 40 measured it)
+MIN_SLAB_BYTES = 32 << 10  # 4 rows of hidden 4096 in bf16 per program: a decode batch of 256 (measured on H200s)
 
 
 def slab_bytes_for(one_shot_max_bytes: int) -> int:
     """Each program's slab in a buffer half: the one-shot bound spread over the programs (whole vectors), and at
     least MIN_SLAB_BYTES, so that small batches take the fused kernel at any world size (four ranks' one-shot
     bound, 256 KiB, is 4 KiB per program: less than one 4096-wide bf16 row). 32 KiB against 16 KiB: Llama-3.1-8B
-    throughput at batch 256 +3.1% at -tp 2, +2.0% at -tp 4 (four H200s, session 40)."""
+    throughput at batch 256 +3.1% at -tp 2, +2.0% at -tp 4 (four H200s)."""
     return max(one_shot_max_bytes // PROGRAMS // VECTOR_BYTES * VECTOR_BYTES, MIN_SLAB_BYTES)
 
 

@@ -14,8 +14,8 @@ none, is logged once per process. Environment:
 - `ATOM_ALL_REDUCE_ONE_SHOT_MAX` / `ATOM_ALL_REDUCE_TWO_SHOT_MAX`: the plan's bounds in bytes.
 - `ATOM_ALL_REDUCE_NORM=separate` keeps the all-reduce out of the RMSNorm after it (the A/B switch for the fused
   kernel, ops/triton/all_reduce_norm.py); `fused` (default) sums the messages that fit its slabs inside it,
-  one-shot; `fused-two-shot` sums them two-shot from peer_table.two_shot_rows_for rows per program (built in
-  session 40 and tested on CPUs only: not the default until a GPU run says it pays).
+  one-shot; `fused-two-shot` sums them two-shot from peer_table.two_shot_rows_for rows per program
+  (tested on CPUs only: not the default until a GPU run says it pays).
 - `ATOM_ALL_REDUCE_NORM_SLAB`: each of the fused kernel's 64 slabs in bytes (whole 16-byte vectors; default
   peer_table.slab_bytes_for the one-shot bound), which sets how many rows it sums itself.
 """
@@ -38,8 +38,8 @@ log = logging.getLogger("atom_aot")
 KIB, MIB = 1 << 10, 1 << 20
 # Bounds by world size (bytes): one-shot up to the first, two-shot up to the second, NCCL above. One-shot
 # reads W-1 peer copies and two-shot 2(W-1)/W of one, so two-shot takes over as messages grow. 2 and 4 ranks:
-# where each path was fastest in CUDA graphs on four H200s joined by NV18 NVLink (session 35,
-# docs/benchmarks/h200x4-collectives.json; `tp_two_gpus.py plan` reads a table into these bounds);
+# where each path was fastest in CUDA graphs on four H200s joined by NV18 NVLink
+# (docs/benchmarks/h200x4-collectives.json; `tp_two_gpus.py plan` reads a table into these bounds);
 # 8 ranks: not measured, the 4-rank bounds halved for one-shot.
 DEFAULT_BOUNDS = {2: (1 * MIB, 32 * MIB), 4: (256 * KIB, 8 * MIB), 8: (128 * KIB, 8 * MIB)}
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -133,8 +133,8 @@ class PeerMemoryLayout:
     (a slab per program each) and its signal pads (an int64 slot per program and rank).
 
     Why one allocation: one rendezvous, one place to map. Mapping the three this module used to make (the staged
-    buffer, the fused kernel's buffer, its signal pads) took 2.0-3.4 s of a -tp 4 start on four H200s (session 41);
-    in one allocation it still took 3.0 s (session 42): the cost was the process's first allocation of symmetric
+    buffer, the fused kernel's buffer, its signal pads) took 2.0-3.4 s of a -tp 4 start on four H200s;
+    in one allocation it still took 3.0 s: the cost was the process's first allocation of symmetric
     memory, whatever its size, which PeerMemoryAllocation now makes beside the process group's start."""
     staged_bytes: int
     norm_buffer_offset: int
@@ -246,7 +246,7 @@ class PeerMemoryAllocation:
     Why: a process's first allocation of torch's symmetric memory took 1.84-1.98 s on two H200s whatever its size
     (1 or 36 MiB; the next ones under a millisecond, the rendezvous that maps it milliseconds), and it needs no
     group. Made in a thread while NCCL's communicator started, both were done in 1.87 s against 0.78 + 1.98 s one
-    after the other (session 42, scripts/gpu/symm_mem_setup_timing.py); in the engine's join it was most of
+    after the other (scripts/gpu/symm_mem_setup_timing.py); in the engine's join it was most of
     `peer memory: buffers mapped` (1.9-3.0 s at -tp 2 and -tp 4)."""
 
     def __init__(self, nbytes: int, device: torch.device):
@@ -348,7 +348,7 @@ def peer_memory_problem(places: list[tuple[str, int, bool]], can_access) -> str 
     if again:
         # torch keeps symmetric-memory state by group name for the life of the process, and a process group
         # made after another is destroyed reuses its name ("0" for the world). A -tp 4 engine started after a
-        # -tp 2 one in one process hung while its ranks joined (session 35, on GPUs; which step waited was not
+        # -tp 2 one in one process hung while its ranks joined (on GPUs; which step waited was not
         # seen): such a process keeps to NCCL
         return (f"rank {', '.join(map(str, again))} mapped peer memory for an earlier process group in its process, "
                 f"which torch does not let a later group map again")

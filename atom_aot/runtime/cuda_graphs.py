@@ -109,7 +109,7 @@ _captured: "weakref.WeakSet[torch.cuda.CUDAGraph]" = weakref.WeakSet()
 def release_captured_graphs() -> None:
     """Free every CUDA graph this process captured (they cannot be replayed after). NCCL's communicator
     destroy waits forever on graphs that captured its collectives (pytorch/pytorch#115388): a TP-2 engine on
-    two H100s never exited (session 34). Every leave() of the process group runs it first."""
+    two H100s never exited. Every leave() of the process group runs it first."""
     graphs = list(_captured)
     if graphs and torch.cuda.is_initialized():
         torch.cuda.synchronize()

@@ -31,7 +31,7 @@ def draw_artifact_weights(artifact: Artifact, rank: int, device: torch.device, s
     config_dir = artifact.member_dir(Path(CONFIG).parent.name)       # config.json, as the build read it
     shapes = recorded_draw_order(metadata)
     if shapes is None:
-        log.info("weights drawn at load: this artifact does not record its draw order (built before session 36), "
+        log.info("weights drawn at load: this artifact does not record its draw order (built by an older atom-build), "
                  "so transformers lists the parameters (seconds of import and a meta model)")
     return draw_weights(config_dir, getattr(torch, m.numerics.dtype), m.quantization.weights,
                         m.numerics.max_model_len, Split.of(m.layout), rank, device, stored, shapes)

@@ -58,7 +58,7 @@ def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_m
     torch.cuda.synchronize()
     # Cached free blocks (the load's, the draw's) are given back first: the capture could reuse them (the pool
     # measured too small) or the allocator could release them under memory pressure mid-capture (a GPU shared
-    # with another process), making the difference negative (seen on a shared H100, session 34).
+    # with another process), making the difference negative (seen on a shared H100).
     torch.cuda.empty_cache()
     before = torch.cuda.memory_reserved()
     graphs = DecodeGraphs(decode, kv_cache, tuple(sizes), -(-max_model_len // block_size))

@@ -130,7 +130,7 @@ class ClosedCore:
 def release_device_memory() -> None:
     """Free what the closed engine held on the GPU: its objects (reference cycles included) and the blocks
     torch's allocator keeps cached for reuse, which other engines and processes would otherwise see as used
-    (a second engine in one process found 29 of 150 GB free on an H200, session 35). The start froze its heap
+    (a second engine in one process found 29 of 150 GB free on an H200). The start froze its heap
     (startup.freeze_startup_heap): unfrozen first, or the collection would not see the engine's cycles."""
     gc.unfreeze()
     restore_full_collections()

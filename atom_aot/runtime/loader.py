@@ -147,7 +147,7 @@ def _weights_reader(artifact: Artifact, rank: int, device: torch.device,
 
     The weight members are checked here rather than in load_artifact's verify: on a GPU beside the upload.
     Rank 0 checks every rank's file (a damaged one is refused by the rank whose error the user reads),
-    the other ranks their own; a -tp 2 start hashed 16 GB on each rank before (1.65 s, session 36)."""
+    the other ranks their own; a -tp 2 start hashed 16 GB on each rank before (1.65 s)."""
     own, every = artifact.manifest.layout.weights_member(rank), artifact.manifest.layout.weight_members()
     check = partial(artifact.verify, only=every, threads=len(every)) if rank == 0 else \
         partial(artifact.verify, only=[own])

@@ -1,13 +1,13 @@
 """A rank's load beside its join: the artifact's weights go up to the device while the ranks meet.
 
 Why: a tensor-parallel start was two waits in a row. Meeting the other ranks (the process group, NCCL's
-communicators, the all-reduce's peer memory) took 3.85 s at -tp 2 and 5.05 s at -tp 4 on H200s (session 39),
+communicators, the all-reduce's peer memory) took 3.85 s at -tp 2 and 5.05 s at -tp 4 on H200s,
 and only then did each rank upload its weights (1.9 s for Llama-3.1-8B at -tp 2). The load needs nothing from
 the other ranks: the compiled model's peer table is refilled in place when the group registers
 (distributed/collectives.py), and the KV cache is sized after both, so the two overlap.
 
 The join stays on the calling (main) thread and the load runs in a thread made current on the rank's device:
-meeting from a thread was tried in session 36 and one CPU CI run hung there (docs/parallelism.md).
+meeting from a thread was tried once and one CPU CI run hung there (docs/parallelism.md).
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from typing import Callable, Generic, TypeVar
 
 import torch
 
-# The A/B switch for this module: beside (default) | after-join (no overlap). On four H200s at -tp 4 (session 41,
-# Llama-3.1-8B, two starts each) beside reached the first token in 6.1-7.1 s, after-join in 8.2-8.6 s; the load on a
+# The A/B switch for this module: beside (default) | after-join (no overlap). On four H200s at -tp 4
+# (Llama-3.1-8B, two starts each) beside reached the first token in 6.1-7.1 s, after-join in 8.2-8.6 s; the load on a
 # CUDA stream of its own instead of the thread's default one was tried there too and gained nothing (6.8-7.7 s).
 ORDER_VARIABLE = "ATOM_RANK_LOAD"
 ORDERS = ("beside", "after-join")

@@ -3,7 +3,7 @@
 
 A new interpreter imports torch again before it can meet rank 0 (1-2 s with bytecode cached, 3.5-6 s in
 images that ship none, docs/gpu.md), and the engine's start waits on it: Llama-3.1-8B at -tp 2 on two H100s
-took 13.5-14.8 s to its first token against 7.1-8.6 s for one rank (session 34). A forked rank starts with
+took 13.5-14.8 s to its first token against 7.1-8.6 s for one rank (two H100s). A forked rank starts with
 everything rank 0 has imported. A fork is safe only while this process has no CUDA context and runs one
 thread (and has never run a process group, whose native threads outlive it), so on GPU machines ranks are
 forked when all of that holds and spawned otherwise. CPU ranks are spawned:

@@ -58,7 +58,7 @@ def kv_block_count(loaded: LoadedArtifact, config: RuntimeConfig, draft: LoadedA
         budget = config.kv_cache_memory_bytes or DEFAULT_CPU_KV_BYTES
         return max(0, budget // per_block)
     # Blocks the allocator caches from the load's temporaries are free for the KV cache too: 2.6 GiB of Llama-3.1-8B's
-    # load (session 44), which counted as in use shortened its pool by 1,381 blocks.
+    # load, which counted as in use shortened its pool by 1,381 blocks.
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(loaded.device)
     used = total - free
@@ -224,7 +224,7 @@ def load_and_start(artifact_path, config: RuntimeConfig,
 
     `beside`: work for a thread beside the load (the offline engine's tokenizer), started once the ranks this
     process forks are forked: a thread running before then makes them new interpreters (rank_processes.py),
-    seconds slower to start (every -tp 2 start measured in session 35 was)."""
+    seconds slower to start (every -tp 2 start measured on GPUs was)."""
     TRITON.install()       # every load counts Triton JIT compilations (the runtime must do none)
     warn_if_torch_uncached()
     set_torch_threads(config.num_threads)
@@ -270,7 +270,7 @@ def load_and_start(artifact_path, config: RuntimeConfig,
 def freeze_startup_heap() -> None:
     """Move every object the start made out of the cyclic collector's view (gc.freeze), as vLLM does: the
     collections of the oldest generation that the step loop's garbage triggers then scan only what was made since.
-    Tracing Llama-3.1-8B's throughput run on an H100 (session 44) found 0.20 s of such pauses in 18.8 s, 0.06 s
+    Tracing Llama-3.1-8B's throughput run on an H100 found 0.20 s of such pauses in 18.8 s, 0.06 s
     with the heap frozen. Without a collection first (a full one took ~0.1 s on this repo's 2-core CPU machine with
     the engine's modules imported, and would sit on the first token's path): what the start left in reference
     cycles stays until the engine closes (release_device_memory unfreezes)."""
@@ -292,7 +292,7 @@ class _FullCollections:
 def space_out_full_collections() -> None:
     """Make Python's full (generation-2) collections 100x rarer while the engine runs: each walks every object made
     since the start and stalls the step loop, and the device idles once the one step queued ahead has run.
-    Llama-3.1-8B FP8, 1000 prompts x 1000 in / 1000 out on an H100 (session 47, scripts/trace_run.py): 25 full
+    Llama-3.1-8B FP8, 1000 prompts x 1000 in / 1000 out on an H100 (scripts/trace_run.py): 25 full
     collections of 46 ms each (1.15 s of 83.7 s), the run 0.76 s shorter with the collector off (12,064 against
     11,955 tok/s; through sbs.py 12,067 against 11,795-11,877); with this setting, a 2-layer cut of that model on an
     H100 ran no full collection instead of 22 (62,336 against 54,757 tok/s). Young collections (0.15-0.4 ms) run

@@ -25,7 +25,7 @@ SENT = tuple(name for name in StepInputs._fields if name != "kv_cache")
 HEADER_LEN = 6
 # Each input starts at a multiple of 8 int64 elements (64 bytes) of the packed tensor: the receiving ranks'
 # inputs are views of it, and a compiled package copies any input less aligned than it was compiled for (16
-# bytes) on every call ("Input 7 was compiled as 16-bytes aligned ..." on rank 1, H100 x2, session 34).
+# bytes) on every call ("Input 7 was compiled as 16-bytes aligned ..." on rank 1, two H100s).
 ALIGN_ELEMENTS = 8
 
 

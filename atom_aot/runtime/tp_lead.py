@@ -172,7 +172,7 @@ class LeadRank:
     def abort(self) -> None:
         """End a start that failed on this rank. The other ranks may be anywhere in their own start (loading,
         agreeing on the KV cache, capturing graphs), not waiting for a step, so a stop message would meet a
-        different collective and wait forever (seen on GPUs, session 35: rank 0 ran out of memory for its
+        different collective and wait forever (seen on GPUs: rank 0 ran out of memory for its
         KV cache and hung telling rank 1 to stop). The ranks started here are killed instead; ranks started
         elsewhere see their next collective with this rank fail when it leaves."""
         if self._closing:

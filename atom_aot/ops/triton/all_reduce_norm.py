@@ -108,7 +108,7 @@ def _one_shot_pair(table_ptr, residual_ptr, weight, out_ptr, residual_out_ptr, s
     """This program's rows i and i + 1, one-shot: both rows' peer loads go out before either row's norm reduces.
     A row at a time, each program's rows were a chain of remote round trips, each waiting for the last row's
     reduction: 27 us per call at 256 rows (4 per program) on four H200s, where the bytes take a fraction of that
-    (session 41)."""
+    (four H200s)."""
     dtype = out_ptr.dtype.element_ty
     row = program + i * programs
     mask, next_mask = inside & (row < n_rows), inside & (row + programs < n_rows)

@@ -225,7 +225,7 @@ def sort_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tens
 
     A counting sort, one program per expert reading every id (E + 1 programs over T*k ints, from L2): torch's
     stable sort (a radix sort) and searchsorted took 22 us per layer at 256 tokens x 8 of 128 experts (Qwen3-30B-A3B
-    at -tp 2, four H200s, session 41's profile)."""
+    at -tp 2, four H200s, profiled)."""
     flat = topk_ids.flatten()
     order = torch.empty(flat.numel(), dtype=torch.int32, device=flat.device)
     offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=flat.device)
@@ -296,8 +296,8 @@ def combine_slots(per_slot: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tenso
 
     Written as k adds, not one sum over the slot axis: Inductor compiles the adds into one pointwise kernel whose k
     loads each run along the hidden axis, where it compiled the sum as a reduction over the strided slot axis, read
-    across the rows: 41 us per layer at 256 tokens x 8 slots x 2048 (Qwen3-30B-A3B at -tp 2, four H200s, session
-    41's profile), a tenth of that step's GPU time, for 9 MB moved; 3.6 us written this way (session 42)."""
+    across the rows: 41 us per layer at 256 tokens x 8 slots x 2048 (Qwen3-30B-A3B at -tp 2, four H200s,
+    profiled), a tenth of that step's GPU time, for 9 MB moved; 3.6 us written this way."""
     total = None
     for slot in range(topk_ids.shape[1]):
         term = torch.where((topk_ids[:, slot] >= 0).unsqueeze(-1), per_slot[:, slot].float(), 0.0)

@@ -47,7 +47,7 @@ class MLADecodeConfig:
 # r = 512 wide, so key tiles stay small; candidates differ in heads per program and the split policy.
 # More heads per program read each latent tile fewer times (DeepSeek-V3's 128 heads: 8 reads at 16, 2 at
 # 64) and give the MMA a taller tile; at batch 256 the 16-head configs ran at ~1 ms per layer on an H200
-# (session 37's profile: far from both the KV-read and the compute bound). A config the GPU cannot launch
+# (profiled on an H200: far from both the KV-read and the compute bound). A config the GPU cannot launch
 # (registers, shared memory) is skipped by the build.
 CANDIDATE_CONFIGS = (
     MLADecodeConfig(16, 32, 4, 2, 512, 32),

@@ -6,7 +6,7 @@
   weights, renormalized, scaled.
 
 Why kernels: torch's top-k is a sort (a radix select and a bitonic sort per row block: 13 us per layer of a
-Qwen3-30B-A3B decode step at 256 tokens on an H200, session 41's profile, for a [256, 128] input) beside separate
+Qwen3-30B-A3B decode step at 256 tokens on an H200, profiled, for a [256, 128] input) beside separate
 softmax, sum and divide kernels (4 us more); DeepSeek's router is three top-ks, a scatter, masks and a gather. One program per
 token holds its row in registers and takes the largest entries one at a time (the lowest index among equal ones),
 writing them in descending order.

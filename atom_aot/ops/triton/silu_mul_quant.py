@@ -15,7 +15,7 @@ F.silu(gate) * up is, then quantized as quantize_activations does (amax / 448, f
 the eager reference is the check on either device. The scale's division is Triton's by a constant: on an H100
 it equals CUDA eager's amax / 448, which torch computes as amax times the fp32 reciprocal of 448 (a CPU
 scalar divisor); the interpreter divides as CPU eager does. An IEEE division there (div_rn) differed from
-CUDA eager by an ulp on some rows, enough to flip q's rounding (H100, session 47).
+CUDA eager by an ulp on some rows, enough to flip q's rounding (seen on an H100).
 """
 from __future__ import annotations
 
