@@ -1,5 +1,5 @@
-"""Model resolution: turn `--model` (an HF folder, a GGUF file, or nothing for the embedded
-default) into one interface the rest of the build reads."""
+"""Model resolution: turn `--model` (an HF folder, a GGUF file, a Hub id, or nothing for the
+default model) into one interface the rest of the build reads."""
 from __future__ import annotations
 
 import json
@@ -13,6 +13,7 @@ import torch
 import xxhash
 
 from atom_aot.artifact.build_options import random_weights
+from atom_aot.build.hub import parse_hub_id, snapshot_folder
 
 log = logging.getLogger("atom_aot")
 
@@ -68,6 +69,8 @@ def resolve_model(model: str | None, load_format: str = "auto", draw_device: str
     if model is None:
         from atom_aot.build.default_model import default_model_path
         model = default_model_path()
+    if (hub_id := parse_hub_id(model)) is not None:
+        return _named(_hf_folder_source(snapshot_folder(hub_id)), hub_id.name)
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return _gguf_source(path)
@@ -77,20 +80,27 @@ def resolve_model(model: str | None, load_format: str = "auto", draw_device: str
         return _gguf_source(ggufs[0])
     raise FileNotFoundError(
         f"--model {model!r} is neither a Hugging Face model folder (with config.json and *.safetensors) "
-        f"nor a .gguf file. Models are never downloaded at run time: pass a local path, or omit --model "
-        f"for the embedded default (SmolLM2-135M-Instruct).")
+        f"nor a .gguf file nor a Hugging Face Hub id (ORG/NAME[@REVISION]): pass a local path or an id, or omit "
+        f"--model for the default model (SmolLM2-135M-Instruct).")
+
+
+def _named(source: ModelSource, name: str) -> ModelSource:
+    """A snapshot folder is named after a commit hash: the artifact is named after the repo instead."""
+    source.name = name
+    return source
 
 
 def _dummy_source(model: str | None, load_format: str, draw_device: str | None) -> ModelSource:
     from atom_aot.build.dummy import config_dtype, default_device, random_tensors
-    path = Path(model).expanduser() if model else None
+    hub_id = parse_hub_id(model) if model else None
+    path = snapshot_folder(hub_id, weights=False) if hub_id else Path(model).expanduser() if model else None
     if path is None or not (path / "config.json").is_file():
         raise FileNotFoundError(f"--load-format {load_format} needs --model to be a folder with config.json and a "
                                 f"tokenizer (its weights, if any, are not read); got {model!r}")
     config, generation = _configs(path)
     device = draw_device or default_device()
     tokenizer_files, save_tokenizer = _tokenizer(path)
-    return DummySource(path.name, path, config, generation, [],
+    return DummySource(hub_id.name if hub_id else path.name, path, config, generation, [],
                        lambda: random_tensors(path, config_dtype(config), device=device), save_tokenizer,
                        tokenizer_files, device=device)
 
