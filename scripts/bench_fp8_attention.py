@@ -9,7 +9,7 @@ capped at 128 (maxnreg, which an eager launch can pass and an exported graph can
 bounds the kernel). Each runs the build's decode candidates plus narrower / deeper tiles. Achieved bandwidth
 counts the cache bytes a step must read (every sequence's K and V at its context), against this run's copy
 bandwidth. Each variant's error against a float64 reference on one batch is recorded first. Session 45 also ran value pages stored key-minor and both dots
-in e4m3 through this script (commit 48256d9; docs/benchmarks/h100-s45-fp8-attention-layouts-e4m3.json).
+in e4m3 through this script (commit 48256d9; docs/benchmarks/h100-fp8-attention-layouts-e4m3-2026-11-26.json).
 """
 from __future__ import annotations
 

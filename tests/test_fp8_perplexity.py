@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct with FP8 weights (W8A8) and an FP8 KV cache (calibrated scales) against
 float32, by perplexity on the first 160 tokens of a fixed text (atom_aot/bench/perplexity.py); the
 full text and more configs: scripts/cpu_smollm2_fp8_perplexity.py ->
-docs/benchmarks/cpu-smollm2-fp8-perplexity.json.
+docs/benchmarks/cpu-smollm2-fp8-perplexity-2026-11-23.json.
 
 The issue's target is 2%; measured on the full text it is +4.4% (FP8 weights alone, even widened to
 float32 before the GEMM, already cost +2.2% on this 135M model; the KV cache +0.3%). The bound

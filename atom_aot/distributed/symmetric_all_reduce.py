@@ -39,7 +39,7 @@ KIB, MIB = 1 << 10, 1 << 20
 # Bounds by world size (bytes): one-shot up to the first, two-shot up to the second, NCCL above. One-shot
 # reads W-1 peer copies and two-shot 2(W-1)/W of one, so two-shot takes over as messages grow. 2 and 4 ranks:
 # where each path was fastest in CUDA graphs on four H200s joined by NV18 NVLink
-# (docs/benchmarks/h200x4-collectives.json; `tp_two_gpus.py plan` reads a table into these bounds);
+# (docs/benchmarks/h200x4-collectives-2026-11-26.json; `tp_two_gpus.py plan` reads a table into these bounds);
 # 8 ranks: not measured, the 4-rank bounds halved for one-shot.
 DEFAULT_BOUNDS = {2: (1 * MIB, 32 * MIB), 4: (256 * KIB, 8 * MIB), 8: (128 * KIB, 8 * MIB)}
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -22,7 +22,7 @@ Page ids ahead (PREFETCH_PAGES; the op sets it for configs of 3+ stages): in the
 reads the block table's entries for the NEXT key block and uses the ones the previous iteration read, so its cache
 reads never wait on a table read; Triton's pipeliner then also keeps num_stages - 1 key blocks in flight (without
 it the stages go to the table-then-cache indirection and one block is in flight). Measured on an H100
-(docs/benchmarks/h100-s45-attention-prefetch.json), best config each: fp8 decode at batch 64-256 4.6-6.1% faster,
+(docs/benchmarks/h100-attention-prefetch-2026-11-26.json), best config each: fp8 decode at batch 64-256 4.6-6.1% faster,
 bf16 prefill 5-10% faster, bf16 decode unchanged; fp8 prefill 1-3% slower at 2 stages, hence the tie to stages.
 
 An fp8 cache's scales (KV_SCALED) cost nothing in the loop: keys are widened in registers and

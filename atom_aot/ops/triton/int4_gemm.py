@@ -4,7 +4,7 @@ The packed weight is read as bytes and widened in registers without a single int
 instruction. The first form of this kernel converted each nibble to float32, then to bf16: two
 conversions per value at an SM's 16 a clock, which bounds it at ~1 TB/s of int4 bytes on an H100; it
 ran at 0.87 (gate_up at M = 1) and was 1.5-10x slower than bf16 cuBLAS
-(docs/benchmarks/h100-s48-int4-int8-gemm.json). Instead each nibble q is OR-ed into the mantissa of a
+(docs/benchmarks/h100-int4-int8-gemm-2026-11-27.json). Instead each nibble q is OR-ed into the mantissa of a
 constant BIAS (128 in bf16 and float32, 1024 in fp16, whose ulp there is 1), so the bit pattern read
 as a float *is* BIAS + q, exactly (`biased_nibbles`). The zero point and the bias come off after the
 dot, once per output instead of once per weight value:

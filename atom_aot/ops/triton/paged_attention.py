@@ -56,9 +56,9 @@ CANDIDATE_CONFIGS = {
         AttentionConfig(16, 64, 4, 2, 1024, 32),
         AttentionConfig(16, 64, 4, 2, 1024, 64),
         AttentionConfig(16, 128, 4, 2, 512, 16),
-        AttentionConfig(16, 128, 4, 4, 512, 16),    # long contexts in bf16 (docs/benchmarks/h100-fp8-kv-decode-attention.json)
+        AttentionConfig(16, 128, 4, 4, 512, 16),    # long contexts in bf16 (docs/benchmarks/h100-fp8-kv-decode-attention-2026-11-25.json)
         AttentionConfig(16, 32, 2, 3, 512, 32),
-        AttentionConfig(16, 128, 4, 3, 512, 16),    # fp8: two key blocks in flight (docs/benchmarks/h100-s45-*.json)
+        AttentionConfig(16, 128, 4, 3, 512, 16),    # fp8: two key blocks in flight (docs/benchmarks/h100-*attention*-2026-11-26.json)
         AttentionConfig(16, 32, 4, 4, 512, 16),     # fp8: three small ones
     ),
 }
@@ -140,7 +140,7 @@ def reads_page_ids_ahead(num_stages: int) -> bool:
 
     The read-ahead is what lets a third stage pipeline (without it Triton spends the stages on the table-then-cache
     indirection and keeps one key block in flight), and it slowed fp8 prefill tiles at 2 stages by 1-3% (H100,
-    docs/benchmarks/h100-s45-attention-prefetch.json); tying it to the stages lets the build's measurement choose
+    docs/benchmarks/h100-attention-prefetch-2026-11-26.json); tying it to the stages lets the build's measurement choose
     per phase, with the launch configs' fields unchanged."""
     return num_stages >= 3
 

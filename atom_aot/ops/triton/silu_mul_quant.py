@@ -5,7 +5,7 @@
 What Inductor makes of the same torch code (ops/fp8.quantize_activations after F.silu(gate) * up) is a
 looped row reduction for the amax and a second kernel for the quantization, each reading the row of
 gate and up from memory (rows of 14336 are past its persistent-reduction size): 20.9 us per layer at
-256 tokens and 316 us at 8192 on an H100 for Llama-3.1-8B (docs/benchmarks/h100-s45-silu-mul-quant.json),
+256 tokens and 316 us at 8192 on an H100 for Llama-3.1-8B (docs/benchmarks/h100-silu-mul-quant-2026-11-26.json),
 about 11% of a prefill step. Here one program holds a whole row in registers (BLOCK_N = next power of
 two of N, num_warps spreading it), so gate and up are read once and q written once: 13.6 us at 256 tokens
 and 251 us at 8192 on an H100 (docs/kernels.md).

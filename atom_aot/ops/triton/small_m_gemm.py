@@ -31,7 +31,7 @@ from atom_aot.ops.triton._common import check_last_dim_contiguous
 # (block_n, block_k, split_k, num_warps, num_stages): what the build measures at decode sizes.
 # BLOCK_M is fixed at 16, the MMA's narrow side (the kernel serves M up to its caller's bound).
 BLOCK_M = 16
-CANDIDATE_CONFIGS = (        # the spread measured on an H100 (docs/benchmarks/h100-fp8-decode-gemm.json), best first
+CANDIDATE_CONFIGS = (        # the spread measured on an H100 (docs/benchmarks/h100-fp8-decode-gemm-2026-11-25.json), best first
     (64, 256, 1, 4, 6),
     (64, 256, 1, 4, 4),
     (64, 256, 2, 4, 4),
