@@ -1,6 +1,6 @@
 """The torch profiler on demand, for the offline engine (`LLMEngine.start_profile()`) and the
 server's engine process (`/start_profile`): one trace per start/stop, written gzipped to
-`<dir>/rank_<r>/` (open with Perfetto or chrome://tracing, or `scripts/analyze_trace.py`).
+`<dir>/rank_0/` by the engine process; tensor-parallel workers are not profiled (open with Perfetto or chrome://tracing, or `scripts/analyze_trace.py`).
 
 `more=True` (ATOM's `ATOM_PROFILER_MORE=1`) also records shapes, Python stacks and memory.
 """

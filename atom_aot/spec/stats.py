@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class SpecCounters:
-    method: str                     # the proposer: ngram, draft (mtp once it exists)
+    method: str                     # the proposer: mtp, ngram or draft
     num_speculative_tokens: int     # K
     num_verified: int = 0           # sequence-steps verified: each emitted 1 + its accepted drafts
     proposed: list[int] = field(default_factory=list)   # [K] drafts proposed at position i

@@ -2,7 +2,7 @@
 atom_aot/ops/sampling.py) without sorting the vocabulary.
 
 Why: top-p sorted the whole vocabulary every step (a [N, 151936] sort for Qwen3), which cost 22% of a
-Qwen3-0.6B batch-256 workload's throughput on an H100 against greedy (docs/gpu.md). A first kernel with one
+Qwen3-0.6B batch-256 workload's throughput on an H100 against greedy (docs/performance.md). A first kernel with one
 program per row was latency-bound (each program looped over 152k logits per pass; 256 rows on 132 SMs).
 
 How: the k-th largest logit is the largest value v with at least k logits >= v; the nucleus threshold is the
