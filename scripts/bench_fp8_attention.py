@@ -4,12 +4,12 @@ config reach the memory bound at large batch; with --prefill, prefill steps firs
     PYTHONPATH=. python scripts/bench_fp8_attention.py --out $OUT/fp8_attention.json    # H100, ~5 min
 
 Variants: bf16 and fp8 caches (fp8 with fp16 dots), each with and without the page ids read one iteration ahead
-(PREFETCH_PAGES; since session 45 the op reads ahead for configs of 3+ stages), and fp8 with ptxas' registers
+(PREFETCH_PAGES; the op reads ahead for configs of 3+ stages), and fp8 with ptxas' registers
 capped at 128 (maxnreg, which an eager launch can pass and an exported graph cannot: it tests whether residency
 bounds the kernel). Each runs the build's decode candidates plus narrower / deeper tiles. Achieved bandwidth
 counts the cache bytes a step must read (every sequence's K and V at its context), against this run's copy
-bandwidth. Each variant's error against a float64 reference on one batch is recorded first. Session 45 also ran value pages stored key-minor and both dots
-in e4m3 through this script (commit 48256d9; docs/benchmarks/h100-fp8-attention-layouts-e4m3-2026-11-26.json).
+bandwidth. Each variant's error against a float64 reference on one batch is recorded first. Value pages stored key-minor and both dots
+in e4m3 were measured through this script too (docs/benchmarks/h100-fp8-attention-layouts-e4m3-2026-11-26.json).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Host (CPU) cost of a large-batch decode step's own work (issue 15), without a model or a GPU.
+"""Host (CPU) cost of a large-batch decode step's own work, without a model or a GPU.
 
 Two measurements, one JSON:
   prepare_inputs     B sequences of I prompt tokens decoding through the real scheduler and block

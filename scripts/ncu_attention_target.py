@@ -1,8 +1,10 @@
-"""One decode-attention launch sequence for Nsight Compute to profile (scripts/gpu/s45_b_ncu.sh): a random
-Llama-3.1-8B-shaped paged batch (32 q heads, 8 kv heads, D 128, block 16) at batch x context, the cache in
-bf16 or fp8 (fp16 dots), one config, three launches (ncu profiles the last: --launch-skip 2).
+"""One decode-attention launch sequence for Nsight Compute to profile: a random Llama-3.1-8B-shaped paged
+batch (32 q heads, 8 kv heads, D 128, block 16) at batch x context, the cache in bf16 or fp8
+(fp16 dots), one config, three launches (ncu profiles the last: --launch-skip 2).
 
     python3 scripts/ncu_attention_target.py fp8 16,128,4,2,512,16 [--batch 256 --context 1024] [--maxnreg 128]
+    ncu --clock-control none --kernel-name regex:paged_attention_kernel --launch-skip 2 --launch-count 1 \
+        --set full -o REPORT python3 scripts/ncu_attention_target.py fp8 CONFIG
 """
 from __future__ import annotations
 

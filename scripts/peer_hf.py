@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """The Hugging Face transformers peer: the serving benchmark's random workload, run by
-transformers on the same machine, so ours/peer ratios come from one session.
+transformers on the same machine, so ours/peer ratios come from one machine.
 
     python scripts/peer_hf.py --model MODEL --device cuda --num-prompts 64 \
         --random-input-len 1024 --random-output-len 128 --seed 0 --out peer.json \

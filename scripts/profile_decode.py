@@ -1,4 +1,4 @@
-"""Where a large-batch decode step goes (issue 15, step 1): measure before changing.
+"""Where a large-batch decode step goes: measure before changing.
 
 Three measurements in one run, written to one JSON:
   step     the engine at batch B (B prompts of I random tokens, all decoding): wall time per step and

@@ -1,6 +1,6 @@
 """Where a prefill-only run goes: GPU time per kernel over N prompts of L tokens, one new token each.
 
-Issue 19: at 256 x 1024 prompts, prefill took 4.37 s against vLLM FP8's 4.00 s (sbs.py --output-len 1, one H100)
+Why: at 256 x 1024 prompts, prefill took 4.37 s against vLLM FP8's 4.00 s (sbs.py --output-len 1, one H100)
 while our decode step was faster; this names the kernels of the prefill steps (same categories as
 profile_decode.py). The wall time and tokens/s are of a whole run; the kernel table is what torch.profiler
 kept of the profiled run, which on the H100 (torch 2.11) was its last step only, acc_events or not: read it

@@ -136,6 +136,7 @@ def memory(engine, config) -> dict:
     from atom_aot.runtime.kv_cache import bytes_per_block
     from atom_aot.runtime.startup import activation_bound, activation_reserve
     loaded = engine.loaded
+    config = config.for_target(loaded.manifest.target.arch)      # the step budget the engine ran with
     per_block = bytes_per_block(loaded.rank_config, loaded.block_size, loaded.kv_dtype)
     reserve, bound = activation_reserve(loaded, config), activation_bound(loaded, config)
     step_memory = loaded.graph_plan.step_memory

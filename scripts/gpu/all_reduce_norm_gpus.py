@@ -1,5 +1,5 @@
 """The fused all-reduce + residual add + RMSNorm (ops/triton/all_reduce_norm.py) on GPUs of one host, one process
-per GPU (issue 23: the tensor-parallel decode step's all-reduces):
+per GPU (the tensor-parallel decode step's all-reduces):
 
   python scripts/gpu/all_reduce_norm_gpus.py --world 2 --out FILE.json
 

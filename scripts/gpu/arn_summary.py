@@ -1,4 +1,6 @@
-"""Prints what scripts/gpu/all_reduce_norm_gpus.py wrote, one line per row (a session script's summary)."""
+"""Prints what scripts/gpu/all_reduce_norm_gpus.py wrote, one line per row.
+
+  python scripts/gpu/arn_summary.py FILE.json"""
 import json
 import sys
 

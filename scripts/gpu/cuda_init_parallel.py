@@ -1,5 +1,5 @@
 """How long N processes take to open their CUDA context when they start at once, as a tensor-parallel start's
-ranks do (issue 23: four ranks' `target check + device` took 1.9 s against 0.9 s for two):
+ranks do (four ranks' `target check + device` took 1.9 s against 0.9 s for two):
 
   python scripts/gpu/cuda_init_parallel.py --world 4 --out FILE.json
 

@@ -1,4 +1,4 @@
-"""DeepSeek-V3-shaped checks on a GPU (issue 21): logits against transformers on the same random weights,
+"""DeepSeek-V3-shaped checks on a GPU: logits against transformers on the same random weights,
 greedy speculation with the MTP layer, and the batch-1 roofline of the active weight bytes.
 
   python scripts/gpu/deepseek_gpu.py folder --layers 5 --experts 32 --mtp 1 --out DIR [--tokenizer TOK] [--weights]

@@ -7,7 +7,7 @@ Rows 1 / 64 / 256 of Qwen3's 151,936-entry vocabulary and Llama-3's 128,256, log
 tokens likely, a long tail), top-p 0.95 alone and with top-k 50 + min-p 0.05; thresholds compared first (`equal`,
 and `rows_differing`: how many rows' thresholds differ, 0 when equal). Times: medians in ms of each call captured
 in a CUDA graph and replayed (atom_aot/ops/triton/timing.py `measure_ms`): the GPU's time, not Python's cost of
-launching the split kernel's 17 launches, which the artifact's compiled package does not pay either (session 43's
+launching the split kernel's 17 launches, which the artifact's compiled package does not pay either (a
 first run of the split kernel timed those; `kernel_threshold_python_launch_ms` keeps that figure). The kernel is
 JIT-compiled here (a bench, not the runtime).
 """

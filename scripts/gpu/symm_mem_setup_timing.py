@@ -1,5 +1,5 @@
-"""Where the seconds of mapping peer memory go (issue 23: `join: peer memory: buffers mapped` took 1.9-3.0 s on
-two and four H200s in session 42, with nothing loading beside it in the kernel bench):
+"""Where the seconds of mapping peer memory go (`join: peer memory: buffers mapped` took 1.9-3.0 s on
+two and four H200s, with nothing loading beside it in the kernel bench):
 
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
       python scripts/gpu/symm_mem_setup_timing.py --world 2 --out F.json

@@ -1,4 +1,4 @@
-"""Tensor parallelism on a machine of several GPUs (issue 23): what one GPU could not show.
+"""Tensor parallelism on a machine of several GPUs: what one GPU could not show.
 
   python scripts/gpu/tp_two_gpus.py collectives --out FILE.json      # NCCL vs symmetric-memory all-reduce
   python scripts/gpu/tp_two_gpus.py tiny --out FILE.json             # greedy TP-2 == TP-1, tiny fp32 models
@@ -12,8 +12,8 @@ view of one preallocated buffer (P2P loads, no NVLink multicast; ATOM_BENCH_SYMM
 bus bandwidth on 1 GiB, the reference the issue names. Rank 0 writes the table row by row.
 tiny: tiny fp32 Llama (weights only, eager) and Qwen3 (AOTInductor-compiled, CUDA graphs) built for this GPU at
 -tp 1, -tp 2 and (with 4 GPUs) -tp 4, side by side in processes of their own; greedy tokens of 8 prompts compared
-with -tp 1's; each engine in a fresh process, or with --same-process one after another in this one (session 35's
-faults: close, rejoin). The JSON is written after every engine.
+with -tp 1's; each engine in a fresh process, or with --same-process one after another in this one (what
+LLMEngine.close and a rejoin must allow). The JSON is written after every engine.
 logits: first-token log-probabilities (top 20) and 32 greedy tokens of the same prompts from two artifacts
 of the same random weights (a -tp 1 and a -tp 2 build of one folder with --load-format dummy).
 """
@@ -202,7 +202,7 @@ def _in_fresh_process(fn, *args):
 def tiny(out: dict, models: int, same_process: bool, save) -> None:
     """same_process: the engines run one after another in this process (what LLMEngine.close must allow; the
     free memory after each close is recorded), else each in a fresh process. `save()` writes `out` after every
-    engine, so a run cut short by its time limit keeps what it finished (session 36 lost a whole one)."""
+    engine, so a run cut short by its time limit keeps what it finished."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
     from factories import make_tiny_model
     import multiprocessing

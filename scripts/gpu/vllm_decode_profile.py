@@ -1,5 +1,5 @@
 """vLLM's batch-256 decode step, kernel by kernel, on the workload our side-by-side runs use: where its step is
-shorter than ours (issue 15: Llama-3.1-8B's decode attention read ~35 GB at 2.88 TB/s in ours, vLLM's was never
+shorter than ours (Llama-3.1-8B's decode attention read ~35 GB at 2.88 TB/s in ours, vLLM's was never
 profiled).
 
   PYTHONPATH=/tmp/vsite python3 scripts/gpu/vllm_decode_profile.py --model /tmp/m/llama-3.1-8b --out $OUT/vllm-step.json

@@ -1,0 +1,155 @@
+"""A scenario as a list of steps (model folder, artifact, one measuring process per engine), printed by
+--dry-run or run in order; each engine's figures come back as JSON and go into one result file."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from atom_aot.bench.gpu.scenarios import Scenario
+
+REPO = Path(__file__).resolve().parents[3]
+REPO_CONFIGS = REPO / "scripts" / "gpu" / "configs"
+VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+
+
+class SetupError(RuntimeError):
+    """A run that cannot start: a missing config, tokenizer or vLLM; said in words, no traceback."""
+
+
+@dataclass(frozen=True)
+class Step:
+    label: str
+    argv: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    action: Callable[[], None] | None = field(default=None, compare=False)
+    skip_if: Path | None = None          # already there: reused
+
+    def shell(self) -> str:
+        import shlex
+        if self.action is not None:
+            return f"# {self.label} (in the runner)"
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env)
+        return (env + " " if env else "") + shlex.join(self.argv)
+
+
+@dataclass(frozen=True)
+class Paths:
+    assets: Path            # configs/NAME.json and tokenizers/NAME/
+    work: Path              # model folders, artifacts, each engine's JSON and log
+    vllm_path: Path | None  # a folder holding vLLM (PYTHONPATH), e.g. the staged bundle's /tmp/vsite
+
+    def config(self, name: str) -> Path:
+        for folder in (self.assets / "configs", REPO_CONFIGS):
+            if (folder / f"{name}.json").is_file():
+                return folder / f"{name}.json"
+        raise SetupError(f"no config {name}.json in {self.assets / 'configs'} or {REPO_CONFIGS} "
+                         "(--assets names the folder holding configs/ and tokenizers/)")
+
+    def tokenizer(self, name: str) -> Path:
+        path = self.assets / "tokenizers" / name
+        if not (path / "tokenizer.json").is_file():
+            raise SetupError(f"no tokenizer at {path} (--assets names the folder holding configs/ and tokenizers/)")
+        return path
+
+
+def model_dir(s: Scenario, paths: Paths) -> Path:
+    return paths.work / "models" / f"{s.model.name}-{s.model.weights}"
+
+
+def artifact_path(s: Scenario, paths: Paths) -> Path:
+    flags = "".join(f.strip("-") for f in s.build_flags)
+    return paths.work / "artifacts" / f"{s.model.name}-{s.model.weights}{'-' + flags if flags else ''}.atom"
+
+
+def run_dir(s: Scenario, paths: Paths) -> Path:
+    return paths.work / "runs" / s.name
+
+
+def config_folder(config: Path, tokenizer: Path, overrides: dict, out: Path) -> None:
+    """A config + tokenizer folder: each engine draws the weights (dummy, dummy-at-load)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for f in tokenizer.iterdir():
+        if f.is_file():
+            shutil.copy(f, out / f.name)
+    (out / "config.json").write_text(json.dumps({**json.loads(config.read_text()), **overrides}, indent=1))
+
+
+def model_step(s: Scenario, paths: Paths) -> Step:
+    config, tokenizer, out = paths.config(s.model.config), paths.tokenizer(s.model.tokenizer), model_dir(s, paths)
+    overrides = dict(s.model.overrides)
+    if s.model.weights == "random":
+        argv = (sys.executable, str(REPO / "scripts" / "make_random_model.py"), "--config", str(config),
+                "--tokenizer", str(tokenizer), "--out", str(out), "--device", "cuda",
+                "--override", json.dumps(overrides))
+        return Step("random-weight model folder", argv, (("PYTHONPATH", python_path("ours", paths)),),
+                    skip_if=out / "config.json")
+    return Step(f"config + tokenizer folder {out}", action=lambda: config_folder(config, tokenizer, overrides, out),
+                skip_if=out / "config.json")
+
+
+def build_step(s: Scenario, paths: Paths) -> Step:
+    load = () if s.model.weights == "random" else ("--load-format", s.model.weights)
+    art = artifact_path(s, paths)
+    argv = (sys.executable, "-m", "atom_aot.build.cli", "--model", str(model_dir(s, paths)),
+            "--max-model-len", str(s.max_model_len), "--out", str(art), *s.build_flags, *load)
+    return Step("atom-build", argv, (("PYTHONPATH", python_path("ours", paths)),), skip_if=art)
+
+
+def python_path(engine: str, paths: Paths) -> str:
+    """vLLM's process puts the vLLM folder first; ours keeps its own packages first (the bundle's fastapi,
+    pydantic and uvicorn can serve our server where the image lacks them)."""
+    ours = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p] + [str(REPO)]
+    vllm = [str(paths.vllm_path)] if paths.vllm_path else []
+    return os.pathsep.join(vllm + ours if engine == "vllm" else ours + vllm)
+
+
+def measure_step(engine: str, s: Scenario, paths: Paths) -> Step:
+    out = run_dir(s, paths)
+    argv = [sys.executable, "-m", "atom_aot.bench.gpu.measure", engine, s.name, "--model", str(model_dir(s, paths)),
+            "--work", str(out), "--out", str(out / f"{engine}.json")]
+    if engine == "ours":
+        argv += ["--artifact", str(artifact_path(s, paths))]
+    env = {"PYTHONPATH": python_path(engine, paths), "PYTHONUNBUFFERED": "1", **(VLLM_ENV if engine == "vllm" else {})}
+    return Step(f"measure {engine}", tuple(argv), tuple(env.items()))
+
+
+def plan(s: Scenario, engines: tuple[str, ...], paths: Paths) -> list[Step]:
+    steps = [model_step(s, paths)]
+    if "ours" in engines:
+        steps.append(build_step(s, paths))
+    return steps + [measure_step(engine, s, paths) for engine in engines]
+
+
+def execute(step: Step) -> None:
+    """Runs a preparation step (its output streams through); a failure stops the run with its label."""
+    if step.skip_if is not None and step.skip_if.exists():
+        print(f"[bench.gpu] {step.label}: reusing {step.skip_if}", flush=True)
+        return
+    print(f"[bench.gpu] {step.label}: {step.shell()}", flush=True)
+    if step.action is not None:
+        step.action()
+        return
+    rc = subprocess.run(step.argv, env={**os.environ, **dict(step.env)}).returncode
+    if rc:
+        raise SetupError(f"{step.label} failed (exit code {rc}): {step.shell()}")
+
+
+def measure(step: Step, engine: str, s: Scenario, paths: Paths) -> tuple[dict | None, str | None]:
+    """One engine's measuring process; its output goes to ENGINE.log beside its JSON. (figures, error)."""
+    out = run_dir(s, paths)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{engine}.json").unlink(missing_ok=True)
+    print(f"[bench.gpu] {step.label}: {step.shell()}", flush=True)
+    with open(out / f"{engine}.log", "w") as log:
+        rc = subprocess.run(step.argv, env={**os.environ, **dict(step.env)}, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True).returncode
+    if rc or not (out / f"{engine}.json").exists():
+        tail = (out / f"{engine}.log").read_text()[-4000:]
+        return None, f"exit code {rc}; the log ({out / f'{engine}.log'}) ends:\n{tail}"
+    return json.loads((out / f"{engine}.json").read_text()), None

@@ -1,7 +1,0 @@
-#!/usr/bin/env bash
-# Session 30, call G (vLLM installed by call F): vLLM FP8 at 256 x 1024/512 with batch-1 TPOT.
-export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
-S=$(date +%s); M=/tmp/m/llama-3.1-8b
-PYTHONPATH=/tmp/vsite timeout 300 python3 /tmp/sbs.py vllm --model $M --out $OUT/sbs-vllm-llama-fp8.json \
-  --sections throughput,tpot --engine-kwargs '{"quantization": "fp8", "kv_cache_dtype": "fp8", "load_format": "dummy"}' > $OUT/sbs-vllm-fp8.log 2>&1
-echo "vllm fp8 rc=$? at $(( $(date +%s) - S )) s"; grep -E "output_tok_s|tpot_s\"|init_s|rror" $OUT/sbs-vllm-fp8.log | tail -4
