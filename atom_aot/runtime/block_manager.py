@@ -129,8 +129,7 @@ class BlockManager:
                     self.free_block_ids.move_to_end(block_id, last=False)
         seq.block_table.clear()
         seq.block_hashes.clear()
-        seq.num_computed_tokens = 0
-        seq.num_cached_tokens = 0
+        seq.num_computed_tokens = 0     # num_cached_tokens stays: the request's last output reports it
 
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Register the hashes of blocks that became full of computed tokens whose values are known
