@@ -133,3 +133,17 @@ def test_each_update_keeps_the_tokens_it_had(tokenizer):
     updates = Run(tokenizer, []).feed(tokens, last_reason="length")
     assert [u.token_ids for u in updates] == [tokens[:i + 1] for i in range(len(tokens))]
     assert updates[-1].as_dict()["token_ids"] == tokens and updates[-1].num_tokens_output == len(tokens)
+
+
+def test_stop_strings_are_held_until_min_tokens(tokenizer):
+    """vLLM's rule: a stop string in the text of the first min_tokens tokens does not end the request;
+    one completed after them does."""
+    tokens = ids(tokenizer, TEXT)
+    early = ids(tokenizer, "The quick")
+    processor = OutputProcessor(tokenizer, abort_in_core=lambda ids_: None)
+    processor.add_request("r", PROMPT, SamplingParams(stop_strings=["quick", "lazy"], min_tokens=len(early)))
+    updates = [processor.process([CoreOutput("r", [t], num_prompt_tokens=len(PROMPT))])[0] for t in tokens
+               if processor.has_unfinished()]
+    last = updates[-1]
+    assert last.finish_reason == "stop"
+    assert last.text.startswith("The quick") and last.text.endswith(" the ") and "lazy" not in last.text

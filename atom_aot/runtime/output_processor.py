@@ -53,7 +53,7 @@ AbortInCore = Callable[[list[str]], None]    # request ids a stop string finishe
 
 
 class _RequestState:
-    __slots__ = ("stream", "params", "callback", "text", "emitted", "token_ids", "holdback")
+    __slots__ = ("stream", "params", "callback", "text", "emitted", "token_ids", "holdback", "stops_from")
 
     def __init__(self, stream: ByteStream | WindowStream, params: SamplingParams, callback: StreamCallback | None):
         self.stream = stream
@@ -63,6 +63,7 @@ class _RequestState:
         self.emitted = 0   # characters of text already handed out
         self.token_ids: list[int] = []
         self.holdback = max((len(s) for s in params.stop_strings), default=1) - 1
+        self.stops_from = 0  # where stop strings are looked for: past the text of the first min_tokens tokens
 
 
 class OutputProcessor:
@@ -117,15 +118,18 @@ class OutputProcessor:
             state.token_ids += token_ids
             state.text += state.stream.add(token_ids)
             return len(token_ids), False
+        min_tokens = state.params.min_tokens
         for kept, token in enumerate(token_ids, 1):
             state.token_ids.append(token)
             state.text += state.stream.add([token])
-            if self._match_stop_string(state):
+            if len(state.token_ids) == min_tokens:      # vLLM's rule: no stop string ends the first min_tokens
+                state.stops_from = max(0, len(state.text) - state.holdback)
+            if len(state.token_ids) > min_tokens and self._match_stop_string(state):
                 return kept, True
         return len(token_ids), False
 
     def _match_stop_string(self, state: _RequestState) -> bool:
-        search_from = max(0, state.emitted - state.holdback)
+        search_from = max(state.stops_from, state.emitted - state.holdback)
         hits = [i for i in (state.text.find(s, search_from) for s in state.params.stop_strings) if i >= 0]
         if hits:
             state.text = state.text[:min(hits)]
