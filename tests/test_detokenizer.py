@@ -12,7 +12,7 @@ from factories import SPECIAL, make_tokenizer
 from atom_aot.runtime.detokenizer import BytePieces, ByteStream, Detokenizer, WindowStream
 from atom_aot.runtime.tokenizer import load_tokenizer
 
-SHARED_TOKENIZERS = Path(__file__).resolve().parents[2] / "shared" / "models" / "tokenizers"
+REAL_TOKENIZERS = ("qwen3", "llama3")         # shipped under tests/data/tokenizers
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +22,9 @@ def tiny(tmp_path_factory):
     return load_tokenizer(folder)
 
 
-def real_tokenizers() -> list:
-    return [pytest.param(SHARED_TOKENIZERS / name, id=name) for name in ("qwen3", "llama3")]
+@pytest.fixture(scope="module", params=REAL_TOKENIZERS)
+def real_tokenizer(request, shipped_folder):
+    return load_tokenizer(shipped_folder(f"tokenizers/{request.param}"))
 
 
 def token_ids_of(tokenizer) -> range:
@@ -49,11 +50,8 @@ class TestBytePieces:
         for token_id in token_ids_of(tiny):
             assert pieces.bytes(token_id).decode(errors="replace") == tiny.decode([token_id], skip_special_tokens=skip)
 
-    @pytest.mark.parametrize("folder", real_tokenizers())
-    def test_tokens_of_real_vocabularies(self, folder):
-        if not folder.exists():
-            pytest.skip(f"{folder} is not here")
-        tokenizer = load_tokenizer(folder)
+    def test_tokens_of_real_vocabularies(self, real_tokenizer):
+        tokenizer = real_tokenizer
         pieces = BytePieces.of(tokenizer, skip_special_tokens=True)
         added = list(tokenizer.backend.get_added_tokens_decoder())
         for token_id in random.Random(0).sample(token_ids_of(tokenizer), 3000) + added:
@@ -91,11 +89,8 @@ class TestByteStream:
         ids = tiny("Hello", add_special_tokens=False).input_ids + [end]
         assert "".join(streamed(Detokenizer(tiny).stream([]), ids)) == "Hello"
 
-    @pytest.mark.parametrize("folder", real_tokenizers())
-    def test_real_text(self, folder):
-        if not folder.exists():
-            pytest.skip(f"{folder} is not here")
-        tokenizer = load_tokenizer(folder)
+    def test_real_text(self, real_tokenizer):
+        tokenizer = real_tokenizer
         text = "The quick brown fox — ünïcödé, 日本語の文章, emojis 🙂🚀 and Ελληνικά.\n  def f(x):\n\treturn x"
         ids = tokenizer(text, add_special_tokens=False).input_ids
         assert "".join(streamed(Detokenizer(tokenizer).stream([]), ids)) == text

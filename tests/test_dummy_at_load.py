@@ -90,7 +90,7 @@ def test_the_artifact_stores_no_weights_and_is_keyed_apart(tiny_qwen3_dir, build
 
 
 def test_a_load_draws_in_the_recorded_order_without_asking_transformers(moe_config_dir, build_artifact, monkeypatch):
-    """transformers' import and meta model took 4-9 s of each such start on the GPU machines (session 36)."""
+    """transformers' import and meta model took 4-9 s of each such start on the GPU machines."""
     from atom_aot.build import dummy
     dummy_art, at_load = pair(build_artifact, moe_config_dir, tensor_parallel_size=2, enable_expert_parallel=True)
 

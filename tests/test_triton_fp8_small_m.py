@@ -60,6 +60,25 @@ def test_block_scaled_weights_match_float64(split_k):
     assert rel_err(y, float64_on_quantized(x, weight, weight_scale, None, b)) < TOL
 
 
+def _nan_beyond(t: torch.Tensor) -> torch.Tensor:
+    """`t` (contiguous) as a view into a buffer whose elements past it are NaN."""
+    room = torch.full((t.numel() + 64,), float("nan"), dtype=t.dtype, device=t.device)
+    room[:t.numel()] = t.flatten()
+    return room[:t.numel()].view(t.shape)
+
+
+def test_block_scaled_steps_past_k_read_no_scale():
+    """Split K rounds each slice up to whole BLOCK_K steps: K 384 in four slices of 128 leaves the last slice
+    past K, a step with no group. With NaN lying just past both scale tensors the product stays exact."""
+    x, _, weight, weight_scale, _, _ = case_on_device("block", 5, 384, 200, seed=26)
+    xq, x_scale = quantize_activations(x, None, block_scaled=True)
+    assert k_per_split(384, 64, 4) * 3 == 384                                       # slice 3 starts at K
+    y = launch_small_m_gemm(xq, _nan_beyond(x_scale.contiguous()), weight, _nan_beyond(weight_scale.contiguous()),
+                            None, torch.float32, 64, 64, 4, 4, 1)
+    assert not torch.isnan(y).any()
+    assert rel_err(y, float64_on_quantized(x, weight, weight_scale, None, None)) < TOL
+
+
 def test_block_scaled_weights_need_block_k_dividing_128():
     x, _, weight, weight_scale, _, _ = case_on_device("block", 1, 256, 128, seed=23)
     xq, x_scale = quantize_activations(x, None, block_scaled=True)

@@ -65,9 +65,10 @@ def int4_small_m_kernel(
                          mask=n_ok[:, None] & (kb // 2 + rj < K // 2)[None, :], other=0)   # [BLOCK_N, HALF]
         xt = tl.load(x_ptr + rm64[None, :] * stride_xm + k[:, None], mask=m_ok[None, :] & (k < K)[:, None],
                      other=0.0)                                                # [BLOCK_K, BLOCK_M] (x^T)
-        if GROUPS > 1:
-            group = kb * GROUPS // K
-            zb = biased_zeros(tl.load(z_ptr + rn64 * GROUPS + group, mask=n_ok, other=0), DTYPE)
+        if GROUPS > 1:          # a step past K (the slices' round-up) has no group: its zeros and scales are not
+            group = kb * GROUPS // K                # read (past the last row's, 0 x whatever lies there can be NaN)
+            g_ok = n_ok & (kb < K)
+            zb = biased_zeros(tl.load(z_ptr + rn64 * GROUPS + group, mask=g_ok, other=0), DTYPE)
         w = biased_nibbles(packed, BLOCK_N, HALF, DTYPE)                       # [BLOCK_N, BLOCK_K] BIAS + q
         if IEEE:
             partial = tl.dot(w - zb[:, None], xt, input_precision="ieee")
@@ -75,7 +76,7 @@ def int4_small_m_kernel(
             col_sums = tl.sum(xt.to(tl.float32), axis=0)                       # [BLOCK_M]
             partial = tl.dot(w, xt) - zb[:, None] * col_sums[None, :]
         if GROUPS > 1:
-            acc += partial * tl.load(s_ptr + rn64 * GROUPS + group, mask=n_ok, other=0.0)[:, None]
+            acc += partial * tl.load(s_ptr + rn64 * GROUPS + group, mask=g_ok, other=0.0)[:, None]
         else:
             acc += partial
     if GROUPS == 1:

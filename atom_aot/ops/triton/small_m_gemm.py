@@ -91,9 +91,10 @@ def small_m_gemm_kernel(
         if INT8:                   # int8 x int8 summed in int32: exact
             acc = tl.dot(w, xt, acc, out_dtype=tl.int32)
         elif BLOCK_SCALED:
-            group = (k_begin + k0) // GROUP
-            sw = tl.load(w_scale_ptr + (rn64 // GROUP) * stride_wsn + group, mask=n_ok, other=0.0)   # [BLOCK_N]
-            sx = tl.load(x_scale_ptr + rm64 * stride_xsm + group, mask=m_ok, other=0.0)             # [BLOCK_M]
+            group = (k_begin + k0) // GROUP      # a step past K (the slices' round-up) has no group: its
+            in_k = (k_begin + k0) < K               # scales are not read (0 x whatever lies past them can be NaN)
+            sw = tl.load(w_scale_ptr + (rn64 // GROUP) * stride_wsn + group, mask=n_ok & in_k, other=0.0)  # [BLOCK_N]
+            sx = tl.load(x_scale_ptr + rm64 * stride_xsm + group, mask=m_ok & in_k, other=0.0)            # [BLOCK_M]
             acc += tl.dot(w, xt) * sw[:, None] * sx[None, :]
         # Hopper's fp8 MMA sums its products in reduced precision; where they reach the fp32 accumulator:
         elif ACCUMULATION == 0:      # after every MMA instruction (32 values): what cuBLASLt's default gives
