@@ -63,9 +63,9 @@ class TestStep:
         short = core.add_request([5, 6, 7], SamplingParams(max_tokens=3))
         long = core.add_request(list(range(10, 30)), SamplingParams(max_tokens=3))
         assert [o.request_id for o in core.step()] == [short]          # long had 5 of its 20 computed
-        assert core.step() == []                                        # long's middle chunk
+        assert [o.request_id for o in core.step()] == [short]          # short decodes beside long's chunks
+        assert [o.request_id for o in core.step()] == [short]          # long: 19 of 20; short's third, its last
         assert [o.request_id for o in core.step()] == [long]
-        assert [o.request_id for o in core.step()] == [short, long]     # decode
 
     def test_idle_step_is_empty(self):
         assert make_core().step() == []
@@ -144,6 +144,20 @@ class TestAbort:
         core.step(), core.step()
         core.abort("gone")
         assert {o.request_id for o in run_to_end(core)} == {"kept"}
+        assert pool_is_whole(core) and queue_lengths(core) == (0, 0)
+
+    @pytest.mark.parametrize("async_scheduling", [False, True])
+    def test_during_a_chunked_prompt_no_chunk_runs_after_it(self, async_scheduling):
+        runner = FakeRunner()
+        core = make_core(max_num_batched_tokens=8, runner=runner, async_scheduling=async_scheduling)
+        core.add_request([5, 6, 7], SamplingParams(max_tokens=12), request_id="kept")
+        core.add_request(list(range(10, 50)), SamplingParams(max_tokens=4), request_id="gone")
+        core.step(), core.step()
+        launched = len(runner.steps)
+        core.abort("gone")
+        outputs = run_to_end(core)
+        assert all("gone" not in step.request_ids for step in runner.steps[launched:])
+        assert {o.request_id for o in outputs} == {"kept"} and outputs[-1].finish_reason == "length"
         assert pool_is_whole(core) and queue_lengths(core) == (0, 0)
 
     def test_unknown_or_finished_ids_are_harmless(self):

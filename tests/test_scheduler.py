@@ -1,4 +1,5 @@
-"""Scheduler: prefill-first batching, the token budget, preemption, the delay factor, aborts, stops.
+"""Scheduler: mixed steps (decodes first, then prompts), the token budget, preemption, the delay factor,
+aborts, stops.
 
 Plain Python with a fake runner (tests/engine_factories.py): blocks of 4 tokens.
 """
@@ -7,7 +8,7 @@ import time
 import pytest
 
 from atom_aot.errors import RequestError
-from atom_aot.runtime.config import RuntimeConfig
+from atom_aot.runtime.config import DEFAULT_STEP_TOKENS_CPU, DEFAULT_STEP_TOKENS_GPU, RuntimeConfig
 from atom_aot.runtime.scheduler import SchedulerConfig, SequenceQueue
 from atom_aot.runtime.sequence import SequenceStatus
 from engine_factories import EOS, FILLER, FakeClock, FakeRunner, make_scheduler, make_seq, run_step
@@ -45,6 +46,17 @@ class TestSchedulerConfig:
         assert config == SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=100, max_model_len=200,
                                          scheduler_delay_factor=0.5)
 
+    def test_the_step_budget_default_is_the_targets(self):
+        assert RuntimeConfig().max_num_batched_tokens is None
+        assert RuntimeConfig().for_target("cpu").max_num_batched_tokens == DEFAULT_STEP_TOKENS_CPU
+        assert RuntimeConfig().for_target("sm90").max_num_batched_tokens == DEFAULT_STEP_TOKENS_GPU
+        assert RuntimeConfig(max_num_batched_tokens=100).for_target("cpu").max_num_batched_tokens == 100
+        assert DEFAULT_STEP_TOKENS_CPU < DEFAULT_STEP_TOKENS_GPU
+
+    def test_needs_a_step_budget(self):
+        with pytest.raises(ValueError, match="step budget"):
+            SchedulerConfig.from_runtime(RuntimeConfig(), max_model_len=64)
+
     def test_checked_by_the_runtime_config_once(self, monkeypatch):
         """A directly made SchedulerConfig goes through RuntimeConfig's checks, with its own values."""
         checked = []
@@ -58,14 +70,15 @@ class TestSchedulerConfig:
         assert (checked[0].max_num_seqs, checked[0].max_num_batched_tokens, checked[0].max_model_len) == (0, 5, 64)
 
 
-class TestPrefillFirst:
-    def test_waiting_prompts_go_before_decode(self):
+class TestMixedSteps:
+    def test_a_new_prompt_runs_beside_the_decodes(self):
         scheduler, runner = make_scheduler(), FakeRunner()
         a, b = make_seq(range(10, 15), "a"), make_seq(range(20, 26), "b")
         prefill(scheduler, runner, a)
         scheduler.add(b)
-        batch, _ = run_step(scheduler, runner)
-        assert batch.is_prefill and batch.seqs == (b,) and batch.num_new_tokens == (6,)
+        batch, advanced = run_step(scheduler, runner)
+        assert batch.is_prefill and batch.seqs == (a, b) and batch.num_new_tokens == (1, 6)
+        assert advanced == [a, b]
 
     def test_decode_batches_every_running_sequence_one_token_each(self):
         scheduler, runner = make_scheduler(), FakeRunner()
@@ -75,14 +88,64 @@ class TestPrefillFirst:
         assert not batch.is_prefill and batch.seqs == tuple(seqs) and batch.num_new_tokens == (1, 1, 1)
         assert advanced == seqs and all(s.output_token_ids == [FILLER, FILLER] for s in seqs)
 
-    def test_a_sequence_in_its_prompt_is_not_decoded(self):
+    def test_every_chunk_of_a_long_prompt_carries_the_decodes(self):
+        """A prompt longer than the budget never holds a decode back: each step decodes every running
+        sequence and the prompt advances by what the budget has left, at most."""
         scheduler, runner = make_scheduler(max_num_batched_tokens=8), FakeRunner()
+        a, b = make_seq(range(10, 13), "a"), make_seq(range(20, 25), "b")
+        prefill(scheduler, runner, a, b)
+        long = make_seq(range(100, 140), "long")
+        scheduler.add(long)
+        computed = []
+        while long.num_uncomputed_tokens > 1 or not computed:
+            batch, _ = run_step(scheduler, runner)
+            assert batch.is_prefill and batch.seqs == (a, b, long) and batch.num_new_tokens[:2] == (1, 1)
+            assert batch.num_tokens <= 8
+            computed.append(batch.num_new_tokens[2])
+        assert computed == [6] * 6 + [4] and long.output_token_ids == [FILLER]
+        assert a.num_output_tokens == b.num_output_tokens == 1 + len(computed)
+
+    def test_a_new_prompt_gets_half_the_budget_beside_a_prompt_in_progress(self):
+        scheduler, runner = make_scheduler(max_num_batched_tokens=8), FakeRunner()
+        long, short = make_seq(range(100, 140), "long"), make_seq(range(10, 13), "short")
+        scheduler.add(long)
+        run_step(scheduler, runner)
+        scheduler.add(short)
+        batch, advanced = run_step(scheduler, runner)
+        # long is held to half (4), short takes 3, and the token short leaves goes back to long
+        assert batch.seqs == (long, short) and batch.num_new_tokens == (5, 3) and advanced == [short]
+        assert batch.num_computed_tokens == (8, 0)
+
+    def test_a_stream_of_new_prompts_does_not_stop_a_long_one(self):
+        scheduler, runner = make_scheduler(max_num_batched_tokens=8, max_num_seqs=64), FakeRunner()
+        long = make_seq(range(100, 140), "long")
+        scheduler.add(long)
+        run_step(scheduler, runner)
+        for i in range(8):
+            before = long.num_computed_tokens
+            scheduler.add(make_seq(range(200 + 10 * i, 208 + 10 * i), f"new{i}"))
+            batch, _ = run_step(scheduler, runner)
+            assert batch.num_tokens <= 8 and long.num_computed_tokens - before >= 4 - (8 - len(batch.seqs))
+
+    def test_what_no_new_prompt_can_take_goes_to_the_prompt_in_progress(self):
+        scheduler, runner = make_scheduler(max_num_batched_tokens=8, max_num_seqs=2), FakeRunner()
         a = make_seq(range(10, 13), "a")
         prefill(scheduler, runner, a)
-        scheduler.add(make_seq(range(30), "long"))
-        batches = [run_step(scheduler, runner)[0] for _ in range(4)]
-        assert [b.is_prefill for b in batches] == [True, True, True, True]
-        assert all(a not in b.seqs for b in batches)   # a waits while the long prompt is chunked
+        long = make_seq(range(100, 140), "long")
+        scheduler.add(long)
+        run_step(scheduler, runner)
+        scheduler.add(make_seq(range(50, 53), "c"))      # max_num_seqs: it cannot run yet
+        batch, _ = run_step(scheduler, runner)
+        assert batch.seqs == (a, long) and batch.num_new_tokens == (1, 7)
+
+    def test_decodes_that_would_take_the_whole_budget_leave_it_to_the_prompt(self):
+        scheduler, runner = make_scheduler(max_num_batched_tokens=4), FakeRunner()
+        seqs = [make_seq(range(10 * i, 10 * i + 3), f"s{i}") for i in range(1, 5)]
+        for seq in seqs:
+            prefill(scheduler, runner, seq)
+        scheduler.add(make_seq(range(100, 106), "new"))
+        batch, _ = run_step(scheduler, runner)
+        assert [s.request_id for s in batch.seqs] == ["new"] and batch.num_new_tokens == (4,)
 
 
 class TestTokenBudget:
@@ -96,17 +159,17 @@ class TestTokenBudget:
         assert [advanced for _, advanced in batches] == [[], [], [seq]]   # only the last chunk samples
         assert seq.num_computed_tokens == 20 and seq.output_token_ids == [FILLER]
 
-    def test_partial_prefill_continues_before_new_prompts(self):
+    def test_a_prompt_in_progress_shares_the_budget_with_a_new_one(self):
         scheduler, runner = make_scheduler(max_num_batched_tokens=8), FakeRunner()
         a, b = make_seq(range(20), "a"), make_seq(range(50, 56), "b")
         scheduler.add(a)
         run_step(scheduler, runner)
         scheduler.add(b)
-        run_step(scheduler, runner)
-        run_step(scheduler, runner)
-        assert [s.request_ids for s in runner.steps] == [("a",), ("a",), ("a", "b")]
-        assert runner.steps[2].num_new_tokens == (4, 4)       # b gets the rest of the budget
-        assert runner.steps[2].starts == (16, 0)
+        for _ in range(3):
+            run_step(scheduler, runner)
+        assert [s.request_ids for s in runner.steps] == [("a",), ("a", "b"), ("a",), ("a", "b")]
+        assert [s.num_new_tokens for s in runner.steps] == [(8,), (4, 4), (8,), (1, 2)]   # a: half while b waits
+        assert [s.starts for s in runner.steps] == [(0,), (8, 0), (12,), (20, 4)]           # then a decodes beside b
 
     def test_budget_is_shared_by_several_prompts(self):
         scheduler, runner = make_scheduler(max_num_batched_tokens=12), FakeRunner()
@@ -216,9 +279,9 @@ class TestPrefixCache:
         batch, _ = run_step(scheduler, runner)
         assert batch.num_new_tokens == (8, 20)            # 8 positions scored; the plain prompt whole
         batch, _ = run_step(scheduler, runner)
-        assert batch.num_new_tokens == (8,)               # positions 8..15 scored
+        assert batch.num_new_tokens == (1, 8)             # plain decodes; positions 8..15 scored
         batch, _ = run_step(scheduler, runner)
-        assert batch.num_new_tokens == (4,) and batch.sampling == (True,)   # 16..18 scored, 19 samples
+        assert batch.num_new_tokens == (1, 4) and batch.sampling == (True, True)   # 16..18 scored, 19 samples
 
     def test_a_waiting_scored_prompt_waits_when_the_step_scored_enough(self):
         scheduler, runner = make_scheduler(max_num_seqs=2, max_num_batched_tokens=64), FakeRunner()
@@ -229,7 +292,7 @@ class TestPrefixCache:
         batch, _ = run_step(scheduler, runner)
         assert [s.request_id for s in batch.seqs] == ["first", "second"] and batch.num_new_tokens == (8, 1)
         batch, _ = run_step(scheduler, runner)
-        assert [s.request_id for s in batch.seqs] == ["second"] and batch.num_new_tokens == (3,)
+        assert [s.request_id for s in batch.seqs] == ["first", "second"] and batch.num_new_tokens == (1, 3)
 
 
 class TestDelayFactor:
@@ -254,7 +317,7 @@ class TestDelayFactor:
         assert not batch.is_prefill and batch.seqs == (a,)
         clock.advance(0.2)                               # b has waited 0.6 s
         batch, _ = run_step(scheduler, runner)
-        assert batch.is_prefill and batch.seqs == (b,)
+        assert batch.is_prefill and batch.seqs == (a, b) and batch.num_new_tokens == (1, 5)
 
     def test_timings_come_from_the_clock(self):
         clock = FakeClock(5.0)
@@ -292,6 +355,27 @@ class TestAbort:
         scheduler.abort("a")
         assert scheduler.update(batch, runner.run(batch).sampled) == []
         assert seq.output_token_ids == [] and seq.num_computed_tokens == 0
+        assert_pool_whole(scheduler)
+
+    def test_during_a_chunked_prompt_it_stops_at_the_next_chunk_and_returns_its_blocks(self):
+        """A client that leaves while its long prompt prefills: the chunk in flight is dropped, no other
+        chunk runs, and its blocks come back at once (the decodes beside it go on)."""
+        scheduler, runner = make_scheduler(max_num_batched_tokens=8), FakeRunner()
+        a = make_seq(range(10, 13), "a")
+        prefill(scheduler, runner, a)
+        long = make_seq(range(100, 140), "long")
+        scheduler.add(long)
+        run_step(scheduler, runner)
+        batch = scheduler.schedule()                     # long's second chunk is in flight
+        assert batch.seqs == (a, long)
+        assert scheduler.abort("long") is long and long.finish_reason == "abort" and long.block_table == []
+        bm = scheduler.block_manager
+        assert bm.num_free_blocks == bm.num_blocks - len(a.block_table)
+        assert scheduler.update(batch, runner.run(batch).sampled) == [a]
+        assert long.num_output_tokens == 0
+        batch, _ = run_step(scheduler, runner)
+        assert batch.seqs == (a,) and not batch.is_prefill
+        scheduler.abort("a")
         assert_pool_whole(scheduler)
 
     def test_unknown_or_finished_ids_are_ignored(self):

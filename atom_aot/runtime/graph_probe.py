@@ -18,7 +18,7 @@ from atom_aot.artifact.phase import Phase
 from atom_aot.models.parallel import Split, rank_shapes
 
 
-# The mixed step measured: the runtime's default token budget (config.py max_num_batched_tokens). The
+# The mixed step measured: the runtime's default token budget on a GPU (config.py DEFAULT_STEP_TOKENS_GPU). The
 # activations scale with the tokens, so the runtime scales the measured bytes per token by its own budget.
 MEASURED_STEP_TOKENS = 8192
 # What the sampler is measured with: every option that allocates over the whole vocabulary on.

@@ -1,9 +1,15 @@
-"""Prefill-first continuous batching over the paged KV cache.
+"""Continuous batching over the paged KV cache, with chunked prefill under a per-step token budget.
 
-Each step is either a prefill step (new prompts, and chunks of prompts longer than the token
-budget) or a decode step (one token for every running sequence). When decode runs out of blocks
-the youngest running sequence is preempted: its blocks are freed and it is recomputed later from
-its tokens (prompt plus what it generated), so preemption never loses output.
+A step with prompt work is a mixed step: every running decode first (one token each, vLLM v1's
+rule, so no decode waits on a prefill), then the prompts with the rest of the budget. A prompt in
+progress (longer than the budget: chunked) takes at most half of that rest while new prompts wait,
+and new prompts the other half, so neither a long prompt nor a stream of short ones holds the other
+back; budget a prompt leaves unused goes back to the prompts in progress. A step without prompt work
+is a decode step. With a proposer (speculative decoding) decodes are verify steps of their own, and
+prompt work goes first. When a step runs out of blocks the youngest running sequence is preempted:
+its blocks are freed and it is recomputed later from its tokens (prompt plus what it generated), so
+preemption never loses output. An aborted request stops at the next step: a long prompt at the end of
+the chunk in flight.
 
 Accounting happens when a batch is scheduled: each sequence's `num_computed_tokens` advances and a
 sequence that samples gets a pending token, so the next batch can be scheduled (and launched)
@@ -58,6 +64,8 @@ class SchedulerConfig:
     def __post_init__(self):
         # valid exactly when the runtime config it views is: the checks live there, once
         RuntimeConfig(**{f.name: getattr(self, f.name) for f in fields(self)})
+        if self.max_num_batched_tokens is None:
+            raise ValueError("the scheduler needs a step budget: RuntimeConfig.for_target(arch) gives the target's")
 
     @classmethod
     def from_runtime(cls, config: RuntimeConfig, max_model_len: int) -> SchedulerConfig:
@@ -115,7 +123,8 @@ class ScheduledBatch:
     num_new_tokens: tuple[int, ...]          # tokens each sequence computes this step
     num_computed_tokens: tuple[int, ...]     # tokens each had in the cache before: its first new position
     sampling: tuple[bool, ...]               # whether each reaches its last token, so its next one is sampled
-    is_prefill: bool                         # False: every sequence computes its newest token (and its drafts)
+    is_prefill: bool                         # True: prompt tokens among them (decodes may ride along); False:
+                                             # every sequence computes its newest token (and its drafts)
     freed: tuple[Sequence, ...] = ()         # sequences whose blocks were freed since the last batch
     scheduled_at: float = 0.0                # the scheduler's clock when the batch was made
     # a verify step (speculative decoding): each sequence's draft tokens, computed after its newest
@@ -140,6 +149,26 @@ class ScheduledBatch:
     @property
     def is_verify(self) -> bool:
         return self.draft_token_ids is not None
+
+
+@dataclass
+class _PromptStep:
+    """A mixed step being filled: its sequences and their token counts so far, and the token budget and
+    scored prompt rows (prompt logprobs) it has left."""
+    seqs: list[Sequence]
+    counts: list[int]
+    budget: int
+    scoring: int
+
+    def add(self, seq: Sequence, count: int, num_scored_rows: int) -> None:
+        self.seqs.append(seq), self.counts.append(count)
+        self.budget -= count
+        self.scoring -= num_scored_rows
+
+    def widen(self, index: int, count: int, scoring_left: int) -> None:
+        self.budget -= count - self.counts[index]
+        self.counts[index] = count
+        self.scoring = scoring_left
 
 
 class Scheduler:
@@ -177,8 +206,9 @@ class Scheduler:
     # -- scheduling -------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
         now = self.clock()
-        if self._partial_prefills() or (self.waiting and self._delay_passed(now)):
-            batch = self._schedule_prefill(now)
+        partials = bool(self._partial_prefills())
+        if partials or (self.waiting and self._delay_passed(now)):
+            batch = self._schedule_mixed(now)
             if batch is not None:
                 return batch
         return self._schedule_decode(now)
@@ -195,22 +225,50 @@ class Scheduler:
         waited = now - self.waiting.first().arrival_time
         return waited > self.config.scheduler_delay_factor * self._last_prefill_latency
 
-    def _schedule_prefill(self, now: float) -> ScheduledBatch | None:
-        budget = self.config.max_num_batched_tokens
-        scoring = max_scored_prompt_rows(self.config.max_num_seqs)     # prompt logprobs' logits rows left
-        seqs, counts = [], []
+    def _schedule_mixed(self, now: float) -> ScheduledBatch | None:
+        """Decodes, then prompts in progress (half the rest while new ones wait), then new prompts, then
+        what is left back to the prompts in progress. A decode step if no prompt token fits."""
+        decodes = self._decodes_beside_prompts()
+        budget = self.config.max_num_batched_tokens - len(decodes)
+        step = _PromptStep(list(decodes), [1] * len(decodes), budget, max_scored_prompt_rows(self.config.max_num_seqs))
+        in_progress = budget - budget // 2 if self.waiting else budget
+        self._continue_prompts(step, in_progress)
+        self._admit_waiting(step)
+        self._extend_prompts(step)
+        if len(step.seqs) == len(decodes):
+            return self._commit(decodes, [1] * len(decodes), is_prefill=False, now=now) if decodes else None
+        return self._commit(step.seqs, step.counts, is_prefill=True, now=now)
+
+    def _decodes_beside_prompts(self) -> list[Sequence]:
+        """The running decodes a mixed step takes first, their slots reserved: none with a proposer (its decodes
+        are verify steps), nor when they would take the whole budget (then prompt work goes first, as before)."""
+        if self.proposer is not None:
+            return []
+        candidates = self._decode_candidates()
+        if len(candidates) >= self.config.max_num_batched_tokens:
+            return []
+        scheduled = []
+        for seq in candidates:
+            if seq.status == SequenceStatus.RUNNING and self._reserve(seq, 1, scheduled):   # not preempted meanwhile
+                scheduled.append(seq)
+        return scheduled
+
+    def _continue_prompts(self, step: _PromptStep, limit: int) -> None:
+        """Next chunks of prompts in progress, `limit` tokens at most (a slot short: preempted, skipped)."""
         for seq in self._partial_prefills():
-            count = min(seq.num_uncomputed_tokens, budget)
+            count = min(seq.num_uncomputed_tokens, limit)
             if count == 0:
                 break
             if seq.status != SequenceStatus.RUNNING:   # preempted to make room for an older one
                 continue
-            count = scored_chunk(seq, seq.num_computed_tokens, count, scoring)
-            if count and self._reserve(seq, count, seqs):
-                seqs.append(seq), counts.append(count)
-                budget -= count
-                scoring -= num_scored(seq, seq.num_computed_tokens, count)
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            count = scored_chunk(seq, seq.num_computed_tokens, count, step.scoring)
+            if count and self._reserve(seq, count, step.seqs):
+                step.add(seq, count, num_scored(seq, seq.num_computed_tokens, count))
+                limit -= count
+
+    def _admit_waiting(self, step: _PromptStep) -> None:
+        """New prompts, first in first out, with what the budget has left."""
+        while self.waiting and step.budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting.first()
             if seq.num_pending_tokens:                  # preempted before its last token was read: next step
                 break
@@ -219,28 +277,41 @@ class Scheduler:
             uncomputed = seq.num_tokens - len(cached) * self.block_manager.block_size
             # Admit a prompt only if all of it fits now, not just its first chunk: one admitted on
             # its first chunk could preempt itself at a later chunk and be readmitted, forever,
-            # while the older sequences holding the blocks wait on the prefill (prefill-first).
+            # while the older sequences holding the blocks wait on the prefill.
             if not self.block_manager.can_allocate_with_prefix(seq, cached, uncomputed):
                 break                                   # waiting sequences hold no blocks
-            count = scored_chunk(seq, seq.num_tokens - uncomputed, min(uncomputed, budget), scoring)
+            count = scored_chunk(seq, seq.num_tokens - uncomputed, min(uncomputed, step.budget), step.scoring)
             if count == 0:
                 break                                   # first in, first out: the next step scores it
-            scoring -= num_scored(seq, seq.num_tokens - uncomputed, count)
             self.block_manager.allocate_prefix(seq, cached)
             self.block_manager.allocate(seq, count)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            seqs.append(seq), counts.append(count)
-            budget -= count
-        if not seqs:
-            return None
-        return self._commit(seqs, counts, is_prefill=True, now=now)
+            step.add(seq, count, num_scored(seq, seq.num_tokens - uncomputed, count))
+
+    def _extend_prompts(self, step: _PromptStep) -> None:
+        """Budget the new prompts left unused goes to the chunks of prompts in progress, where free slots allow."""
+        for i, seq in enumerate(step.seqs):
+            count = step.counts[i]
+            if step.budget <= 0:
+                return
+            if seq.num_uncomputed_tokens <= count:
+                continue                                # a decode, or a prompt whose chunk ends it
+            start = seq.num_computed_tokens
+            rows = step.scoring + num_scored(seq, start, count)
+            wider = scored_chunk(seq, start, min(seq.num_uncomputed_tokens, count + step.budget), rows)
+            if wider > count and self.block_manager.can_allocate(seq, wider):
+                self.block_manager.allocate(seq, wider)
+                step.widen(i, wider, rows - num_scored(seq, start, wider))
+
+    def _decode_candidates(self) -> list[Sequence]:
+        """Running sequences whose next step is a decode: not preempted, past their prompt, and not ending
+        with a pending last token (they finish when it is read)."""
+        return [seq for seq in self.running if seq.num_uncomputed_tokens == 1 and not self._reached_length(seq)]
 
     def _schedule_decode(self, now: float) -> ScheduledBatch | None:
-        # preempted sequences, those still in their prefill, and those whose last token is pending
-        # and ends them (they finish when it is read) do not decode
-        candidates = [seq for seq in self.running if seq.num_uncomputed_tokens == 1 and not self._reached_length(seq)]
+        candidates = self._decode_candidates()
         scheduled, limits = [], []
         for seq, limit in zip(candidates, self._draft_limits(candidates)):
             if seq.status != SequenceStatus.RUNNING:
