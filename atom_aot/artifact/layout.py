@@ -2,6 +2,7 @@
 anywhere else. Every member name is checked here before it is joined to a folder or a cache path.
 
     manifest.json, manifest.xxh3       the manifest and its checksum (not members)
+    manifest.sig                       an ed25519 signature of manifest.json, if signed (not a member)
     weights/rank{r}.safetensors        one per rank of the layout
     compiled/{phase}.pt2               one per compiled phase
     tokenizer/{file}                   flat: tokenizer.json, tokenizer_config.json, ...
@@ -19,6 +20,7 @@ from atom_aot.errors import ArtifactError
 
 MANIFEST = "manifest.json"
 MANIFEST_CHECKSUM = "manifest.xxh3"
+SIGNATURE = "manifest.sig"            # signing.py
 ZSTD_SUFFIX = ".zst"                  # an archive entry holding a member zstd-compressed
 CONFIG = "config/config.json"
 GENERATION_CONFIG = "config/generation_config.json"

@@ -1,7 +1,8 @@
 """Opening and checking artifacts (a `.atom` archive, or the same tree as a folder).
 
-Both forms are read the same way: the manifest must match its checksum and parse as a `Manifest`
-(every field, and the fixed member layout) before any member is touched; only members the
+Both forms are read the same way: the manifest must match its checksum, and, when the caller names
+trusted keys, carry a signature by one of them over its exact bytes (signing.py), and parse as a
+`Manifest` (every field, and the fixed member layout) before any member is touched; only members the
 manifest lists are ever read, and each is checked against its hash before it is handed out (a
 rank's weights, hashed beside their upload: before anything made from them is used).
 Weights are viewed in place (mapped); every other member a loader wants as a file (compiled
@@ -16,16 +17,20 @@ import os
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import zstandard
 
 from atom_aot.artifact.digest import fast_hash, sha256
 from atom_aot.artifact.graph_plan import GRAPHS, GraphPlan
-from atom_aot.artifact.layout import MANIFEST, MANIFEST_CHECKSUM, REBUILD, ZSTD_SUFFIX
+from atom_aot.artifact.layout import MANIFEST, MANIFEST_CHECKSUM, REBUILD, SIGNATURE, ZSTD_SUFFIX
 from atom_aot.artifact.manifest import Manifest, Member
 from atom_aot.artifact.tuning import TUNING, Tuning
 from atom_aot.artifact.unpack import unpack_dir, unpack_file
 from atom_aot.errors import ArtifactError
+
+if TYPE_CHECKING:
+    from atom_aot.artifact.signing import Signer, TrustedKeys
 
 
 @dataclass(frozen=True)
@@ -36,24 +41,38 @@ class _Stored:
     compressed: bool
 
 
+@dataclass(frozen=True)
+class _Head:
+    """What is read before any member: the manifest's bytes, its checksum and its signature (None: unsigned)."""
+    manifest: bytes
+    checksum: bytes
+    signature: bytes | None
+
+
 class Artifact:
     """An opened artifact: its typed manifest and checked access to the members it lists."""
 
-    def __init__(self, path: Path, manifest: Manifest, stored: dict[str, _Stored]):
+    def __init__(self, path: Path, manifest: Manifest, stored: dict[str, _Stored], head: _Head,
+                 signer: Signer | None):
         self.path = path
         self.manifest = manifest
+        self.signer = signer                   # the trusted key that signed it (None: not asked for at open)
+        self._head = head
         self._stored = stored
         self._maps: dict[Path, mmap.mmap | bytes] = {}
         self._verified: set[str] = set()       # members whose stored bytes matched their xxh3
 
     # -- opening ----------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | Path) -> "Artifact":
+    def open(cls, path: str | Path, trusted_keys: str | Path | TrustedKeys | None = None) -> "Artifact":
+        """`trusted_keys` (a folder of public keys, or those keys): refuse the artifact, before its manifest is
+        parsed, unless one of them signed it."""
         path = Path(path)
+        trusted = _trusted(trusted_keys)
         if not path.exists():
             raise ArtifactError(f"no artifact at {path}")
         try:
-            return cls._open_folder(path) if path.is_dir() else cls._open_archive(path)
+            return cls._open_folder(path, trusted) if path.is_dir() else cls._open_archive(path, trusted)
         except ArtifactError:
             raise
         except (OSError, tarfile.TarError, ValueError, EOFError) as e:
@@ -61,11 +80,14 @@ class Artifact:
                                 f"It may be truncated or corrupt: rebuild it with atom-build.") from None
 
     @classmethod
-    def _open_folder(cls, path: Path) -> "Artifact":
+    def _open_folder(cls, path: Path, trusted: TrustedKeys | None) -> "Artifact":
         root = path.resolve()
         if not (root / MANIFEST).is_file() or not (root / MANIFEST_CHECKSUM).is_file():
             raise ArtifactError(f"{path} has no {MANIFEST} and {MANIFEST_CHECKSUM}: it is not an atom-aot artifact.")
-        manifest = _parse_manifest(path, (root / MANIFEST).read_bytes(), (root / MANIFEST_CHECKSUM).read_bytes())
+        signed = (root / SIGNATURE).is_file()
+        head = _Head((root / MANIFEST).read_bytes(), (root / MANIFEST_CHECKSUM).read_bytes(),
+                     (root / SIGNATURE).read_bytes() if signed else None)
+        manifest, signer = _parse_manifest(path, head, trusted)
         stored = {}
         for name, member in manifest.members.items():
             file = (root / name).resolve()
@@ -76,17 +98,18 @@ class Artifact:
                 raise ArtifactError(f"{path}: member {name} is marked {member.stored}, but a folder stores members "
                                     f"raw: the manifest is malformed. {REBUILD}")
             stored[name] = _Stored(file, 0, file.stat().st_size, False)
-        return cls(path, manifest, stored)
+        return cls(path, manifest, stored, head, signer)
 
     @classmethod
-    def _open_archive(cls, path: Path) -> "Artifact":
+    def _open_archive(cls, path: Path, trusted: TrustedKeys | None) -> "Artifact":
         size = path.stat().st_size
         with tarfile.open(path, "r:") as tar:
             entries = {m.name: m for m in tar.getmembers() if m.isfile()}
             if MANIFEST not in entries or MANIFEST_CHECKSUM not in entries:
                 raise ArtifactError(f"{path} has no manifest: it is not an atom-aot artifact, or it is truncated.")
-            manifest = _parse_manifest(path, tar.extractfile(entries[MANIFEST]).read(),
-                                       tar.extractfile(entries[MANIFEST_CHECKSUM]).read())
+            head = _Head(tar.extractfile(entries[MANIFEST]).read(), tar.extractfile(entries[MANIFEST_CHECKSUM]).read(),
+                         tar.extractfile(entries[SIGNATURE]).read() if SIGNATURE in entries else None)
+        manifest, signer = _parse_manifest(path, head, trusted)
         stored = {}
         for name, member in manifest.members.items():
             compressed = member.stored == "zstd"
@@ -94,7 +117,19 @@ class Artifact:
             if entry is None or entry.offset_data + entry.size > size or entry.size != member.stored_size:
                 raise ArtifactError(f"{path}: member {name} is missing or cut short (truncated file?). {REBUILD}")
             stored[name] = _Stored(path, entry.offset_data, entry.size, compressed)
-        return cls(path, manifest, stored)
+        return cls(path, manifest, stored, head, signer)
+
+    # -- origin -----------------------------------------------------------------------------
+    @property
+    def manifest_bytes(self) -> bytes:
+        """The manifest exactly as stored: what a signature covers."""
+        return self._head.manifest
+
+    def read_signer(self) -> Signer | None:
+        """Who signed it, checked against the key the signature names (None: unsigned), whether or not that key
+        is trusted (`signer` says which trusted key signed it, when the artifact was opened with trusted keys)."""
+        from atom_aot.artifact.signing import read_signer
+        return read_signer(self._head.manifest, self._head.signature, str(self.path))
 
     # -- checking ---------------------------------------------------------------------------
     def verify(self, full: bool = False, only: list[str] | None = None, skip: frozenset[str] = frozenset(),
@@ -197,7 +232,16 @@ class Artifact:
         return GraphPlan.from_json(self.member_bytes(GRAPHS))
 
 
-def _parse_manifest(path: Path, raw: bytes, checksum: bytes) -> Manifest:
-    if fast_hash(raw) != checksum.decode("ascii", "replace").strip():
+def _trusted(trusted_keys: str | Path | TrustedKeys | None) -> TrustedKeys | None:
+    if trusted_keys is None or not isinstance(trusted_keys, (str, Path)):
+        return trusted_keys
+    from atom_aot.artifact.signing import TrustedKeys
+    return TrustedKeys.load(trusted_keys)
+
+
+def _parse_manifest(path: Path, head: _Head, trusted: TrustedKeys | None) -> tuple[Manifest, Signer | None]:
+    """The manifest and, with trusted keys, its signer: checksum, then signature, then parsing."""
+    if fast_hash(head.manifest) != head.checksum.decode("ascii", "replace").strip():
         raise ArtifactError(f"{path}: the manifest does not match its checksum (corrupt or edited). {REBUILD}")
-    return Manifest.from_json(raw, f"{path}: {MANIFEST}")
+    signer = trusted.check(head.manifest, head.signature, str(path)) if trusted is not None else None
+    return Manifest.from_json(head.manifest, f"{path}: {MANIFEST}"), signer

@@ -2,7 +2,8 @@
 
 Members are hashed (sha256 for `verify`, xxh3-128 for the check at every load) and, in the
 archive, zstd-compressed when that saves at least a fifth (weights rarely compress; tokenizers
-and compiled code do). The manifest is the first member, and its own checksum the second. The
+and compiled code do). The manifest is the first member, its own checksum the second, and its
+signature (signing.py), when the build signs, the third. The
 finished manifest is read back with `Manifest.from_json` before anything is written, so the build
 never writes an artifact the reader would refuse.
 """
@@ -15,12 +16,16 @@ import shutil
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import zstandard
 
 from atom_aot.artifact.digest import fast_hash, hash_file
-from atom_aot.artifact.layout import MANIFEST, MANIFEST_CHECKSUM, ZSTD_SUFFIX
+from atom_aot.artifact.layout import MANIFEST, MANIFEST_CHECKSUM, SIGNATURE, ZSTD_SUFFIX
 from atom_aot.artifact.manifest import Manifest, Member
+
+if TYPE_CHECKING:
+    from atom_aot.artifact.signing import SigningKey
 
 COMPRESS_IF_RATIO_BELOW = 0.8
 NEVER_COMPRESS = ("weights/",)
@@ -47,34 +52,39 @@ def describe_members(staging: Path, archive: bool) -> tuple[dict[str, Member], d
     return members, compressed
 
 
-def write_artifact(staging: Path, manifest: Manifest, out: Path) -> Manifest:
+def write_artifact(staging: Path, manifest: Manifest, out: Path, signing_key: SigningKey | None = None) -> Manifest:
     """`manifest` completed with the member table of `staging`, written to `out` (`.atom` file, else a
-    folder) atomically; returns the manifest written. A folder takes staging's files by moving them
-    (staging is left empty), so a 57 GiB model needs its bytes on disk once, not twice; an archive copies."""
+    folder) atomically, signed with `signing_key` if one is given; returns the manifest written. A folder
+    takes staging's files by moving them (staging is left empty), so a 57 GiB model needs its bytes on disk
+    once, not twice; an archive copies."""
     archive = out.suffix == ".atom"
     members, compressed = describe_members(staging, archive)
     manifest = dataclasses.replace(manifest, members=members)
     raw = manifest.to_json()
     Manifest.from_json(raw, f"the manifest of {out}")          # the reader's checks, before writing
+    signature = signing_key.sign(raw).to_bytes() if signing_key is not None else None
     out.parent.mkdir(parents=True, exist_ok=True)
     if archive:
-        _write_archive(staging, raw, compressed, out)
+        _write_archive(staging, raw, signature, compressed, out)
     else:
-        _write_folder(staging, raw, out)
+        _write_folder(staging, raw, signature, out)
     return manifest
 
 
-def _write_archive(staging: Path, manifest_raw: bytes, compressed: dict[str, bytes], out: Path) -> None:
+def _write_archive(staging: Path, manifest_raw: bytes, signature: bytes | None, compressed: dict[str, bytes],
+                   out: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".partial")
     os.close(fd)
     try:
         with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
-            _add_bytes(tar, MANIFEST, manifest_raw)
-            _add_bytes(tar, MANIFEST_CHECKSUM, fast_hash(manifest_raw).encode())
+            add_bytes(tar, MANIFEST, manifest_raw)
+            add_bytes(tar, MANIFEST_CHECKSUM, fast_hash(manifest_raw).encode())
+            if signature is not None:
+                add_bytes(tar, SIGNATURE, signature)
             for f in _member_files(staging):
                 name = f.relative_to(staging).as_posix()
                 if name in compressed:
-                    _add_bytes(tar, name + ZSTD_SUFFIX, compressed[name])
+                    add_bytes(tar, name + ZSTD_SUFFIX, compressed[name])
                 else:
                     tar.add(f, arcname=name, recursive=False)
         os.replace(tmp, out)
@@ -83,19 +93,21 @@ def _write_archive(staging: Path, manifest_raw: bytes, compressed: dict[str, byt
             os.unlink(tmp)
 
 
-def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+def add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
     info.size = len(data)
     info.mode = 0o644
     tar.addfile(info, io.BytesIO(data))
 
 
-def _write_folder(staging: Path, manifest_raw: bytes, out: Path) -> None:
+def _write_folder(staging: Path, manifest_raw: bytes, signature: bytes | None, out: Path) -> None:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, suffix=".partial"))
     try:
         shutil.copytree(staging, tmp, dirs_exist_ok=True, copy_function=shutil.move)   # renames on one filesystem
         (tmp / MANIFEST).write_bytes(manifest_raw)
         (tmp / MANIFEST_CHECKSUM).write_text(fast_hash(manifest_raw))
+        if signature is not None:
+            (tmp / SIGNATURE).write_bytes(signature)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

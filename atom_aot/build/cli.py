@@ -10,7 +10,7 @@ from atom_aot.artifact.build_options import ARCHES, BuildOptions
 from atom_aot.config_flags import add_arguments, from_namespace
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="atom-build",
         description="Compile a model ahead of time into an artifact that `atom-run` serves with no compilation.",
@@ -27,7 +27,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--print-key", action="store_true", help="print the build key and exit without building")
     p.add_argument("--force", action="store_true", help="rebuild even if the cache has this key")
     p.add_argument("--summary-json", action="store_true", help="print the result as one JSON line (for tools)")
-    return p.parse_args(argv)
+    signing = p.add_argument_group("signing (docs/artifact-format.md)")
+    signing.add_argument("--sign-key", type=Path, default=None, help="sign the artifact (built, or found in the "
+                         "cache) with this ed25519 private key, a PEM file as `openssl genpkey -algorithm ed25519` "
+                         "makes; the build key does not change")
+    signing.add_argument("--sign", type=Path, default=None, metavar="ART", help="sign the existing artifact ART with "
+                         "--sign-key instead of building (its members are checked first)")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return parser().parse_args(argv)
 
 
 def build_config(args: argparse.Namespace):
@@ -44,18 +54,46 @@ def main(argv=None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
+    from atom_aot.artifact.signing import SigningKey
     from atom_aot.build.pipeline import build, plan
+    if args.sign is not None:
+        return sign_existing(args)
+    signing_key = SigningKey.load(args.sign_key) if args.sign_key else None    # a bad key fails before the build
     config = build_config(args)
     if args.print_key:
+        if signing_key is not None:
+            raise ValueError("--print-key prints the build key, which signing does not change: drop --sign-key")
         _, _, key, _ = plan(args.model, config)
         print(key)
         return 0
-    result = build(args.model, config, cache_dir=args.cache_dir, out=args.out, force=args.force)
+    result = build(args.model, config, cache_dir=args.cache_dir, out=args.out, force=args.force,
+                   signing_key=signing_key)
     if args.summary_json:
         print(json.dumps({"path": str(result.path), "key": result.key, "cached": result.cached,
-                          "seconds": result.seconds}))
+                          "seconds": result.seconds, "signed_by": result.signed_by}))
     else:
         print(summary(result))
+    return 0
+
+
+def sign_existing(args: argparse.Namespace) -> int:
+    """`atom-build --sign ART --sign-key KEY`: no build, so every build flag given with it is refused by name."""
+    from atom_aot.artifact.resign import sign_artifact
+    from atom_aot.artifact.signing import SigningKey
+    defaults = parser().parse_args([])
+    given = sorted(f"--{name.replace('_', '-')}" for name, value in vars(args).items()
+                   if name not in ("sign", "sign_key", "summary_json") and value != getattr(defaults, name))
+    if given:
+        raise ValueError(f"--sign signs an existing artifact without building, so {', '.join(given)} cannot apply: "
+                         f"drop them, or build with --sign-key instead of --sign")
+    if args.sign_key is None:
+        raise ValueError(f"--sign {args.sign} needs --sign-key KEY, the ed25519 private key (PEM) to sign it with")
+    signed = sign_artifact(args.sign, SigningKey.load(args.sign_key))
+    if args.summary_json:
+        print(json.dumps({"path": str(signed.path), "signed_by": signed.fingerprint, "changed": signed.changed}))
+    else:
+        print(f"artifact   {signed.path}\nsignature  {signed.fingerprint} ({args.sign_key.name})"
+              + ("" if signed.changed else ": it was signed by this key already, left as it was"))
     return 0
 
 
@@ -72,6 +110,8 @@ def summary(result) -> str:
         sizes[group] = sizes.get(group, 0) + member.stored_size
     total = f" (file {result.path.stat().st_size / 2**20:.1f} MiB)" if result.path.is_file() else ""
     lines.append("sizes      " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in sorted(sizes.items())) + total)
+    if result.signed_by:
+        lines.append(f"signature  {result.signed_by}")
     return "\n".join(lines)
 
 

@@ -1,6 +1,8 @@
 """The build: resolve -> weights -> tune -> export and compile each phase -> capture-size probe -> pack.
 
-Returns a cached artifact at once when one with the same build key exists.
+Returns a cached artifact at once when one with the same build key exists. Signing (`signing_key`)
+is a step on top: it never enters the build key, a fresh artifact is written signed, and a cached
+one is signed where it lies (artifact/resign.py).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from safetensors.torch import save_file
 
@@ -53,6 +55,9 @@ from atom_aot.models.parallel import Split, block_split_problem, check_splittabl
 from atom_aot.models.quant_layers import FP8_SCHEMES, INT4_SCHEMES
 from atom_aot.version import ARTIFACT_FORMAT_VERSION, __version__
 
+if TYPE_CHECKING:
+    from atom_aot.artifact.signing import SigningKey
+
 log = logging.getLogger("atom_aot")
 
 
@@ -62,6 +67,7 @@ class BuildResult:
     key: str
     cached: bool
     seconds: dict[str, float] = field(default_factory=dict)
+    signed_by: str | None = None          # the signing key's fingerprint, when the build signed
 
 
 def check_arch_present(arch: str) -> None:
@@ -115,7 +121,8 @@ def check_fp8_format(config: BuildConfig, scheme: str) -> None:
 
 
 def build(model: str | None, config: BuildConfig, cache_dir: Path | None = None, out: Path | None = None,
-          force: bool = False, show_progress: bool = True) -> BuildResult:
+          force: bool = False, show_progress: bool = True, signing_key: SigningKey | None = None) -> BuildResult:
+    """`signing_key`: sign the artifact, built or found in the cache (the build key does not depend on it)."""
     check_arch_present(config.arch)
     progress = StageProgress(show_progress)
     with progress.stage("resolve"):
@@ -124,7 +131,7 @@ def build(model: str | None, config: BuildConfig, cache_dir: Path | None = None,
     target = Path(out) if out else cache_dir / artifact_name(source.name, config, key)
     cached = _existing(target, cache_dir, key, explicit_out=out is not None)
     if cached is not None and not force:
-        return BuildResult(cached, key, cached=True, seconds=progress.seconds)
+        return BuildResult(cached, key, cached=True, seconds=progress.seconds, signed_by=_sign(cached, signing_key))
     checkpoints = StageCheckpoints.for_build(cache_dir, key, build_device_name(config.arch))
     if force:
         checkpoints.discard()
@@ -139,11 +146,22 @@ def build(model: str | None, config: BuildConfig, cache_dir: Path | None = None,
         with progress.stage("pack"):
             manifest = _manifest(source, model_config, config, quant, key, inputs, progress.seconds, phases,
                                  layout, max_len)
-            write_artifact(staging, manifest, target)
+            write_artifact(staging, manifest, target, signing_key)
         checkpoints.discard()
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return BuildResult(target, key, cached=False, seconds=progress.seconds)
+    return BuildResult(target, key, cached=False, seconds=progress.seconds,
+                       signed_by=signing_key.fingerprint if signing_key else None)
+
+
+def _sign(cached: Path, signing_key: SigningKey | None) -> str | None:
+    """The cached artifact signed by `signing_key` (checked and signed in place unless that key signed it already)."""
+    if signing_key is None:
+        return None
+    from atom_aot.artifact.resign import sign_artifact
+    signed = sign_artifact(cached, signing_key)
+    log.info("%s %s with key %s", "signed" if signed.changed else "already signed:", cached, signed.fingerprint)
+    return signed.fingerprint
 
 
 def _existing(target: Path, cache_dir: Path, key: str, explicit_out: bool) -> Path | None:

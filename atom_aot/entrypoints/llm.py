@@ -51,7 +51,7 @@ class LLMEngine(ArtifactEngine):
             log.info("artifact %s (%s)", result["path"], "cached" if result["cached"] else "built")
             artifact = result["path"]
         traces = torch_profiler_dir or profiler.dir_from_env()
-        start = engine_start(artifact)
+        start = engine_start(artifact, config.trusted_keys)
         if traces and start is start_remote_ranks:
             raise ValueError("torch_profiler_dir: the ranks of a data-parallel-attention artifact run in their own "
                              "processes, which the offline engine does not profile; profile them through "
@@ -81,10 +81,11 @@ def build_into_cache(model: str | None, build: dict, max_model_len: int | None) 
     return build_cached(model, config, cache_dir)
 
 
-def engine_start(artifact: str | Path):
+def engine_start(artifact: str | Path, trusted_keys: str | Path | None = None):
     """How an offline engine's core starts on `artifact`: in this process, or (a data-parallel-attention
-    artifact) as its ranks' engine processes."""
-    return start_remote_ranks if Artifact.open(artifact).manifest.layout.attention_data_parallel else load_and_start
+    artifact) as its ranks' engine processes. `trusted_keys`: refused first unless one of them signed it."""
+    layout = Artifact.open(artifact, trusted_keys).manifest.layout
+    return start_remote_ranks if layout.attention_data_parallel else load_and_start
 
 
 def start_remote_ranks(artifact_path, config: RuntimeConfig, beside: Callable[[], None] | None = None):

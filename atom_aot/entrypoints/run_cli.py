@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         from atom_aot.cli_util import run_cli
         from atom_aot.entrypoints.llm import engine_start
         def start(path, config, beside=None):      # decided at start, after generate has checked its flags
-            return engine_start(path)(path, config, beside)
+            return engine_start(path, config.trusted_keys)(path, config, beside)
         return run_cli(lambda: runtime_cli.generate(args.artifact, args.rest, start))
     return runtime_cli.run_command(args.artifact, args.command, args.rest)
 

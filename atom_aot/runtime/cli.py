@@ -130,22 +130,39 @@ def inspect(artifact: str, argv: list[str]) -> int:
 
 
 def verify(artifact: str, argv: list[str]) -> int:
-    """Integrity (every member's sha256), then whether this machine can load it (the loader's own
-    check). Exit 0 when intact, even if not loadable here: the second line says which."""
+    """Origin (with --trusted-keys: signed by one of them), integrity (every member's sha256), then whether this
+    machine can load it (the loader's own check). Exit 0 when signed as asked and intact, even if not loadable
+    here: the last line says which."""
     from atom_aot.artifact.reader import Artifact
     from atom_aot.runtime.loader import load_problem, machine_target
-    art = Artifact.open(artifact)
+    p = argparse.ArgumentParser(prog="atom-run ART verify")
+    p.add_argument("--trusted-keys", default=None, metavar="DIR", help="fail unless one of the ed25519 public keys "
+                   "(*.pem, *.pub) in DIR signed the artifact (docs/artifact-format.md)")
+    args = p.parse_args(argv)
+    art = Artifact.open(artifact, args.trusted_keys)
     art.verify(full=True)
     manifest = art.manifest
     print(f"integrity OK: the manifest matches its checksum and all {len(manifest.members)} members match their "
-          f"sha256 in it (build key {manifest.build_key[:12]}). This checks the artifact is intact, not who "
-          f"built it: there is no signature.")
+          f"sha256 in it (build key {manifest.build_key[:12]}).")
+    print(origin_line(art))
     problem = load_problem(manifest)
     here = machine_target()
     print(f"loadable here: no: {problem}" if problem else
           f"loadable here: yes: its arch, toolchain and forward signature match this machine ({here.arch}, "
           f"torch {here.torch}, cpu isa {here.cpu_isa})")
     return 0
+
+
+def origin_line(art) -> str:
+    """Who signed the artifact, and whether that was checked against trusted keys."""
+    if art.signer is not None:
+        return f"signature OK: signed by {art.signer.describe()}, one of the trusted keys asked for."
+    signer = art.read_signer()
+    if signer is None:
+        return ("signature: none. This says the artifact is intact, not who built it; atom-build --sign ART "
+                "--sign-key KEY signs it.")
+    return (f"signature: by key {signer.fingerprint}, and it matches the manifest; pass --trusted-keys DIR to "
+            f"require that key to be one you trust.")
 
 
 COMMANDS = {"generate": generate, "inspect": inspect, "verify": verify, "worker": worker}

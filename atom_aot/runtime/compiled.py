@@ -1,7 +1,8 @@
 """Calls an AOTInductor package from the artifact, with the artifact's weights as its constants.
 
 Uses the package loader directly (not `torch._inductor.aoti_load_package`), so serving never
-imports Inductor: nothing at run time can compile.
+imports Inductor: nothing at run time can compile. The loader unpacks each package into this
+process's folder in the atom-aot cache (extraction.py), not the system's temporary folder.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from atom_aot.distributed.collectives import peer_table  # (a tensor-parallel pa
 from atom_aot.distributed.peer_table import BUFFER_NAME as PEER_TABLE_BUFFER
 from atom_aot.errors import ArtifactError
 from atom_aot.models.step_inputs import SERIALIZED_NAME, StepInputs
+from atom_aot.runtime.extraction import extracting_into, process_folder
 
 
 class CompiledModel:
@@ -28,7 +30,8 @@ class CompiledModel:
         # run before each call, which is illegal while a CUDA graph is being captured (it fails
         # with cudaErrorStreamCaptureInvalidated). One engine thread drives each model, so the
         # locking it buys is not needed.
-        self._loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", True, 1, device_index)
+        with extracting_into(process_folder()):
+            self._loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", True, 1, device_index)
         self.device = device
         self._constants: dict[str, torch.Tensor] | None = None
         found = input_type_names(self._loader.get_call_spec()[0])

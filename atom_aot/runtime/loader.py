@@ -1,8 +1,9 @@
 """Load an artifact for serving: check it, map its weights, and make the model callable.
 
-Order matters: opening the artifact checks the manifest (its checksum, every field, the fixed
-member layout); then the target (arch, toolchain, forward signature) and every member's hash are
-checked, all before anything is deserialized or any compiled code is touched.
+Order matters: opening the artifact checks the manifest (its checksum, its signature by a trusted
+key when `trusted_keys` is given, every field, the fixed member layout); then the target (arch,
+toolchain, forward signature) and every member's hash are checked, all before anything is
+deserialized or any compiled code is touched.
 """
 from __future__ import annotations
 
@@ -88,11 +89,13 @@ def check_target(artifact: Artifact) -> None:
         raise ArtifactError(f"{artifact.path} is not loaded: {problem}")
 
 
-def load_artifact(path: str | Path, enforce_eager: bool = False, rank: int = 0) -> LoadedArtifact:
-    """The artifact with tensor-parallel rank `rank`'s weights (the ranks share the compiled packages)."""
+def load_artifact(path: str | Path, enforce_eager: bool = False, rank: int = 0,
+                  trusted_keys: str | Path | None = None) -> LoadedArtifact:
+    """The artifact with tensor-parallel rank `rank`'s weights (the ranks share the compiled packages); with
+    `trusted_keys` (a folder of public keys), only if one of them signed it."""
     timings = {}
     start = time.perf_counter()
-    artifact = Artifact.open(path)
+    artifact = Artifact.open(path, trusted_keys)
     check_target(artifact)
     weight_members = artifact.manifest.layout.weight_members()
     artifact.verify(skip=frozenset(weight_members))       # the weights are hashed while they load (_weights_reader)

@@ -108,6 +108,8 @@ def _run_forked(artifact_path: str | Path, config: RuntimeConfig, place: RankPla
     except BaseException:
         traceback.print_exc()
     finally:
+        from atom_aot.runtime.extraction import remove_process_folder
+        remove_process_folder()          # the exit handler that would remove it does not run under os._exit
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

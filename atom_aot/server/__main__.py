@@ -26,7 +26,8 @@ async def serve(args) -> int:
     from atom_aot.artifact.reader import Artifact
     from atom_aot.server.args import runtime_config, server_options
     config, options = runtime_config(args), server_options(args)   # a bad flag fails first, with its reason
-    artifact = Artifact.open(args.artifact)     # before the heavy imports: a wrong path fails at once
+    # before the heavy imports: a wrong path, or one no trusted key signed, fails at once
+    artifact = Artifact.open(args.artifact, config.trusted_keys)
     config.served_max_model_len(artifact.manifest.numerics.max_model_len)   # before the engine loads
     from atom_aot.runtime.tokenizer import load_tokenizer
     from atom_aot.server.dp_client import engine_client

@@ -198,7 +198,7 @@ def load_draft(target: LoadedArtifact, config: RuntimeConfig, max_model_len: int
     before the target's KV pool is sized, so that its weights are counted and its pool gets its share."""
     if config.method != "draft":
         return None
-    draft = load_artifact(config.draft_model, enforce_eager=config.enforce_eager)
+    draft = load_artifact(config.draft_model, enforce_eager=config.enforce_eager, trusted_keys=config.trusted_keys)
     check_draft(target, draft, max_model_len)
     return draft
 
