@@ -22,7 +22,8 @@ CHANGED_RUNTIME = RuntimeConfig(max_num_seqs=3, max_num_batched_tokens=77, max_m
                                 enable_prefix_caching=False, scheduler_delay_factor=0.5, kv_cache_memory_bytes=1 << 20,
                                 gpu_memory_utilization=0.5, num_kv_blocks=9, enforce_eager=True, seed=7,
                                 async_scheduling=False, num_threads=3, method="draft", num_speculative_tokens=3,
-                                draft_model="draft.atom", ngram_min_n=1, ngram_max_n=5)
+                                draft_model="draft.atom", ngram_min_n=1, ngram_max_n=5,
+                                trusted_keys="trusted", grammar_compile_timeout=2.5, grammar_compile_workers=3)
 
 
 def test_every_runtime_field_is_a_flag_and_the_example_changes_them_all():

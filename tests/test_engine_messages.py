@@ -31,17 +31,18 @@ class FakeCore:
         self.aborted: list[tuple[str, str]] = []
         self.broken = False
 
-    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         num_prompt_tokens = len(prompt_token_ids)
         if num_prompt_tokens == 0:
             raise RequestError("the prompt is empty")
         if num_prompt_tokens > MAX_PROMPT:
             raise ContextLengthError(f"{num_prompt_tokens} tokens do not fit in {MAX_PROMPT}")
 
-    def add_request(self, prompt_token_ids, params, request_id, arrival_time) -> str:
+    def add_request(self, prompt_token_ids, params, request_id, arrival_time, on_admitted) -> str:
         if self.broken:
             raise RuntimeError("a bug")
         self.added.append(request_id)
+        on_admitted(None)
         return request_id
 
     def abort(self, request_id: str, reason: str = "abort") -> None:

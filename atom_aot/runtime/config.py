@@ -5,20 +5,29 @@ and `__post_init__` checks every value, so a bad one fails before any weight is 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from atom_aot.config_flags import flag
 from atom_aot.errors import StartupError
 from atom_aot.spec.proposer import METHODS
 
 DEFAULT_CPU_KV_BYTES = 1 << 30
+# The token budget of one step unless one is asked for. Every other request waits on the step in flight (its
+# next token, or its first), so on the CPU steps are kept short: SmolLM2-135M's one 8,000-token step took ~93 s
+# on a quiet 2-core host (~12 ms a token), so 128 tokens are about a second, less early in a prompt (the
+# attention's share grows with the context). A GPU computes 8192 in tens of milliseconds and gains throughput
+# from large steps.
+DEFAULT_STEP_TOKENS_GPU = 8192
+DEFAULT_STEP_TOKENS_CPU = 128
 
 
 @dataclass(frozen=True)
 class RuntimeConfig:
     max_num_seqs: int = flag(256, "--max-num-seqs", help="sequences in one batch")
-    max_num_batched_tokens: int = flag(8192, "--max-num-batched-tokens",
-                                       help="tokens computed in one step; longer prompts are chunked")
+    max_num_batched_tokens: int | None = flag(None, "--max-num-batched-tokens",
+                                              help=f"tokens computed in one step; longer prompts are chunked "
+                                                   f"(default: {DEFAULT_STEP_TOKENS_GPU} on a GPU, "
+                                                   f"{DEFAULT_STEP_TOKENS_CPU} on the CPU)")
     max_model_len: int | None = flag(None, "--max-model-len", help="longest sequence served; at most the "
                                      "artifact's (default: the artifact's)")
     enable_prefix_caching: bool = flag(True, "--enable-prefix-caching", negate="--no-prefix-caching",
@@ -46,15 +55,27 @@ class RuntimeConfig:
                                    "(same tokenizer as the served model)")
     ngram_min_n: int = flag(2, "--ngram-min-n", help="--method ngram: the shortest suffix matched")
     ngram_max_n: int = flag(4, "--ngram-max-n", help="--method ngram: the longest suffix matched")
+    grammar_compile_timeout: float = flag(10.0, "--grammar-compile-timeout",
+                                          help="seconds one structured output's grammar may take to compile (in "
+                                               "a worker process, off the engine loop); a slower one refuses its "
+                                               "request")
+    grammar_compile_workers: int = flag(2, "--grammar-compile-workers",
+                                        help="processes compiling grammars, one compile each at a time")
+    trusted_keys: str | None = flag(None, "--trusted-keys", help="refuse the artifact (and a --draft-model) "
+                                    "before anything in it is loaded unless one of the ed25519 public keys (*.pem, "
+                                    "*.pub) in this folder signed it (docs/artifact-format.md)")
 
     def __post_init__(self):
         _check_int(self, "max_num_seqs", minimum=1)
-        _check_int(self, "max_num_batched_tokens", minimum=1)
+        _check_int(self, "max_num_batched_tokens", minimum=1, optional=True)
         _check_int(self, "max_model_len", minimum=1, optional=True)
         _check_int(self, "kv_cache_memory_bytes", minimum=1, optional=True)
         _check_int(self, "num_kv_blocks", minimum=2, optional=True)
         _check_int(self, "seed", minimum=0)
         _check_int(self, "num_threads", minimum=1, optional=True)
+        _check_int(self, "grammar_compile_workers", minimum=1)
+        _require(_is_number(self.grammar_compile_timeout) and self.grammar_compile_timeout > 0,
+                 "grammar_compile_timeout", f"must be a number of seconds > 0, got {self.grammar_compile_timeout!r}")
         self._check_speculation()
         for name in ("enable_prefix_caching", "enforce_eager"):
             _require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
@@ -83,9 +104,20 @@ class RuntimeConfig:
                                f"{self.max_model_len}.")
         return self.max_model_len or artifact_limit
 
+    def for_target(self, arch: str) -> RuntimeConfig:
+        """This config with the step budget of the artifact's target (`arch`, the manifest's) where none was asked
+        for; one asked for is kept."""
+        if self.max_num_batched_tokens is not None:
+            return self
+        return replace(self, max_num_batched_tokens=default_step_tokens(arch))
+
     @classmethod
     def field_names(cls) -> set[str]:
         return {f.name for f in fields(cls)}
+
+
+def default_step_tokens(arch: str) -> int:
+    return DEFAULT_STEP_TOKENS_CPU if arch == "cpu" else DEFAULT_STEP_TOKENS_GPU
 
 
 def max_scored_prompt_rows(max_num_seqs: int) -> int:

@@ -10,12 +10,19 @@ last tokens on the host (a grammar, a bad word of several tokens: `SamplingParam
 makes the steps run synchronously while it is unfinished: its next step is launched only after its
 last one is read. Speculative
 decoding (a runner that verifies draft tokens, atom_aot/spec/) runs synchronously.
+
+A request with a grammar is not handed to the scheduler until its grammar compiled: it waits in a map of
+compiling requests, polled each step, while a pool of worker processes compiles (grammar_compiler.py), so
+one request's grammar never stalls the others' steps.
 """
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass
 from typing import Callable
 
 from atom_aot.runtime.attention_dp import Lockstep
@@ -29,6 +36,19 @@ from atom_aot.runtime.sequence import Sequence
 from atom_aot.runtime.structured_output import Grammars, accept_sampled
 from atom_aot.spec.stats import SpecCounters
 from atom_aot.spec.verifier import VerifiedOutput
+
+log = logging.getLogger("atom_aot")
+
+COMPILE_POLL_S = 0.05       # how long an engine with nothing but compiling requests waits for a compile per step
+Admitted = Callable[[str | None], None]     # told once a request is queued (None) or refused (why)
+
+
+@dataclass(frozen=True)
+class Compiling:
+    """A request waiting for its grammar, out of the scheduler's sight."""
+    seq: Sequence
+    grammar: Future         # the CompiledGrammar (grammar_compiler.py)
+    on_admitted: Admitted | None
 
 
 def check_prompt(prompt_token_ids: list[int], params: SamplingParams, max_model_len: int,
@@ -72,6 +92,7 @@ class EngineCore:
         self._prompt_logprobs: dict[str, list[TokenLogprobs]] = {}
         self.grammars = grammars                   # None: structured outputs are refused
         self._host_bound: dict[Sequence, None] = {}  # unfinished requests that need synchronous steps
+        self._compiling: dict[str, Compiling] = {}   # request id -> a request whose grammar is compiling
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
         self.num_synchronous_steps = 0             # steps run without overlap because of such requests
@@ -81,43 +102,74 @@ class EngineCore:
         return self.scheduler.block_manager
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                    arrival_time: float | None = None) -> str:
-        self.validate(prompt_token_ids, params)
+                    arrival_time: float | None = None, on_admitted: Admitted | None = None) -> str:
+        """Queue a request; one whose grammar is not compiled yet waits for it (the engine steps meanwhile).
+        `on_admitted` is told once, for every request: None when it is queued, or why it was refused (its
+        grammar does not compile). Without it, a grammar already known not to compile raises RequestError."""
+        self.check(prompt_token_ids, params)
         request_id = request_id if request_id is not None else str(next(self._ids))
+        if request_id in self._compiling:
+            raise RequestError(f"request id {request_id!r} is already in the engine; give each request its own id")
         seq = Sequence(request_id=request_id, token_ids=list(prompt_token_ids),
                        num_prompt_tokens=len(prompt_token_ids), params=params, block_size=self.block_size,
                        eos_token_ids=self.eos_token_ids, arrival_time=arrival_time or time.perf_counter())
         if params.seed is not None:
             seq.generator = self.runner.sampler.new_request_generator(params.seed)
-        if params.grammar is not None:
-            seq.grammar_matcher = self.grammars.matcher(params.grammar)
-        if params.needs_last_tokens:
-            self._host_bound[seq] = None
-        if params.prompt_logprobs is not None:
-            self._prompt_logprobs[request_id] = []
-        self.scheduler.add(seq)
-        self.num_prompt_tokens_total += len(prompt_token_ids)
+        if params.grammar is None:
+            self._queue(seq)
+            if on_admitted is not None:
+                on_admitted(None)
+            return request_id
+        waiting = Compiling(seq, self.grammars.request(params.grammar), on_admitted)
+        if waiting.grammar.done() and on_admitted is None:
+            self._queue(seq, waiting.grammar.result())          # raises the RequestError of one that failed
+        elif waiting.grammar.done():
+            self._admit(waiting)
+        else:
+            self._compiling[request_id] = waiting
         return request_id
 
-    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def _queue(self, seq: Sequence, compiled_grammar=None) -> None:
+        if compiled_grammar is not None:
+            seq.grammar_matcher = self.grammars.matcher(compiled_grammar)
+        self.scheduler.add(seq)
+        if seq.params.needs_last_tokens:
+            self._host_bound[seq] = None
+        if seq.params.prompt_logprobs is not None:
+            self._prompt_logprobs[seq.request_id] = []
+        self.num_prompt_tokens_total += seq.num_prompt_tokens
+
+    def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """What is refused at once, before queuing: the prompt, what this engine cannot do. A grammar is not
+        compiled here (`validate` waits for that)."""
         check_prompt(prompt_token_ids, params, self.scheduler.config.max_model_len, self.vocab_size)
         if self.spec_counters is not None and params.processes_logits:
             raise RequestError("penalties, logit_bias, min_tokens, bad_words and structured outputs are not "
                                "supported with speculative decoding yet: serve without --method for these requests")
+        if params.grammar is not None and self.grammars is None:
+            raise RequestError("structured outputs are not available in this engine (no tokenizer for a grammar)")
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """`check`, and the request's grammar compiled, waiting for it (the offline engine refuses a grammar
+        that does not compile before it queues any request of a call; the compiled grammar is cached)."""
+        self.check(prompt_token_ids, params)
         if params.grammar is not None:
-            if self.grammars is None:
-                raise RequestError("structured outputs are not available in this engine (no tokenizer for a grammar)")
-            self.grammars.compiled(params.grammar)      # a grammar that does not compile is refused here
+            self.grammars.compiled(params.grammar)
 
     def abort(self, request_id: str, reason: str = "abort") -> None:
         self._prompt_logprobs.pop(request_id, None)
+        waiting = self._compiling.pop(request_id, None)
+        if waiting is not None and waiting.on_admitted is not None:
+            waiting.on_admitted("the request was aborted while its grammar compiled")
         self.scheduler.abort(request_id, reason)
 
     def close(self) -> None:
+        if self.grammars is not None:
+            self.grammars.close()
         self.on_close()
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._in_flight)
+        return self.scheduler.has_unfinished() or bool(self._in_flight) or bool(self._compiling)
 
     def stats(self) -> CoreStats:
         bm = self.block_manager
@@ -133,8 +185,8 @@ class EngineCore:
     def step(self) -> list[CoreOutput]:
         """Schedule and launch a batch; return the outputs of the one before it (async scheduling),
         or of this one. When nothing more can be scheduled the batch in flight is read."""
+        outputs = self._admit_compiled()
         overlap = self.async_scheduling and not self._needs_synchronous_step()
-        outputs = []
         while self._in_flight and not overlap:      # the next step's logits need these tokens read
             outputs += self._complete(*self._in_flight.popleft())
         batch = self.scheduler.schedule()
@@ -144,7 +196,37 @@ class EngineCore:
         keep = 1 if overlap and batch is not None else 0
         while len(self._in_flight) > keep:
             outputs += self._complete(*self._in_flight.popleft())
+        if batch is None and not self._in_flight and self._compiling:     # nothing to do but wait for grammars
+            wait([waiting.grammar for waiting in self._compiling.values()], COMPILE_POLL_S, FIRST_COMPLETED)
         return outputs
+
+    def _admit_compiled(self) -> list[CoreOutput]:
+        """Queue the requests whose grammar compiled; the outputs of those refused that no one is told of."""
+        done = [waiting for waiting in self._compiling.values() if waiting.grammar.done()]
+        outputs = []
+        for waiting in done:
+            del self._compiling[waiting.seq.request_id]
+            error = self._admit(waiting)
+            if error is not None and waiting.on_admitted is None:
+                log.error("request %r ends unstarted (finish_reason 'abort'): %s", waiting.seq.request_id, error)
+                outputs.append(CoreOutput(request_id=waiting.seq.request_id, new_token_ids=[], finish_reason="abort",
+                                          num_prompt_tokens=waiting.seq.num_prompt_tokens,
+                                          arrival_time=waiting.seq.arrival_time, finish_time=time.perf_counter()))
+        return outputs
+
+    def _admit(self, waiting: Compiling) -> str | None:
+        """Queue a request whose grammar is done compiling; None, or why it was refused (told to its caller)."""
+        try:
+            self._queue(waiting.seq, waiting.grammar.result())
+            error = None
+        except RequestError as e:
+            error = str(e)
+        except Exception:          # a bug in one request must not take the engine's loop down
+            log.exception("request %r could not be queued", waiting.seq.request_id)
+            error = "the request could not be queued (see the server's log)"
+        if waiting.on_admitted is not None:
+            waiting.on_admitted(error)
+        return error
 
     def _needs_synchronous_step(self) -> bool:
         for seq in [seq for seq in self._host_bound if seq.is_finished]:

@@ -207,7 +207,8 @@ def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig, ranks: Lead
         BlockManager(num_blocks, loaded.block_size, config.enable_prefix_caching),
         proposer=speculation.proposer if speculation else None)
     eos = eos_token_ids(loaded)
-    grammars = Grammars(loaded.tokenizer_dir, loaded.model_config.vocab_size, eos)
+    grammars = Grammars(loaded.tokenizer_dir, loaded.model_config.vocab_size, eos, config.grammar_compile_timeout,
+                        config.grammar_compile_workers)
     on_close = ranks.close if ranks is not None else lockstep.close if lockstep is not None else lambda: None
     if speculation is None:
         return EngineCore(scheduler, runner, eos, loaded.block_size, config.async_scheduling, grammars, on_close,
@@ -228,7 +229,8 @@ def load_and_start(artifact_path, config: RuntimeConfig,
     TRITON.install()       # every load counts Triton JIT compilations (the runtime must do none)
     warn_if_torch_uncached()
     set_torch_threads(config.num_threads)
-    artifact = Artifact.open(artifact_path)
+    artifact = Artifact.open(artifact_path, config.trusted_keys)     # origin first: nothing starts for a refused one
+    config = config.for_target(artifact.manifest.target.arch)    # the target's step budget unless one was asked for
     starting = time.perf_counter()
     if artifact.manifest.layout.attention_data_parallel:
         place, device = attention_dp_place(artifact)
@@ -239,7 +241,8 @@ def load_and_start(artifact_path, config: RuntimeConfig,
         rank, link, release = 0, "ranks", LeadRank.abort
         meet, device = (ranks.join, ranks.device) if ranks is not None else (None, None)
         start_timings = ranks.timings if ranks is not None else {}
-    load = partial(load_artifact, artifact_path, enforce_eager=config.enforce_eager, rank=rank)
+    load = partial(load_artifact, artifact_path, enforce_eager=config.enforce_eager, rank=rank,
+                   trusted_keys=config.trusted_keys)
     met = []                                            # what to release if the start fails after the meet
 
     def load_and_start_core() -> tuple[LoadedArtifact, EngineCore]:

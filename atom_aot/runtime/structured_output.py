@@ -7,67 +7,91 @@ steps of a batch holding a grammar synchronously (engine_core.py).
 """
 from __future__ import annotations
 
-import json
 import logging
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future
 from functools import cached_property
 from pathlib import Path
 
 import torch
 
-from atom_aot.errors import RequestError
+from atom_aot.runtime.grammar_compiler import GrammarCompilePool
 from atom_aot.runtime.sampling_params import GrammarSpec
 
 log = logging.getLogger("atom_aot")
 
+CACHE_ENTRIES = 64          # compiled grammars kept, least recently used dropped first
+
 
 class Grammars:
-    """Compiles grammars for one tokenizer (lazily: xgrammar reads the whole vocabulary once, at the
-    first structured request). Compiled grammars are cached by xgrammar, keyed by their text."""
+    """Compiles grammars for one tokenizer off the engine loop (grammar_compiler.py), and keeps the last
+    CACHE_ENTRIES compiled, keyed by their spec, so a repeated schema compiles once. Lazily: the compile workers
+    start, and xgrammar reads the whole vocabulary, at the first structured request (which waits for that)."""
 
-    def __init__(self, tokenizer_dir: Path, vocab_size: int, stop_token_ids: frozenset[int]):
+    def __init__(self, tokenizer_dir: Path, vocab_size: int, stop_token_ids: frozenset[int],
+                 compile_timeout_s: float, compile_workers: int):
+        """`compile_timeout_s`, `compile_workers`: RuntimeConfig's grammar_compile_timeout and _workers."""
         self.tokenizer_dir = Path(tokenizer_dir)
         self.vocab_size = vocab_size          # the model's logits width (may exceed the tokenizer's vocabulary)
         self.stop_token_ids = sorted(stop_token_ids)
+        self.compile_timeout_s = compile_timeout_s
+        self.compile_workers = compile_workers
+        self.cache_hits = 0
+        self._cache: OrderedDict[GrammarSpec, object] = OrderedDict()
+        self._compiling: dict[GrammarSpec, Future] = {}    # one compile per spec, whoever asks meanwhile
+        self._lock = threading.Lock()                       # the pool's threads settle what they compiled
 
-    @cached_property
-    def compiler(self):
+    def tokenizer_info(self):
+        """xgrammar's view of the tokenizer (read once, by the compile pool's thread)."""
         import xgrammar as xgr
         info = xgr.TokenizerInfo.from_huggingface(_hf_tokenizer(self.tokenizer_dir), vocab_size=self.vocab_size,
                                                   stop_token_ids=self.stop_token_ids)
-        log.info("structured outputs: xgrammar over %d tokens (%s); steps of batches holding a structured "
-                 "request run synchronously (no async scheduling for them)", self.vocab_size, info.vocab_type.name)
-        return xgr.GrammarCompiler(info)
+        log.info("structured outputs: xgrammar over %d tokens (%s), %d compile worker(s), %g s per compile; steps "
+                 "of batches holding a structured request run synchronously (no async scheduling for them)",
+                 self.vocab_size, info.vocab_type.name, self.compile_workers, self.compile_timeout_s)
+        return info
 
-    def matcher(self, spec: GrammarSpec):
-        """A fresh matcher for `spec` (compiled once: xgrammar caches what it compiled)."""
-        import xgrammar as xgr
-        return xgr.GrammarMatcher(self.compiled(spec))
+    @cached_property
+    def pool(self) -> GrammarCompilePool:
+        return GrammarCompilePool(self.tokenizer_info, self.compile_workers, self.compile_timeout_s)
+
+    def request(self, spec: GrammarSpec) -> Future:
+        """`spec` compiled: a future of the CompiledGrammar, already done on a cache hit; its exception is a
+        RequestError (the spec does not compile, or not within the time limit)."""
+        with self._lock:
+            if spec in self._cache:
+                self._cache.move_to_end(spec)
+                self.cache_hits += 1
+                done: Future = Future()
+                done.set_result(self._cache[spec])
+                return done
+            if spec in self._compiling:
+                return self._compiling[spec]
+            future = self._compiling[spec] = self.pool.submit(spec)
+        future.add_done_callback(lambda f: self._settle(spec, f))
+        return future
 
     def compiled(self, spec: GrammarSpec):
-        """`spec` compiled; an invalid schema, regex or grammar is the request's error."""
-        try:
-            return self._compile(spec)
-        except (RuntimeError, ValueError) as e:
-            reason = str(e).splitlines()[0].split("] ", 1)[-1]      # xgrammar's message, without its log prefix
-            raise RequestError(f"the {spec.kind} of this request's structured output does not compile: "
-                               f"{reason}") from None
+        """`spec` compiled, waiting for it (the offline engine's check before it queues a request)."""
+        return self.request(spec).result()
 
-    def _compile(self, spec: GrammarSpec):
-        if spec.kind == "json_object":
-            return self.compiler.compile_builtin_json_grammar()
-        if spec.kind == "json_schema":
-            # compact JSON: "any whitespace" lets small models emit blanks until max_tokens
-            return self.compiler.compile_json_schema(spec.value, any_whitespace=False)
-        if spec.kind == "regex":
-            return self.compiler.compile_regex(spec.value)
-        if spec.kind == "choice":
-            return self.compiler.compile_grammar(choice_grammar(spec.choices))
-        return self.compiler.compile_grammar(spec.value)
+    def matcher(self, compiled):
+        """A fresh matcher over a compiled grammar."""
+        import xgrammar as xgr
+        return xgr.GrammarMatcher(compiled)
 
+    def close(self) -> None:
+        if "pool" in self.__dict__:
+            self.pool.close()
 
-def choice_grammar(choices: tuple[str, ...]) -> str:
-    """EBNF whose language is exactly `choices` (xgrammar's string literals take JSON's escapes)."""
-    return "root ::= " + " | ".join(json.dumps(choice, ensure_ascii=False) for choice in choices)
+    def _settle(self, spec: GrammarSpec, future: Future) -> None:
+        with self._lock:
+            self._compiling.pop(spec, None)
+            if future.exception() is None:
+                self._cache[spec] = future.result()
+                while len(self._cache) > CACHE_ENTRIES:
+                    self._cache.popitem(last=False)
 
 
 def _hf_tokenizer(tokenizer_dir: Path):

@@ -15,12 +15,14 @@ loads (runtime/threads.py says why).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
 import signal
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import zmq
@@ -28,6 +30,7 @@ import zmq
 from atom_aot.errors import ContextLengthError, RankStopped, RequestError
 from atom_aot.logging_setup import DATE_FORMAT, FORMAT, seconds_listed
 from atom_aot.runtime.config import RuntimeConfig
+from atom_aot.runtime.profiler import TraceDir
 from atom_aot.runtime.threads import prefer_passive_openmp_wait
 from atom_aot.server.messages import (HEARTBEAT_S, Abort, Added, AddRequests, Call, EngineInfo, EngineStats, Failure,
                                       Heartbeat, Outputs, ProfileStarted, ProfileStopped, Ready, Reply, Shutdown,
@@ -43,8 +46,9 @@ PARENT_CHECK_S = 1.0
 
 
 def run_engine_process(artifact_path: str, config: RuntimeConfig, inputs_addr: str, outputs_addr: str,
-                       profiler_dir: str | None, log_level: str = "info") -> None:
-    """Entry point of the spawned process."""
+                       profiler_dir: str | TraceDir | None, log_level: str = "info") -> None:
+    """Entry point of the spawned process. profiler_dir: where /start_profile's traces go (a TraceDir: this
+    engine's ranks are rank_<first_rank + r>, one data-parallel engine among others)."""
     prefer_passive_openmp_wait()
     _install_signal_handlers()
     logging.basicConfig(level=log_level.upper(), format=FORMAT, datefmt=DATE_FORMAT)
@@ -120,6 +124,16 @@ class Alone:
 ALONE = Alone()
 
 
+@dataclass
+class PendingAdd:
+    """An AddRequests call whose reply waits for its requests' grammars."""
+    call_id: int
+    waiting: set[str]                                   # request ids not admitted or refused yet
+    admitted: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    answered: bool = False
+
+
 class EngineLoop:
     def __init__(self, core: EngineCore, inbox: zmq.Socket, outbox: zmq.Socket, profiler: TorchProfiler):
         self.core = core
@@ -130,8 +144,9 @@ class EngineLoop:
         self.steps = 0
         self._parent_checked = time.monotonic()
         self._last_heartbeat = 0.0
-        # request type -> handler returning that type's reply (tests/test_engine_messages.py: every type is here)
-        self._handlers = {AddRequests: self._add, StartProfile: lambda _: ProfileStarted(self.profiler.start()),
+        # request type -> handler returning that type's reply (AddRequests, whose reply may come later: `_add`;
+        # tests/test_engine_messages.py: every type is answered)
+        self._handlers = {StartProfile: lambda _: ProfileStarted(self.profiler.start()),
                           StopProfile: lambda _: ProfileStopped(self.profiler.stop())}
 
     def run(self) -> None:
@@ -184,15 +199,19 @@ class EngineLoop:
             for request_id in message.request_ids:
                 self.core.abort(request_id, message.reason)
         elif isinstance(message, Call):
-            self.outbox.send(encode(self._answer(message)))
+            reply = self._answer(message)
+            if reply is not None:           # None: it is sent later (requests waiting for their grammars)
+                self.outbox.send(encode(reply))
         elif isinstance(message, Shutdown):
             self.running = False
         elif not isinstance(message, Wake):
             log.warning("the engine ignores a message it does not know: %s", type(message).__name__)
 
-    def _answer(self, call: Call) -> Reply:
+    def _answer(self, call: Call) -> Reply | None:
         request = call.request
         try:
+            if isinstance(request, AddRequests):
+                return self._add(call.call_id, request)
             return Reply(call.call_id, result=self._handlers[type(request)](request))
         except (RequestError, ProfilerError) as e:      # the caller's fault: told, not logged
             code = "context_length_exceeded" if isinstance(e, ContextLengthError) else None
@@ -201,13 +220,37 @@ class EngineLoop:
             log.exception("engine request %s failed", type(request).__name__)
             return Reply(call.call_id, failure=Failure(f"{type(e).__name__}: {e}"))
 
-    def _add(self, request: AddRequests) -> Added:
-        """All or none: every request is checked before any is queued."""
+    def _add(self, call_id: int, request: AddRequests) -> Reply | None:
+        """All or none: every request is checked before any is queued. One whose grammar is compiling is queued
+        once it compiled (the engine steps meanwhile), and the reply waits for all of the call's requests: if a
+        grammar does not compile, the call is refused and its other requests aborted. None: replied later."""
         for r in request.requests:
-            self.core.validate(r.prompt_token_ids, r.params)
-        for r in request.requests:
-            self.core.add_request(r.prompt_token_ids, r.params, r.request_id, r.arrival_time)
-        return Added(len(request.requests))
+            self.core.check(r.prompt_token_ids, r.params)
+        pending = PendingAdd(call_id, {r.request_id for r in request.requests})
+        try:
+            for r in request.requests:
+                self.core.add_request(r.prompt_token_ids, r.params, r.request_id, r.arrival_time,
+                                      on_admitted=functools.partial(self._admitted, pending, r.request_id))
+        except BaseException:
+            pending.answered = True     # the caller answers with the error
+            raise
+        return None
+
+    def _admitted(self, pending: PendingAdd, request_id: str, error: str | None) -> None:
+        pending.waiting.discard(request_id)
+        if error is None:
+            pending.admitted.append(request_id)
+        else:
+            pending.errors.append(error)
+        if pending.waiting or pending.answered:
+            return
+        pending.answered = True
+        if not pending.errors:
+            self.outbox.send(encode(Reply(pending.call_id, result=Added(len(pending.admitted)))))
+            return
+        for admitted in pending.admitted:
+            self.core.abort(admitted)
+        self.outbox.send(encode(Reply(pending.call_id, failure=Failure(pending.errors[0], rejected=True))))
 
     def _stats(self) -> EngineStats:
         from atom_aot.runtime.compile_counter import compile_counts
