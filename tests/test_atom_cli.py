@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -135,3 +136,162 @@ def test_llm_engine_without_a_profiler_dir_says_how_to_enable(tiny_llama_eager_a
     engine = LLMEngine(str(tiny_llama_eager_artifact), num_kv_blocks=64)
     with pytest.raises(ProfilerError, match="torch_profiler_dir=DIR"):
         engine.start_profile()
+
+
+# -- ATOM's engine flags, read onto ours (atom_aot/entrypoints/atom_flags.py) -----------------------------
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--level", "0"], {"enforce_eager": True, "compile": "none"}),
+    (["--level", "3"], {"enforce_eager": False, "compile": "aoti"}),
+    (["--cudagraph-capture-sizes", "[1,2,4,8,16,32,48,64,128,256,512]"],
+     {"capture_sizes": (1, 2, 4, 8, 16, 32, 48, 64, 128, 256, 512)}),
+    (["--cudagraph-capture-sizes", "[]"], {"capture_sizes": ()}),
+    (["--cudagraph-mode", "NONE"], {"capture_sizes": ()}),
+    (["--cudagraph-mode", "FULL", "--cudagraph-capture-sizes", "[4, 1, 2]"], {"capture_sizes": (1, 2, 4)}),
+    (["--load_dummy"], {"load_format": "dummy"}),
+    (["--enable_prefix_caching"], {"enable_prefix_caching": True}),
+    (["--no-enable_prefix_caching"], {"enable_prefix_caching": False}),
+    (["--no-enable-prefix-caching"], {"enable_prefix_caching": False}),
+    ([], {"enable_prefix_caching": True, "capture_sizes": None, "load_format": "auto"}),
+    (["--enable_chunked_prefill", "--long-prefill-token-threshold", "0"], {"enable_chunked_prefill": True}),
+])
+def test_atom_engine_flags_map_onto_ours(argv, expected):
+    args = openai_server.parse_args(["--model", "./m", *argv], atom_entry=True)
+    assert {name: getattr(args, name) for name in expected} == expected
+
+
+def test_mapped_atom_flags_reach_the_build():
+    args = openai_server.parse_args(["--model", "./m", "--level", "0", "--load_dummy", "--cudagraph-capture-sizes",
+                                     "[1,2]", "-dp", "2", "--enable-expert-parallel", "--enable-dp-attention"])
+    assert openai_server.build_flags(args) == {"compile": "none", "load_format": "dummy", "capture_sizes": (1, 2),
+                                               "enable_expert_parallel": True, "data_parallel_size": 2}
+
+
+def test_level_0_with_an_artifact_runs_it_eagerly_without_a_build_option():
+    args = openai_server.parse_args(["--model", "served.atom", "--level", "0"])
+    assert args.enforce_eager and openai_server.build_flags(args) == {}
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--mark-trace"], "--mark-trace: .* use --torch-profiler-dir DIR"),
+    (["--level", "1"], "--level 1: atom-aot compiles the whole graph ahead of time .level 3.* or not at all "
+                       ".--level 0."),
+    (["--level", "2"], "--level 2:"),
+    (["--level", "3", "--compile", "none"], "--level 3 with --compile none"),
+    (["--cudagraph-mode", "PIECEWISE"], "--cudagraph-mode PIECEWISE: .* no pieces"),
+    (["--cudagraph-mode", "FULL_AND_PIECEWISE"], "--cudagraph-mode FULL_AND_PIECEWISE:"),
+    (["--cudagraph-mode", "NONE", "--cudagraph-capture-sizes", "[1]"], "--cudagraph-mode NONE with"),
+    (["--cudagraph-capture-sizes", "[1, x]"], "--cudagraph-capture-sizes must be a list"),
+    (["--cudagraph-capture-sizes", "[0, 2]"], "--cudagraph-capture-sizes must be a list"),
+    (["--cudagraph-capture-sizes", "[1,2]", "--capture-sizes", "1,4"], "disagree"),
+    (["--no-enable_chunked_prefill"], "--no-enable_chunked_prefill: .*--max-num-batched-tokens"),
+    (["--long-prefill-token-threshold", "512"], "--long-prefill-token-threshold 512:"),
+    (["--index-cache-dtype", "fp8"], "--index-cache-dtype fp8:"),
+    (["--enable-dp-attention"], "--enable-dp-attention: .*-dp N --enable-expert-parallel"),
+    (["--enable-dp-attention", "-dp", "2"], "--enable-dp-attention: .*no --enable-expert-parallel"),
+    (["--port", "9000"], "--port 9000: in ATOM this is the engine's internal port.* --server-port"),
+])
+def test_atom_flags_we_cannot_honour_are_refused_by_name(argv, named, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        openai_server.parse_args(["--model", "./m", *argv], atom_entry=True)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and re.search(named, err), err
+    assert "usage:" not in err and "Traceback" not in err
+
+
+def test_trust_remote_code_is_accepted_and_said_to_run_no_code(caplog):
+    from atom_aot.entrypoints.atom_flags import announce
+    args = openai_server.parse_args(["--model", "./m", "--trust-remote-code"], atom_entry=True)
+    with caplog.at_level("INFO", logger="atom_aot"):
+        announce(args)
+    assert "--trust-remote-code: no code from the model's repository is run" in caplog.text
+
+
+def test_the_atom_entry_follows_atoms_server_and_atom_run_serve_vllms():
+    atom = openai_server.parse_args(["--model", "./m", "--server-port", "9001", "--port", "8006"], atom_entry=True)
+    assert (atom.port, atom.engine_port, atom.host, atom.default_completion_max_tokens) == (9001, 8006, "0.0.0.0", 256)
+    vllm = openai_server.parse_args(["--model", "./m", "--port", "9001"])
+    assert (vllm.port, vllm.host, vllm.default_completion_max_tokens) == (9001, "127.0.0.1", 16)
+    assert not hasattr(vllm, "engine_port")
+
+
+def test_completions_max_tokens_default_is_the_servers_option():
+    from types import SimpleNamespace
+    from atom_aot.server.options import ServerOptions
+    from atom_aot.server.serving_completions import _max_tokens
+    state = SimpleNamespace(options=ServerOptions(default_completion_max_tokens=256),
+                            info=SimpleNamespace(max_model_len=1000))
+    assert _max_tokens(state, SimpleNamespace(max_tokens=None), 10) == 256
+    assert _max_tokens(state, SimpleNamespace(max_tokens=None), 900) == 100       # what fits the context
+    assert _max_tokens(state, SimpleNamespace(max_tokens=7), 10) == 7
+
+
+# -- the examples take ATOM's EngineArgs (atom_aot/entrypoints/engine_args.py) ----------------------------
+
+@pytest.mark.parametrize("example", ["simple_inference", "profile_offline"])
+def test_the_examples_take_the_engine_flags_atoms_take(example):
+    import importlib
+    from atom_aot.entrypoints.engine_args import engine_options
+    module = importlib.import_module(f"atom_aot.examples.{example}")
+    args = module.parse_args(["--model", "./m", "--kv_cache_dtype", "fp8", "-tp", "2", "--level", "0",
+                              "--max_num_seqs", "8", "--block-size", "32", "--no-enable_prefix_caching"])
+    options = engine_options(args)
+    assert {k: options[k] for k in ("kv_cache_dtype", "tensor_parallel_size", "block_size", "compile")} == \
+        {"kv_cache_dtype": "fp8", "tensor_parallel_size": 2, "block_size": 32, "compile": "none"}
+    assert (options["enforce_eager"], options["max_num_seqs"], options["enable_prefix_caching"]) == (True, 8, False)
+
+
+def test_simple_inference_passes_its_flags_to_the_engine(tiny_llama_eager_artifact, capsys):
+    from atom_aot.examples import simple_inference
+    assert simple_inference.main(["--model", str(tiny_llama_eager_artifact), "--kv_cache_dtype", "fp8"]) == 2
+    assert "kv_cache_dtype: build options, fixed when" in capsys.readouterr().err
+    assert simple_inference.main(["--model", str(tiny_llama_eager_artifact), "--max-tokens", "2", "--num-kv-blocks",
+                                  "64", "--max_num_seqs", "2", "--no-enable-thinking", "hi", "there"]) == 0
+    assert re.search(r"^2 prompts, \d+ tokens in ", capsys.readouterr().out, flags=re.M)
+
+
+# -- profiling every rank ------------------------------------------------------------------------------
+
+def test_a_tp2_engine_writes_a_trace_for_each_rank(build_artifact, tiny_llama_dir, tmp_path):
+    from atom_aot import LLMEngine, SamplingParams
+    art = build_artifact(tiny_llama_dir, compile="none", tensor_parallel_size=2)
+    engine = LLMEngine(str(art), torch_profiler_dir=str(tmp_path), num_kv_blocks=64, num_threads=1)
+    try:
+        assert engine.start_profile() == str(tmp_path / "rank_0")
+        engine.generate(["profile every rank"], SamplingParams(max_tokens=2))
+        rank_0 = engine.stop_profile()
+        engine.generate(["still serving after"], SamplingParams(max_tokens=2))
+    finally:
+        engine.close()
+    for rank in (0, 1):
+        (trace,) = (tmp_path / f"rank_{rank}").glob("*.json.gz")
+        names = {e.get("name") for e in json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]}
+        assert "atom::paged_attention" in names, f"rank {rank}"
+    assert rank_0 == str(next((tmp_path / "rank_0").glob("*.json.gz")))
+
+
+def test_each_data_parallel_engine_writes_under_its_own_ranks(tmp_path):
+    """Replica i of an artifact of N ranks: rank_<i*N + r>; rank r of a data-parallel-attention artifact: rank_<r>."""
+    import asyncio
+    from types import SimpleNamespace
+    from atom_aot.runtime.config import RuntimeConfig
+    from atom_aot.runtime.profiler import TorchProfiler, TraceDir
+    from atom_aot.server.dp_client import attention_dp_client, engine_client
+    root = str(tmp_path)
+    manifest = SimpleNamespace(layout=SimpleNamespace(attention_data_parallel=False, world_size=2),
+                               target=SimpleNamespace(arch="cpu"))
+    args = SimpleNamespace(artifact="a.atom", data_parallel_size=3, dp_routing=None, torch_profiler_dir=root,
+                           log_level="info")
+    replicas = engine_client(args, RuntimeConfig(), manifest)
+    ranks = attention_dp_client("a.atom", RuntimeConfig(), 2, root, "info")
+    off = attention_dp_client("a.atom", RuntimeConfig(), 2, None, "info")
+    try:
+        assert [r.profiler_dir for r in replicas.replicas] == [TraceDir(root, 0), TraceDir(root, 2), TraceDir(root, 4)]
+        assert [r.profiler_dir for r in ranks.replicas] == [TraceDir(root, 0), TraceDir(root, 1)]
+        assert [r.profiler_dir for r in off.replicas] == [None, None]
+    finally:
+        for client in (replicas, ranks, off):
+            asyncio.run(client.shutdown())
+    assert TorchProfiler(TraceDir(root, 2)).out_dir == tmp_path / "rank_2"           # replica 1's engine (rank 0)
+    assert TorchProfiler(TraceDir(root, 2), rank=1).out_dir == tmp_path / "rank_3"   # and its rank 1
+    assert TorchProfiler(root).out_dir == tmp_path / "rank_0"

@@ -8,6 +8,12 @@ lookup and stays the fast path. Given an artifact as --model, it is served as is
 
 `-dp N` means what it means to vLLM: with `--ep` (and -tp 1) data-parallel attention, built into the
 artifact (`atom-build -dp N --ep`, whose N ranks the server starts); otherwise N whole replicas.
+
+ATOM's engine flags (--level, --cudagraph-capture-sizes, --load_dummy, ...) are read onto ours by
+atom_flags.py in both entries. Run as `python -m atom_aot.entrypoints.openai_server`, the entry also
+follows ATOM's server: --port is ATOM's engine port and --server-port the HTTP port, the host is
+0.0.0.0 and a completion's max_tokens defaults to 256; `atom-run serve --model` keeps vLLM's (--port
+is the HTTP port, host 127.0.0.1, max_tokens 16).
 """
 from __future__ import annotations
 
@@ -25,9 +31,13 @@ log = logging.getLogger("atom_aot.server")
 NOT_BUILD_FLAGS = (*DECIDED_AT_SERVE_TIME, "data_parallel_size")
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+def parse_args(argv: list[str], atom_entry: bool = False) -> argparse.Namespace:
+    """atom_entry: ATOM's server's --port, --server-port and defaults (see the module doc)."""
+    from atom_aot.entrypoints.atom_flags import (ATOM_SERVER_DEFAULTS, AtomFlagError, add_atom_arguments,
+                                                 read_atom_flags)
     from atom_aot.server.args import add_server_arguments, check_server_args
-    p = argparse.ArgumentParser(prog="atom-run serve", description="Build a model into the artifact cache "
+    prog = "python -m atom_aot.entrypoints.openai_server" if atom_entry else "atom-run serve"
+    p = argparse.ArgumentParser(prog=prog, description="Build a model into the artifact cache "
                                 "(or reuse its cached build) and serve it over an OpenAI-compatible HTTP API.")
     p.add_argument("--model", default=None, help="HF folder, GGUF file or artifact (default: the embedded "
                    "model); also the default served model name, as given")
@@ -35,8 +45,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add_arguments(build, BuildOptions, exclude=NOT_BUILD_FLAGS, underscore_aliases=True)
     build.add_argument("--cache-dir", "--cache_dir", dest="cache_dir", default=None,
                        help="artifact cache (default: $ATOM_AOT_ARTIFACTS, else ./artifacts)")
-    add_server_arguments(p, underscore_aliases=True)
-    return check_server_args(p, p.parse_args(argv))
+    if atom_entry:
+        add_server_arguments(p, underscore_aliases=True, port_flags=("--server-port", "--server_port"),
+                             defaults=ATOM_SERVER_DEFAULTS)
+    else:
+        add_server_arguments(p, underscore_aliases=True)
+    add_atom_arguments(p, engine_port=atom_entry)
+    args = check_server_args(p, p.parse_args(argv))
+    try:
+        read_atom_flags(args)
+    except AtomFlagError as e:             # one paragraph: the usage would bury the reason
+        p.exit(2, f"{prog}: error: {e}\n")
+    return args
 
 
 def build_flags(args: argparse.Namespace) -> dict:
@@ -74,17 +94,19 @@ def resolve_artifact(args: argparse.Namespace) -> str:
     return str(result["path"])
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, atom_entry: bool = False) -> int:
     from atom_aot.cli_util import run_cli
+    from atom_aot.entrypoints.atom_flags import announce
     from atom_aot.server.__main__ import serve
-    args = parse_args(sys.argv[1:] if argv is None else list(argv))
+    args = parse_args(sys.argv[1:] if argv is None else list(argv), atom_entry)
 
     def run() -> int:
         logging.getLogger("atom_aot").setLevel(args.log_level.upper())
+        announce(args)
         args.artifact = resolve_artifact(args)
         return asyncio.run(serve(args))
     return run_cli(run)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(atom_entry=True))

@@ -2,6 +2,10 @@
 --bs 4 [--random-input] --torch-profiler-dir DIR`: one batch through the offline engine under the
 torch profiler, written as a gzipped Chrome trace for `scripts/analyze_trace.py` (or Perfetto).
 
+The engine flags are ATOM's EngineArgs' and ours (atom_aot/entrypoints/engine_args.py): build flags for
+a model built here (`--kv_cache_dtype fp8`, `-tp 2`, ...), runtime flags (`--enforce-eager`, `--seed`, which
+also draws the --random-input prompts) and ATOM's spellings (`--level 0`, ...). The trace is rank 0's.
+
 Each engine step is labelled `prefill[bs=..,tokens=..]` or `decode[bs=..,tokens=..]`; on the
 eager path each decoder layer is labelled `layer[i]` too (compiled code has no layers to see).
 `ATOM_PROFILER_MORE=1` also records shapes, Python stacks and memory (a slower, larger trace).
@@ -17,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from atom_aot.entrypoints.engine_args import add_engine_arguments, engine_options
+
 FIXED_TEXT = ("The quick brown fox jumps over the lazy dog while the engine profiles every step of "
               "prefill and decode. ")
 
@@ -30,8 +36,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--bs", type=int, default=4, help="requests in the batch")
     p.add_argument("--random-input", action="store_true", help="random token prompts (default: fixed text)")
     p.add_argument("--torch-profiler-dir", default="profiles", help="where the trace goes")
-    p.add_argument("--enforce-eager", action="store_true", help="profile the eager module (per-layer labels)")
-    p.add_argument("--seed", type=int, default=0)
+    add_engine_arguments(p)
     return p.parse_args(argv)
 
 
@@ -78,11 +83,19 @@ def run_batch(engine, prompts, params) -> float:
 
 
 def main(argv=None) -> int:
+    from atom_aot.cli_util import run_cli
+    args = parse_args(argv)
+    return run_cli(lambda: run(args))
+
+
+def run(args: argparse.Namespace) -> int:
     from atom_aot import LLMEngine, SamplingParams
     from atom_aot.runtime.profiler import more_from_env, torch_profile
-    args = parse_args(argv)
+    if args.bs > args.max_num_seqs:
+        raise ValueError(f"--bs {args.bs} is more than --max-num-seqs {args.max_num_seqs}: the batch would not "
+                         f"run as one; raise --max-num-seqs")
     more = more_from_env()
-    engine = LLMEngine(model=args.model, enforce_eager=args.enforce_eager, max_num_seqs=max(args.bs, 1))
+    engine = LLMEngine(model=args.model, **engine_options(args))
     prompts = make_prompts(engine.tokenizer, args.bs, args.input_length, args.random_input, args.seed)
     params = SamplingParams(temperature=0, max_tokens=args.output_length, ignore_eos=True)
     run_batch(engine, [p[::-1] for p in prompts], params)      # warm-up on other prompts: no prefix-cache hits later

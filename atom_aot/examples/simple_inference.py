@@ -1,8 +1,11 @@
-"""`python -m atom_aot.examples.simple_inference [--model PATH]`: a few chat prompts through the
-offline API, their answers, and the throughput.
+"""`python -m atom_aot.examples.simple_inference [--model PATH] [engine flags]`: a few chat prompts
+through the offline API, their answers, and the throughput.
 
-`--model` may be an artifact, a HF folder or a GGUF (built into the artifact cache on first use);
-without it, the embedded default model (SmolLM2-135M-Instruct) is used. The defaults are ATOM's
+`--model` may be an artifact, a HF folder or a GGUF (built into the artifact cache on first use, with
+the build flags given: `--kv_cache_dtype fp8 -tp 2`, ...); without it, the embedded default model
+(SmolLM2-135M-Instruct) is used. The engine flags are ATOM's EngineArgs' and ours
+(atom_aot/entrypoints/engine_args.py): runtime options (`--enforce-eager`, `--max-model-len`, ...)
+and ATOM's spellings (`--level 0`, `--cudagraph-capture-sizes "[1,2,4]"`, `--load_dummy`). The defaults are ATOM's
 example's: its four prompts (one in Chinese), temperature 0.6, thinking on in the chat template
 (Qwen3's reads `enable_thinking`; others ignore it). With --torch-profiler-dir (or
 ATOM_TORCH_PROFILER_DIR) the generation runs under the torch profiler, as in ATOM's example.
@@ -12,6 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+
+from atom_aot.entrypoints.engine_args import add_engine_arguments, engine_options
 
 PROMPTS = ["introduce yourself", "list all prime numbers within 100", "1+2+3=?", "如何在一个月内增肌10公斤"]
 
@@ -24,12 +29,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction, default=True,
                    help="passed to the chat template as enable_thinking (default: on, as in ATOM)")
-    p.add_argument("--torch-profiler-dir", default=None, help="profile the generation; gzipped trace under "
-                   "DIR/rank_0/ (default: $ATOM_TORCH_PROFILER_DIR, else no profiling)")
-    p.add_argument("--enforce-eager", action="store_true", help="run the model module eagerly")
-    p.add_argument("--max-model-len", type=int, default=None, help="default: the artifact's (for a model that "
-                   "is built here, a value is part of the build key)")
+    p.add_argument("--torch-profiler-dir", default=None, help="profile the generation; gzipped traces under "
+                   "DIR/rank_<r>/, one per tensor-parallel rank (default: $ATOM_TORCH_PROFILER_DIR, else no "
+                   "profiling)")
     p.add_argument("prompts", nargs="*", help="prompts to send instead of the built-in ones")
+    add_engine_arguments(p)
     return p.parse_args(argv)
 
 
@@ -39,10 +43,14 @@ def chat_prompts(engine, questions: list[str], enable_thinking: bool) -> list[st
 
 
 def main(argv=None) -> int:
-    from atom_aot import LLMEngine, SamplingParams
+    from atom_aot.cli_util import run_cli
     args = parse_args(argv)
-    engine = LLMEngine(model=args.model, enforce_eager=args.enforce_eager, max_model_len=args.max_model_len,
-                       torch_profiler_dir=args.torch_profiler_dir)
+    return run_cli(lambda: run(args))
+
+
+def run(args: argparse.Namespace) -> int:
+    from atom_aot import LLMEngine, SamplingParams
+    engine = LLMEngine(model=args.model, torch_profiler_dir=args.torch_profiler_dir, **engine_options(args))
     questions = args.prompts or PROMPTS
     prompts = chat_prompts(engine, questions, args.enable_thinking)
     profiling = engine.profiler.enabled

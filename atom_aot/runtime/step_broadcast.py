@@ -6,9 +6,15 @@ Every rank then runs the same forward on the same inputs, each with its own KV c
 the collectives inside the forward meet. The KV cache is not sent: each rank's is its own.
 
     header: [command, forward, num_tokens, num_seqs, max_blocks_per_seq, num_logits]
+
+Between steps rank 0 may also tell the others to start or stop their profiler (runtime/profiler.py):
+    header: [PROFILE_START, path bytes, first rank, more, 0, 0], then the trace root's bytes (uint8);
+    header: [PROFILE_STOP, 0, ...];
+every rank answers each of them with whether it did it (an all_gather on the control group).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -20,7 +26,7 @@ from atom_aot.models.step_inputs import SPECS, StepInputs, input_dtype
 if TYPE_CHECKING:
     from atom_aot.runtime.tp_lead import LeadRank
 
-STEP, STOP = 0, 1
+STEP, STOP, PROFILE_START, PROFILE_STOP = 0, 1, 2, 3
 SENT = tuple(name for name in StepInputs._fields if name != "kv_cache")
 HEADER_LEN = 6
 # Each input starts at a multiple of 8 int64 elements (64 bytes) of the packed tensor: the receiving ranks'
@@ -72,6 +78,28 @@ class StepSender:
     def stop(self) -> None:
         dist.broadcast(torch.tensor([STOP] + [0] * (HEADER_LEN - 1)), src=0, group=self.group.control)
 
+    def profile_start(self, root: str, first_rank: int, more: bool) -> None:
+        path = torch.tensor(list(root.encode()), dtype=torch.uint8)
+        header = torch.tensor([PROFILE_START, path.numel(), first_rank, int(more), 0, 0])
+        dist.broadcast(header, src=0, group=self.group.control)
+        dist.broadcast(path, src=0, group=self.group.control)
+
+    def profile_stop(self) -> None:
+        dist.broadcast(torch.tensor([PROFILE_STOP] + [0] * (HEADER_LEN - 1)), src=0, group=self.group.control)
+
+    def failed_ranks(self) -> list[int]:
+        """The ranks whose answer to the last profile command says they could not do it."""
+        return [rank for rank, ok in enumerate(_answers(True, self.group)) if not ok]
+
+
+@dataclass(frozen=True)
+class ProfileCommand:
+    """Start (with where the traces go) or stop this rank's profiler; answered with `StepReceiver.answer`."""
+    start: bool
+    root: str = ""                 # start: traces go to root/rank_<first_rank + this rank>/
+    first_rank: int = 0
+    more: bool = False             # start: also shapes, stacks and memory
+
 
 class StepReceiver:
     """The end of ranks 1..N-1."""
@@ -80,18 +108,35 @@ class StepReceiver:
         self.group = group
         self.kv_cache = kv_cache
 
-    def receive(self) -> tuple[int, StepInputs] | None:
-        """(which forward, its inputs), or None when rank 0 stops the engine."""
+    def receive(self) -> tuple[int, StepInputs] | ProfileCommand | None:
+        """(which forward, its inputs), a profiler command, or None when rank 0 stops the engine."""
         header = torch.empty(HEADER_LEN, dtype=torch.int64)
         dist.broadcast(header, src=0, group=self.group.control)
         values = header.tolist()
         if values[0] == STOP:
             return None
+        if values[0] == PROFILE_STOP:
+            return ProfileCommand(start=False)
+        if values[0] == PROFILE_START:
+            path = torch.empty(values[1], dtype=torch.uint8)
+            dist.broadcast(path, src=0, group=self.group.control)
+            return ProfileCommand(True, bytes(path.tolist()).decode(), values[2], bool(values[3]))
         sizes = _sizes(values)
         flat = torch.empty(sum(_padded(_numel(SPECS[name].dims, sizes)) for name in SENT), dtype=torch.int64,
                            device=self.kv_cache.device)
         dist.broadcast(flat, src=0)
         return values[1], unpack(flat, sizes, self.kv_cache)
+
+    def answer(self, ok: bool) -> None:
+        """This rank's answer to the profile command it received: whether it did it."""
+        _answers(ok, self.group)
+
+
+def _answers(ok: bool, group: RankGroup) -> list[bool]:
+    """Every rank's answer to a profile command, by rank."""
+    answers = [torch.zeros(1, dtype=torch.int64) for _ in range(group.world_size)]
+    dist.all_gather(answers, torch.tensor([int(ok)]), group=group.control)
+    return [bool(a.item()) for a in answers]
 
 
 def _numel(dims: tuple[str, ...], sizes: dict[str, int]) -> int:

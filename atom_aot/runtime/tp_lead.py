@@ -12,6 +12,9 @@ idle no collective runs, so a watcher thread polls the ranks it started and, whe
 interrupts the main thread with SIGTERM: the server's engine process ends on it (and the server
 with it); a process that does not handle SIGTERM (offline LLMEngine) is left alone, and its next
 step raises instead.
+
+Rank 0 also starts and stops the others' profilers with its own: a process leads at most one group
+(it holds one torch.distributed default group), which it registers with runtime/profiler.py.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ import torch.distributed as dist
 
 from atom_aot.artifact.reader import Artifact
 from atom_aot.distributed.group import RankGroup, RankPlace, agree_min, join, leave, rank_device
+from atom_aot.runtime import profiler
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.forwards import Forwards
 from atom_aot.runtime.rank_processes import start_method, start_rank
@@ -135,6 +139,7 @@ class LeadRank:
         self._closing = False
         threading.Thread(target=self._watch, name="atom-rank-watch", daemon=True).start()
         atexit.register(self.close)
+        profiler.profile_others(self)
 
     @property
     def join_timings(self) -> dict[str, float]:
@@ -147,6 +152,32 @@ class LeadRank:
         """`forwards` sending each step to the other ranks first (they run the forward rank 0 picks)."""
         decode = None if forwards.decode is None else LeadingForward(forwards.decode, 1, self)
         return Forwards(LeadingForward(forwards.mixed, 0, self), decode, forwards.decode_max_seqs)
+
+    def start_profile(self, root: str, first_rank: int, more: bool) -> list[int]:
+        """Start the other ranks' profilers (traces under root/rank_<first_rank + r>/); returns the ranks that
+        could not (then those that did are stopped again, as by a stop)."""
+        self._collective(lambda: self.sender.profile_start(root, first_rank, more))
+        failed = self._collective(self.sender.failed_ranks)
+        if failed:
+            self.send_profile_stop()
+            self.profile_stopped()
+        return failed
+
+    def send_profile_stop(self) -> None:
+        """Tell the other ranks to stop profiling and write their traces (`profile_stopped` hears them)."""
+        self._collective(self.sender.profile_stop)
+
+    def profile_stopped(self) -> list[int]:
+        """Wait until the other ranks have written their traces; returns the ranks that could not."""
+        return self._collective(self.sender.failed_ranks)
+
+    def _collective(self, call):
+        self.check(None)
+        try:
+            return call()
+        except RuntimeError as e:       # torch.distributed's errors, as in LeadingForward
+            self.check(e)
+            raise
 
     def check(self, error: BaseException | None) -> None:
         """Raise RankFailure if a rank is known dead; after a failed collective (`error`), say what failed."""
@@ -169,6 +200,10 @@ class LeadRank:
                 return
             time.sleep(WATCH_INTERVAL_S)
 
+    def _release(self) -> None:
+        profiler.stop_profiling_others(self)
+        leave()
+
     def abort(self) -> None:
         """End a start that failed on this rank. The other ranks may be anywhere in their own start (loading,
         agreeing on the KV cache, capturing graphs), not waiting for a step, so a stop message would meet a
@@ -184,7 +219,7 @@ class LeadRank:
                 child.wait(STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 log.warning("tensor-parallel rank (pid %d) did not end within %.0f s of SIGKILL", child.pid, STOP_GRACE_S)
-        leave()
+        self._release()
 
     def close(self) -> None:
         """Stop the other ranks (they leave their loop) and wait for the ones started here."""
@@ -201,4 +236,4 @@ class LeadRank:
                 child.wait(STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 child.kill()
-        leave()
+        self._release()

@@ -1,5 +1,6 @@
 """Ranks 1..N-1 of a tensor-parallel engine (`atom-run ART worker`): load this rank's weights while meeting
 the others (runtime/rank_load.py), then run whatever forward rank 0 sends, until it says stop or goes away.
+Rank 0 also starts and stops this rank's profiler with its own (runtime/profiler.py).
 
 Placed by torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK), set by
 rank 0 for the ranks it starts on its machine or by hand / torchrun on other nodes.
@@ -20,9 +21,10 @@ from atom_aot.artifact.reader import Artifact
 from atom_aot.logging_setup import seconds_listed
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.loader import load_artifact
+from atom_aot.runtime.profiler import TorchProfiler
 from atom_aot.runtime.rank_load import meet_beside_load
 from atom_aot.runtime.startup import kv_block_count, prepare_model
-from atom_aot.runtime.step_broadcast import StepReceiver
+from atom_aot.runtime.step_broadcast import ProfileCommand, StepReceiver
 from atom_aot.runtime.threads import set_torch_threads
 from atom_aot.runtime.tp_lead import RankFailure
 
@@ -37,10 +39,11 @@ def run_worker(artifact_path: str | Path, config: RuntimeConfig) -> None:
                          "or `generate` (docs/parallelism.md)")
     set_torch_threads(config.num_threads)
     start = time.perf_counter()
-    device = rank_device(Artifact.open(artifact_path).manifest.target.arch, place.local_rank)
+    device = rank_device(Artifact.open(artifact_path, config.trusted_keys).manifest.target.arch, place.local_rank)
     log.info("rank %d: on %s in %.2f s; meets the others while it loads", place.rank, device,
              time.perf_counter() - start)
-    load = partial(load_artifact, artifact_path, enforce_eager=config.enforce_eager, rank=place.rank)
+    load = partial(load_artifact, artifact_path, enforce_eager=config.enforce_eager, rank=place.rank,
+                   trusted_keys=config.trusted_keys)
     ready = meet_beside_load(partial(join, place, device), load, device, release=lambda group: leave())
     log.info("rank %d: met the others in %.2f s, loaded beside it (%.2f s both; %s)", place.rank, ready.join_s,
              ready.wall_s, seconds_listed(ready.loaded.timings))
@@ -56,7 +59,30 @@ def run_worker(artifact_path: str | Path, config: RuntimeConfig) -> None:
 
 @torch.inference_mode()
 def serve_steps(receiver: StepReceiver, forwards: list) -> None:
-    """Run each step rank 0 sends; return when it says stop. If rank 0 goes away the receive fails."""
-    while (step := receiver.receive()) is not None:
-        index, inputs = step
+    """Run each step rank 0 sends, and its profiler commands; return when it says stop. If rank 0 goes away
+    the receive fails."""
+    profile: TorchProfiler | None = None
+    while (message := receiver.receive()) is not None:
+        if isinstance(message, ProfileCommand):
+            profile, ok = follow_profile(message, profile, receiver.group.rank)
+            receiver.answer(ok)
+            continue
+        index, inputs = message
         forwards[index](inputs)
+
+
+def follow_profile(command: ProfileCommand, profile: TorchProfiler | None,
+                   rank: int) -> tuple[TorchProfiler | None, bool]:
+    """Start (or stop and write) this rank's trace as rank 0 says: (the profiler running now, whether it
+    did). A failure is logged here and answered to rank 0, which names this rank; the engine goes on."""
+    try:
+        if command.start:
+            started = TorchProfiler(command.root, command.first_rank + rank, more=command.more)
+            started.start()
+            return started, True
+        if profile is not None:
+            log.info("rank %d: trace %s", rank, profile.stop())
+        return None, True
+    except Exception:
+        log.exception("rank %d: the profiler failed", rank)
+        return None, False

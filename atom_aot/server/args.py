@@ -22,13 +22,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return check_server_args(p, p.parse_args(argv))
 
 
-def add_server_arguments(p: argparse.ArgumentParser, underscore_aliases: bool = False) -> None:
+def add_server_arguments(p: argparse.ArgumentParser, underscore_aliases: bool = False,
+                         port_flags: tuple[str, ...] = ("--port", "--server-port"),
+                         defaults: dict | None = None) -> None:
     """The HTTP, limits and engine flags, shared by both serve entries (underscore_aliases: also
-    ATOM's spellings, e.g. --max_model_len)."""
+    ATOM's spellings, e.g. --max_model_len). port_flags: the HTTP port's spellings (ATOM's entry point
+    keeps --port for ATOM's engine port); defaults: per-entry defaults of these flags (ATOM's host, ...)."""
+    defaults = defaults or {}
     http = p.add_argument_group("HTTP")
-    http.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine "
+    host = defaults.get("host", "127.0.0.1")
+    http.add_argument("--host", default=host, help=f"address to bind (default {host}; 127.0.0.1: this machine "
                       "only; 0.0.0.0 exposes the server to the network)")
-    http.add_argument("--port", "--server-port", dest="port", type=int, default=8000)
+    http.add_argument(*port_flags, dest="port", type=int, default=8000, help="the HTTP port (default 8000)")
     http.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*, the "
                       "tokenizer routes, /version and the profiler routes")
     http.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model "
@@ -48,8 +53,9 @@ def add_server_arguments(p: argparse.ArgumentParser, underscore_aliases: bool = 
                            "prompt before (its prefix cache holds it) unless it has 8 more requests in flight than "
                            "the least-loaded one (the default); load: to the one with the fewest in flight. Refused "
                            "where there is one engine")
-    add_arguments(p.add_argument_group("limits and timeouts"), ServerOptions, underscore_aliases=underscore_aliases)
-    add_arguments(p.add_argument_group("engine"), RuntimeConfig, underscore_aliases=underscore_aliases)
+    add_arguments(p.add_argument_group("limits and timeouts"), ServerOptions, defaults,
+                  underscore_aliases=underscore_aliases)
+    add_arguments(p.add_argument_group("engine"), RuntimeConfig, defaults, underscore_aliases=underscore_aliases)
 
 
 def check_server_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:

@@ -6,7 +6,9 @@ prompt unless that one is much busier (`--dp-routing prefix`, the default: prefi
 the replica with the fewest requests in flight (`--dp-routing load`), and an abort to whichever
 replica runs each request; their outputs come back through the one router. A
 replica that dies takes the server down, as a single engine's death does. Calls other than adding
-requests (profiling) go to every replica; the first one's answer is returned.
+requests (profiling) go to every replica; the first one's answer is returned. Each engine profiles
+under its own ranks: replica i of N ranks each writes rank_<i*N + r>/, rank r of a data-parallel-
+attention artifact rank_<r>/ (runtime/profiler.py).
 
 On GPUs each replica sees its own GPUs (CUDA_VISIBLE_DEVICES, `world_size` of them per replica).
 
@@ -29,6 +31,7 @@ from atom_aot.distributed.group import RankPlace
 from atom_aot.errors import StartupError
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.outputs import CoreOutput, CoreStats
+from atom_aot.runtime.profiler import TraceDir
 from atom_aot.server.engine_client import EngineClient, EngineStatus
 from atom_aot.server.messages import Abort, AddRequests, EngineInfo, EngineRequest, EngineStats, Heartbeat, Wake
 from atom_aot.server.prefix_routing import ROUTINGS, PrefixRouter
@@ -50,8 +53,8 @@ def engine_client(args, config: RuntimeConfig, manifest: Manifest) -> "EngineCli
     if args.data_parallel_size == 1 and args.dp_routing is not None:
         raise StartupError(f"--dp-routing {args.dp_routing}: this server runs one engine, so there is nothing to "
                            f"route between; give -dp N (N > 1) or drop --dp-routing")
-    replicas = [EngineClient(args.artifact, config, args.torch_profiler_dir, args.log_level)
-                for _ in range(args.data_parallel_size)]
+    replicas = [EngineClient(args.artifact, config, trace_dir(args.torch_profiler_dir, i * layout.world_size),
+                             args.log_level) for i in range(args.data_parallel_size)]
     if len(replicas) == 1:
         return replicas[0]
     return DataParallelClient(replicas, None if manifest.target.arch == "cpu" else manifest.layout.world_size,
@@ -63,8 +66,13 @@ def attention_dp_client(artifact_path: str, config: RuntimeConfig, world_size: i
     """The engine processes of a data-parallel-attention artifact's ranks, placed on this machine (rank r on
     GPU r, meeting on a free port of 127.0.0.1), behind one client (the server's, and the offline engine's)."""
     leader = RankPlace.local_leader(world_size)
-    ranks = [EngineClient(artifact_path, config, profiler_dir, log_level) for _ in range(world_size)]
+    ranks = [EngineClient(artifact_path, config, trace_dir(profiler_dir, r), log_level) for r in range(world_size)]
     return DataParallelClient(ranks, rank_places=[leader.peer(r) for r in range(world_size)], routing=routing)
+
+
+def trace_dir(root: str | None, first_rank: int) -> TraceDir | None:
+    """Where one data-parallel engine's ranks write their traces (None: profiling is off)."""
+    return TraceDir(root, first_rank) if root else None
 
 
 class DataParallelClient:
@@ -152,7 +160,9 @@ class DataParallelClient:
         """The replica for a call's requests (one call's requests stay together: n > 1 shares a prompt)."""
         if self.router is None or not request.requests:
             return self.least_loaded()
-        return self.router.choose(request.requests[0].prompt_token_ids, [len(ids) for ids in self.in_flight])
+        first = request.requests[0]
+        return self.router.choose(first.prompt_token_ids, [len(ids) for ids in self.in_flight],
+                                  first.params.cache_salt)
 
     def least_loaded(self) -> int:
         """The replica with the fewest requests in flight (the first of equals)."""

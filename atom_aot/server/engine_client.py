@@ -24,6 +24,7 @@ import zmq.asyncio
 
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.outputs import CoreOutput
+from atom_aot.runtime.profiler import TraceDir
 from atom_aot.errors import StartupError
 from atom_aot.server.engine_process import run_engine_process
 from atom_aot.server.messages import (Call, EngineInfo, EngineRequest, Heartbeat, Outputs, Ready, Reply, Shutdown,
@@ -60,7 +61,7 @@ class EngineStatus:
 
 
 class EngineClient:
-    def __init__(self, artifact_path: str, config: RuntimeConfig, profiler_dir: str | None = None,
+    def __init__(self, artifact_path: str, config: RuntimeConfig, profiler_dir: str | TraceDir | None = None,
                  log_level: str = "info"):
         self.artifact_path = str(artifact_path)
         self.config = config

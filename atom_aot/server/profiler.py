@@ -4,7 +4,7 @@ the runtime's TorchProfiler, its errors phrased for the server's flags and route
 from __future__ import annotations
 
 from atom_aot.runtime import profiler as runtime_profiler
-from atom_aot.runtime.profiler import ProfilerError
+from atom_aot.runtime.profiler import ProfilerError, TraceDir
 
 __all__ = ["ProfilerError", "TorchProfiler"]
 
@@ -14,5 +14,5 @@ SERVER_VERBS = runtime_profiler.ProfilerVerbs(
 
 
 class TorchProfiler(runtime_profiler.TorchProfiler):
-    def __init__(self, out_dir: str | None, rank: int = 0):
+    def __init__(self, out_dir: str | TraceDir | None, rank: int = 0):
         super().__init__(out_dir, rank, more=runtime_profiler.more_from_env(), verbs=SERVER_VERBS)
