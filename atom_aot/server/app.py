@@ -1,4 +1,5 @@
-"""The FastAPI app: routes only. Each route checks, then hands over to its serving module."""
+"""The FastAPI app: routes only. Each route reads its body (request_body.py: the JSON checks before
+pydantic's), then hands over to its serving module."""
 from __future__ import annotations
 
 from typing import TypeVar
@@ -12,6 +13,7 @@ from atom_aot.server.guards import DEFAULT_MAX_BODY_BYTES, BodySizeLimit, api_ke
 from atom_aot.server.messages import EngineRequest, StartProfile, StopProfile
 from atom_aot.server.metrics import CONTENT_TYPE
 from atom_aot.server.protocol import ChatCompletionRequest, CompletionRequest
+from atom_aot.server.request_body import read_request
 from atom_aot.server.request_ids import RequestIdHeader
 from atom_aot.server.serving_chat import create_chat_completion
 from atom_aot.server.serving_completions import create_completion
@@ -82,12 +84,16 @@ def _guarded_routes() -> APIRouter:
         return {"object": "list", "data": [card]}
 
     @router.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
-        return await create_chat_completion(_state(request), body, request)
+    async def chat_completions(request: Request):
+        state = _state(request)
+        body = await read_request(request, ChatCompletionRequest, state.options.max_json_depth)
+        return await create_chat_completion(state, body, request)
 
     @router.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
-        return await create_completion(_state(request), body, request)
+    async def completions(request: Request):
+        state = _state(request)
+        body = await read_request(request, CompletionRequest, state.options.max_json_depth)
+        return await create_completion(state, body, request)
 
     @router.post("/tokenize")
     async def tokenize_route(request: Request):

@@ -7,6 +7,7 @@ turned into that shape here, so no handler has to think about it.
 from __future__ import annotations
 
 import logging
+import traceback
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,6 +22,9 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
                408: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 OVERLOADED_RETRY_AFTER_S = 1
 MAX_SHOWN_INPUT_CHARS = 80
+MAX_SHOWN_KEY_CHARS = 40         # a field path names the client's own keys (logit_bias, template variables)
+MAX_LOGGED_FRAMES = 12           # an unexpected error's traceback in the log: its innermost frames only
+MAX_LOGGED_CHARS = 8000          # and at most this much text (a deep recursion or a long value is not a log flood)
 
 
 class APIError(Exception):
@@ -73,9 +77,10 @@ def validation_error(exc: RequestValidationError) -> APIError:
     beats "content should be a string")."""
     errors = sorted(exc.errors(), key=lambda e: str(e.get("type", "")).endswith("_type"))
     if not errors:
-        return bad_request("invalid request")
+        return bad_request("invalid request", code="invalid_value")
     first = errors[0]
-    loc = [str(part) for part in first.get("loc", ()) if part != "body" and not _is_type_tag(part)]
+    loc = [str(part)[:MAX_SHOWN_KEY_CHARS] for part in first.get("loc", ())
+           if part != "body" and not _is_type_tag(part)]
     kind = first.get("type", "")
     if kind == "json_invalid":
         detail = first.get("ctx", {}).get("error", "not valid JSON")
@@ -119,12 +124,18 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        log.error("unhandled error on %s %s:\n%s", request.method, request.url.path[:200], bounded_traceback(exc))
         response = APIError(500, f"internal server error ({type(exc).__name__}); the server keeps running").response()
         request_id = getattr(request.state, "request_id", None)   # this response bypasses the id middleware
         if request_id is not None:
             response.headers["x-request-id"] = request_id.value
         return response
+
+
+def bounded_traceback(exc: BaseException) -> str:
+    """The traceback of `exc`, its innermost frames only and cut to MAX_LOGGED_CHARS."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-MAX_LOGGED_FRAMES))
+    return text if len(text) <= MAX_LOGGED_CHARS else text[:MAX_LOGGED_CHARS] + f"... ({len(text)} characters)"
 
 
 def _http_error(request: Request, exc: StarletteHTTPException) -> APIError:

@@ -8,6 +8,10 @@ from dataclasses import dataclass, fields
 from atom_aot.config_flags import flag
 
 
+GRAMMAR_LIMITS = ("max_json_schema_bytes", "max_json_schema_depth", "max_grammar_choices", "max_regex_length",
+                  "max_grammar_length", "max_tools")
+
+
 @dataclass(frozen=True)
 class ServerOptions:
     max_prompts_per_request: int = flag(256, "--max-prompts-per-request",
@@ -29,8 +33,33 @@ class ServerOptions:
                                         "(<tool_call>{json}</tool_call>: Qwen2.5/Qwen3, Hermes) or llama3_json "
                                         "({\"name\": ..., \"parameters\": ...}: Llama 3.x)")
 
+    trust_request_chat_template: bool = flag(False, "--trust-request-chat-template", help="let a chat request "
+                                             "bring its own Jinja chat_template (vLLM's flag of the same name); "
+                                             "without it such a request is refused")
+    max_json_depth: int = flag(64, "--max-json-depth", help="how deeply a request body's JSON may nest (objects "
+                               "and arrays); a deeper body is refused before it is parsed into a request")
+
+    # structured outputs: what a request may ask to compile (grammar_limits.py; the compile's time limit is the
+    # engine's --grammar-compile-timeout)
+    max_json_schema_bytes: int = flag(65536, "--max-json-schema-bytes", help="size of a structured output's JSON "
+                                      "schema (response_format, guided_json, the schema a tool_choice builds)")
+    max_json_schema_depth: int = flag(32, "--max-json-schema-depth", help="how deeply a structured output's JSON "
+                                      "schema may nest (objects and arrays)")
+    max_grammar_choices: int = flag(1024, "--max-grammar-choices", help="alternatives a structured output may "
+                                    "list: guided_choice entries, or a JSON schema's enum values and anyOf/oneOf "
+                                    "branches together")
+    max_regex_length: int = flag(4096, "--max-regex-length", help="characters of a guided_regex")
+    max_grammar_length: int = flag(65536, "--max-grammar-length", help="characters of a guided_grammar (EBNF), "
+                                   "and of a guided_choice's entries together")
+    max_tools: int = flag(128, "--max-tools", help="tools one chat request may carry")
+    default_completion_max_tokens: int = flag(
+        16, "--default-completion-max-tokens", help="max_tokens of a /v1/completions request that gives none "
+        "(OpenAI's and vLLM's 16; ATOM's server, python -m atom_aot.entrypoints.openai_server: 256), capped to "
+        "what fits the model's context")
+
     def __post_init__(self):
-        for name in ("max_prompts_per_request", "max_n", "max_seqs_per_request", "max_queued_seqs"):
+        for name in ("max_prompts_per_request", "max_n", "max_seqs_per_request", "max_queued_seqs", "max_json_depth",
+                     "default_completion_max_tokens", *GRAMMAR_LIMITS):
             value = getattr(self, name)
             _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name,
                      f"must be an integer >= 1, got {value!r}")

@@ -3,214 +3,88 @@
 Strict: a string where a number belongs is a 400, not a silent conversion. Ranges are checked
 here so the message names the field; what depends on the loaded model or on the server's limits
 (its name, context length and vocabulary; how many prompts and choices) is checked where they
-are known (`serving_common`).
+are known (`serving_common`). Every integer has an upper bound that the tensor it reaches holds.
 
 Each model's fields are what its endpoint accepts; any other field is refused by name, never
-dropped: those in NOT_IMPLEMENTED with the reason, all others as unknown. Every string must be
-valid Unicode: JSON can carry a lone UTF-16 surrogate (`"\\ud800"`), which no tokenizer encodes.
+dropped (protocol_base.py). Structured outputs are in structured_fields.py.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator,
-                      model_validator)
-from pydantic_core import PydanticCustomError
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from atom_aot.runtime.sampling_params import GrammarSpec
+# NOT_IMPLEMENTED: re-exported, callers know it from here
+from atom_aot.server.protocol_base import NOT_IMPLEMENTED, Strict, Text, refusal, valid_unicode  # noqa: F401
+from atom_aot.server.bookkeeping_fields import BookkeepingFields
+from atom_aot.server.structured_fields import StructuredFields
+from atom_aot.server.vllm_fields import ChatRenderFields, TemplateFields, VllmTextFields
 
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
+MAX_BAD_WORDS = 128
+INT64_MAX = 2 ** 63 - 1
+INT32_MAX = 2 ** 31 - 1          # counts and token ids: no context or vocabulary comes near it
+MAX_LOGIT_BIAS_KEY_DIGITS = len(str(INT32_MAX))
+Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
-@dataclass(frozen=True)
-class Unimplemented:
-    """A field of OpenAI's API (or of other OpenAI-compatible servers) that this server lacks."""
-    why: str                 # what is missing, and what the client can do
-    no_ops: tuple = ()       # values besides null that ask for nothing, so they are accepted
-
-    def asks_nothing(self, value) -> bool:
-        return value is None or any(type(value) is type(v) and value == v for v in self.no_ops)
-
-
-_TOOLS = "the legacy functions API is not implemented; send tools and tool_choice"
-_STRUCTURED = ("this form of structured output is not implemented; use response_format, guided_json, guided_regex, "
-               "guided_choice or guided_grammar")
-
-# To implement one: add the field to the request model(s) below and delete its row here.
-NOT_IMPLEMENTED: dict[str, Unimplemented] = {
-    "tools": Unimplemented("tools are taken by /v1/chat/completions", ([],)),
-    "tool_choice": Unimplemented("tools are taken by /v1/chat/completions", ("none",)),
-    "parallel_tool_calls": Unimplemented("tools are taken by /v1/chat/completions", (True,)),
-    "functions": Unimplemented(_TOOLS, ([],)),
-    "function_call": Unimplemented(_TOOLS, ("none",)),
-    "guided_decoding_backend": Unimplemented("the guided decoding backend is xgrammar, always", ("xgrammar",)),
-    "guided_whitespace_pattern": Unimplemented(_STRUCTURED),
-    "structural_tag": Unimplemented(_STRUCTURED),
-    "best_of": Unimplemented("best_of is not implemented; ask for n choices and pick one yourself", (1,)),
-    "use_beam_search": Unimplemented("beam search is not implemented", (False,)),
-    "suffix": Unimplemented("suffix (fill in the middle) is not implemented", ("",)),
-    "modalities": Unimplemented("only text output is implemented", (["text"],)),
-    "audio": Unimplemented("only text output is implemented"),
-    "prediction": Unimplemented("predicted outputs are not implemented"),
-    "reasoning_effort": Unimplemented("reasoning controls are not implemented"),
-    "continuous_usage_stats": Unimplemented("usage on every chunk is not implemented; include_usage sends it "
-                                            "once, in the last chunk", (False,)),
-}
-
-
-def valid_unicode(text: str) -> str:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ValueError(f"not valid Unicode: a lone UTF-16 surrogate (\\u{ord(text[e.start]):04x}) at character "
-                         f"{e.start}; send UTF-8 text (in JSON, a \\u escape of a surrogate must be one of a "
-                         f"high-low pair)") from None
-    return text
-
-
-Text = Annotated[str, AfterValidator(valid_unicode)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _only_accepted_fields(cls, data):
-        """The model's fields are the accepted ones: refuse the others by name (see NOT_IMPLEMENTED)."""
-        if not isinstance(data, dict):
-            return data
-        accepted = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
-        extra = [name for name in data if name not in accepted]
-        for name in extra:
-            row = NOT_IMPLEMENTED.get(name)
-            if row is None:
-                raise _refusal(name, "unknown_parameter",
-                               f"{name}: unknown field; this object takes {', '.join(cls.model_fields)}")
-            if not row.asks_nothing(data[name]):
-                raise _refusal(name, "unsupported_parameter", f"{name} is not supported by this server: {row.why}")
-        return {k: v for k, v in data.items() if k not in extra} if extra else data
-
-
-def _refusal(field: str, code: str, message: str) -> PydanticCustomError:
-    """errors.validation_error turns this into a 400 whose param is the field."""
-    return PydanticCustomError("unsupported_field", "{message}", {"field": field, "code": code, "message": message})
-
-
-class StreamOptions(_Strict):
+class StreamOptions(Strict):
     include_usage: bool | None = False
 
 
-class JsonSchemaFormat(_Strict):
-    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
-    name: Text
-    description: Text | None = None
-    json_schema: dict | bool | None = Field(default=None, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(_Strict):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-    @model_validator(mode="after")
-    def _schema_with_its_type(self):
-        if (self.type == "json_schema") != (self.json_schema is not None):
-            raise ValueError("response_format: json_schema is given exactly when type is 'json_schema'")
-        return self
-
-
-class StructuredOutputsParams(_Strict):
-    """vLLM's `structured_outputs` object: one of its fields."""
-    json_: dict | bool | Text | None = Field(default=None, alias="json")
-    regex: Text | None = None
-    choice: Annotated[list[Text], Field(min_length=1)] | None = None
-    grammar: Text | None = None
-    json_object: bool | None = None
-    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
-
-
-class StructuredFields(_Strict):
-    """Structured outputs, as OpenAI (response_format) and vLLM (guided_*, structured_outputs) ask for
-    them; at most one per request."""
-    response_format: ResponseFormat | None = None
-    guided_json: dict | bool | Text | None = None
-    guided_regex: Text | None = None
-    guided_choice: Annotated[list[Text], Field(min_length=1)] | None = None
-    guided_grammar: Text | None = None
-    structured_outputs: StructuredOutputsParams | None = None
-
-    @model_validator(mode="after")
-    def _one_structured_output(self):
-        named = [name for name, spec in self._grammar_specs() if spec is not None]
-        if len(named) > 1:
-            raise ValueError(f"a request takes one structured output; this one has {' and '.join(named)}")
-        return self
-
-    @property
-    def grammar_spec(self) -> GrammarSpec | None:
-        """The grammar asked for; None: free text."""
-        return next((spec for _, spec in self._grammar_specs() if spec is not None), None)
-
-    def _grammar_specs(self):
-        fmt, so = self.response_format, self.structured_outputs or StructuredOutputsParams()
-        yield "response_format", (None if fmt is None or fmt.type == "text" else GrammarSpec("json_object")
-                                  if fmt.type == "json_object" else _json_spec(fmt.json_schema.json_schema))
-        yield "guided_json", None if self.guided_json is None else _json_spec(self.guided_json)
-        yield "guided_regex", None if self.guided_regex is None else GrammarSpec("regex", self.guided_regex)
-        yield "guided_choice", None if self.guided_choice is None else GrammarSpec("choice", choices=tuple(
-            self.guided_choice))
-        yield "guided_grammar", None if self.guided_grammar is None else GrammarSpec("ebnf", self.guided_grammar)
-        yield "structured_outputs", (None if not so.model_fields_set else
-                                     _json_spec(so.json_) if so.json_ is not None else
-                                     GrammarSpec("regex", so.regex) if so.regex is not None else
-                                     GrammarSpec("choice", choices=tuple(so.choice)) if so.choice else
-                                     GrammarSpec("ebnf", so.grammar) if so.grammar is not None else
-                                     GrammarSpec("json_object") if so.json_object else None)
-
-
-def _json_spec(schema: dict | bool | str | None) -> GrammarSpec:
-    """A JSON schema (an object, true, or its text); none means any JSON object, as OpenAI's json_schema
-    without a schema."""
-    if schema is None or schema is True:
-        return GrammarSpec("json_object")
-    return GrammarSpec("json_schema", schema if isinstance(schema, str) else json.dumps(schema))
-
-
-class SamplingFields(StructuredFields):
+class SamplingFields(StructuredFields, BookkeepingFields, VllmTextFields):
     """What both endpoints take. `model` may be left out: it then means the served model (as vLLM)."""
     model: Text | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    top_k: Annotated[int, Field(ge=-1)] | None = None
+    top_k: Annotated[int, Field(ge=-1, le=INT64_MAX)] | None = None    # the sampler's tensor is int64
     min_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    max_tokens: Annotated[int, Field(ge=0)] | None = None
+    max_tokens: Count | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool | None = False
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    seed: Annotated[int, Field(ge=-(2 ** 63), le=2 ** 63 - 1)] | None = None   # int64, as OpenAI
-    n: Annotated[int, Field(ge=1)] | None = 1       # the upper bound is a server option (--max-n)
-    user: Text | None = None
+    seed: Annotated[int, Field(ge=-(2 ** 63), le=INT64_MAX)] | None = None   # int64, as OpenAI
+    n: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = 1    # the real upper bound is a server option (--max-n)
     # logits processors, with vLLM's meanings (runtime/logits_processors.py)
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0, le=10)] | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None   # token id (as text) -> bias
-    min_tokens: Annotated[int, Field(ge=0)] | None = None
-    bad_words: list[Annotated[Text, Field(min_length=1)]] | None = None
+    min_tokens: Count | None = None
+    bad_words: Annotated[list[Annotated[Text, Field(min_length=1)]], Field(max_length=MAX_BAD_WORDS)] | None = None
+    allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None   # only these may be sampled
+    cache_salt: Annotated[Text, Field(min_length=1)] | None = None    # prefix-cache blocks shared only with its equals
+    prompt_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None   # vLLM's per-prompt-token format
+    priority: Annotated[int, Field(ge=-INT32_MAX - 1, le=INT32_MAX)] | None = 0   # --scheduling-policy priority
 
     @field_validator("logit_bias")
     @classmethod
     def _logit_bias_keys(cls, value):
-        bad = next((key for key in value or {} if not key.isdigit()), None)
+        """Token ids in ASCII decimal ("\\u0663" is a digit to str.isdigit, not to a client)."""
+        bad = next((key for key in value or {} if not (key.isascii() and key.isdigit())
+                    or len(key) > MAX_LOGIT_BIAS_KEY_DIGITS), None)
         if bad is not None:
-            raise ValueError(f"logit_bias keys must be token ids, got {bad!r}")
+            shown = bad if len(bad) <= 24 else f"{bad[:24]}... ({len(bad)} characters)"
+            raise ValueError(f"logit_bias keys must be token ids written in decimal digits (at most "
+                             f"{MAX_LOGIT_BIAS_KEY_DIGITS}), got {shown!r}")
         return value
+
+    @model_validator(mode="after")
+    def _min_tokens_within_max_tokens(self):
+        name, limit = self.max_tokens_asked
+        if self.min_tokens and limit is not None and self.min_tokens > limit:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed {name} ({limit})")
+        return self
+
+    @property
+    def max_tokens_asked(self) -> tuple[str, int | None]:
+        """The field that bounds the output, by its client-facing name, and its value."""
+        return "max_tokens", self.max_tokens
 
     @property
     def token_bias(self) -> dict[int, float]:
@@ -231,6 +105,13 @@ class SamplingFields(StructuredFields):
             valid_unicode(s)
         return value
 
+    @model_validator(mode="after")
+    def _prompt_logprobs_not_streamed(self):
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("prompt_logprobs are not available with stream=true (as in vLLM): they come once, "
+                             "in the whole response")
+        return self
+
     @field_validator("stream_options")
     @classmethod
     def _stream_options_need_stream(cls, value, info: ValidationInfo):
@@ -247,17 +128,17 @@ class SamplingFields(StructuredFields):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class TextPart(_Strict):
+class TextPart(Strict):
     type: Literal["text"]
     text: Text
 
 
-class FunctionCall(_Strict):
+class FunctionCall(Strict):
     name: Text
     arguments: Text                  # JSON text
 
 
-class ToolCallMessage(_Strict):
+class ToolCallMessage(Strict):
     """A call the assistant made, sent back in the conversation."""
     id: Text
     type: Literal["function"] = "function"
@@ -272,28 +153,28 @@ class ToolCallMessage(_Strict):
         return {"id": self.id, "type": "function", "function": {"name": self.function.name, "arguments": arguments}}
 
 
-class FunctionDefinition(_Strict):
+class FunctionDefinition(Strict):
     name: Text
     description: Text | None = None
     parameters: dict | None = None       # a JSON schema
     strict: bool | None = None
 
 
-class Tool(_Strict):
+class Tool(Strict):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class NamedFunction(_Strict):
+class NamedFunction(Strict):
     name: Text
 
 
-class NamedToolChoice(_Strict):
+class NamedToolChoice(Strict):
     type: Literal["function"]
     function: NamedFunction
 
 
-class ChatMessage(_Strict):
+class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = None
     name: Text | None = None
@@ -343,14 +224,13 @@ def template_variables_only(value: dict | None) -> dict | None:
     return value
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields, ChatRenderFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     prompt: None = None      # ATOM's alias of `messages`, moved there before validation (see below)
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
     logprobs: bool | None = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
-    add_generation_prompt: bool | None = True
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = True     # false: at most one call (the first), as vLLM
@@ -390,7 +270,7 @@ class ChatCompletionRequest(SamplingFields):
         if not isinstance(data, dict) or data.get("prompt") is None:
             return data
         if "messages" in data:
-            raise _refusal("prompt", "invalid_value", "prompt: send messages or prompt (its alias), not both")
+            raise refusal("prompt", "invalid_value", "prompt: send messages or prompt (its alias), not both")
         prompt = data["prompt"]
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         return {**{k: v for k, v in data.items() if k != "prompt"}, "messages": messages}
@@ -403,16 +283,23 @@ class ChatCompletionRequest(SamplingFields):
         return value
 
     @property
+    def max_tokens_asked(self) -> tuple[str, int | None]:
+        if self.max_completion_tokens is not None:
+            return "max_completion_tokens", self.max_completion_tokens
+        return "max_tokens", self.max_tokens
+
+    @property
     def requested_max_tokens(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return self.max_tokens_asked[1]
 
 
-TokenIds = list[Annotated[int, Field(ge=0)]]
+TokenIds = list[Annotated[int, Field(ge=0)]]     # any size: checked against the vocabulary
 
 
 class CompletionRequest(SamplingFields):
     prompt: Any
     echo: bool | None = False
+    add_special_tokens: bool | None = True       # the tokenizer's BOS (and the like) before a text prompt
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
 
     @field_validator("prompt", mode="before")
@@ -463,7 +350,7 @@ def _flatten(value):
             yield item
 
 
-class TokenizeTextRequest(_Strict):
+class TokenizeTextRequest(Strict):
     """POST /tokenize with a prompt (vLLM's TokenizeCompletionRequest)."""
     model: Text | None = None
     prompt: Text
@@ -471,11 +358,10 @@ class TokenizeTextRequest(_Strict):
     return_token_strs: bool | None = False
 
 
-class TokenizeChatRequest(_Strict):
+class TokenizeChatRequest(TemplateFields):
     """POST /tokenize with messages, rendered by the chat template as chat completions does."""
     model: Text | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    add_generation_prompt: bool | None = True
     add_special_tokens: bool | None = False      # the template already wrote them
     return_token_strs: bool | None = False
     tools: list[Tool] | None = None              # rendered by the template, as chat completions renders them
@@ -491,6 +377,6 @@ class TokenizeChatRequest(_Strict):
         return tool_dicts(self.tools)
 
 
-class DetokenizeRequest(_Strict):
+class DetokenizeRequest(Strict):
     model: Text | None = None
     tokens: TokenIds

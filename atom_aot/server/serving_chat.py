@@ -7,27 +7,34 @@ import jinja2
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from atom_aot.runtime.tokenizer import apply_chat_template, encode_prompt
+from atom_aot.runtime.tokenizer import apply_chat_template
 from atom_aot.server.async_engine import RequestGroup
 from atom_aot.server.errors import APIError, bad_request
+from atom_aot.server.grammar_limits import check_tools
 from atom_aot.server.logprobs import chat_logprobs
 from atom_aot.server.protocol import ChatCompletionRequest, ChatMessage
 from atom_aot.server.request_ids import request_id_of
 from atom_aot.server.responses import DONE, Envelope, StreamResponse, envelope, sse, sse_error, usage
-from atom_aot.server.serving_common import (ChoiceResult, check_request, choice_params, collect_unless_disconnected,
-                                            submit)
+from atom_aot.server.serving_common import (ChoiceResult, bad_words_of, check_request, choice_params,
+                                            collect_unless_disconnected, renderer_of, shown_prompt_logprobs, submit,
+                                            truncated_prompt)
 from atom_aot.server.state import ServerState
+from atom_aot.server.tokenizer_pool import off_loop
 from atom_aot.server.tool_calls import ToolCallStream, ToolPlan, tool_plan
+from atom_aot.server.vllm_fields import TemplateFields
 
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request) -> Response:
     arrival = time.perf_counter()
     check_request(state, req)
+    check_tools(state.options, req.tools)
+    check_request_template(state, req)
     plan = tool_plan(state.options, req)
-    prompt_ids = encode_messages(state, req)
+    prompt_ids = await off_loop(state.tokenize_pool, encode_messages, state, req)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     grammar = plan.grammar if plan is not None and plan.grammar is not None else req.grammar_spec
-    params = choice_params(state, req, req.requested_max_tokens, logprobs, grammar=grammar)
+    params = choice_params(req, req.requested_max_tokens, logprobs, req.prompt_logprobs, grammar=grammar,
+                           bad_words=await bad_words_of(state, req))
     rid = request_id_of(request)
     env = envelope(state, "chatcmpl", "chat.completion.chunk" if req.stream else "chat.completion", rid,
                    req.include_usage)
@@ -40,22 +47,37 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     return JSONResponse(_response(state, req, plan, env, results, len(prompt_ids)))
 
 
+def check_request_template(state: ServerState, req: TemplateFields) -> None:
+    """A request's own chat template is a program the server runs: only where its operator allows (as vLLM)."""
+    if req.chat_template is not None and not state.options.trust_request_chat_template:
+        raise bad_request("chat_template: this server renders messages with its model's chat template only; its "
+                          "operator can let requests bring their own with --trust-request-chat-template",
+                          param="chat_template", code="unsupported_parameter")
+
+
 def encode_messages(state: ServerState, req: ChatCompletionRequest) -> list[int]:
-    return encode_prompt(state.tokenizer, render_messages(state, req.messages, req.add_generation_prompt,
-                                                          req.template_tools, req.chat_template_kwargs),
-                         chat_templated=True)
+    """The prompt's token ids: the rendered messages, the tokenizer's special tokens only if asked
+    (the template writes its own), truncated as asked."""
+    text = render_messages(state, req.messages, req.add_generation_prompt, req.template_tools,
+                           req.chat_template_kwargs, req.chat_template, bool(req.continue_final_message))
+    ids = state.tokenizer(text, add_special_tokens=bool(req.add_special_tokens)).input_ids
+    return truncated_prompt(state, req, ids)
 
 
 def render_messages(state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool | None,
-                    tools: list[dict] | None = None, template_kwargs: dict | None = None) -> str:
+                    tools: list[dict] | None = None, template_kwargs: dict | None = None,
+                    chat_template: str | None = None, continue_final_message: bool = False) -> str:
     """The chat template's text for `messages`, `tools` and the request's template variables (a
-    template error is the client's 400)."""
-    options = {**(template_kwargs or {}), **({"tools": tools} if tools else {})}
+    template error is the client's 400); `chat_template` replaces the model's."""
+    options = {**(template_kwargs or {}), **({"tools": tools} if tools else {}),
+               **({"chat_template": chat_template} if chat_template is not None else {}),
+               **({"continue_final_message": True} if continue_final_message else {})}
     try:
         return apply_chat_template(state.tokenizer, [m.as_template_input() for m in messages],
                                    add_generation_prompt=add_generation_prompt is not False, **options)
     except (ValueError, jinja2.TemplateError) as e:
-        raise bad_request(f"the chat template could not render these messages: {e}", param="messages") from None
+        raise bad_request(f"the chat template could not render these messages: {str(e)[:500]}", param="messages",
+                          code="invalid_value") from None
 
 
 def _message(plan: ToolPlan | None, result: ChoiceResult) -> tuple[dict, str | None]:
@@ -71,11 +93,14 @@ def _message(plan: ToolPlan | None, result: ChoiceResult) -> tuple[dict, str | N
 
 def _response(state: ServerState, req: ChatCompletionRequest, plan: ToolPlan | None, env: Envelope,
               results: list[ChoiceResult], num_prompt_tokens: int) -> dict:
-    choices = []
+    choices, echo, renderer = [], echoed(req), renderer_of(state, req)
     for i, r in enumerate(results):
         message, finish_reason = _message(plan, r)
+        if echo:
+            message["content"] = echo + (message["content"] or "")
         choices.append({"index": i, "message": message, "finish_reason": finish_reason,
-                        "logprobs": chat_logprobs(state.renderer, r.logprobs) if req.logprobs else None})
+                        "logprobs": chat_logprobs(renderer, r.logprobs) if req.logprobs else None,
+                        **shown_prompt_logprobs(renderer, req, r)})
     completion_tokens = sum(len(r.token_ids) for r in results)
     cached = max((r.last.num_cached_tokens for r in results if r.last), default=0)
     return env.wrap(choices, usage(num_prompt_tokens, completion_tokens, cached, [r.last for r in results]))
@@ -87,8 +112,8 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, group: Request
     prefill: benchmark clients (vLLM's, ATOM's) start the first-token clock on the first chunk."""
     finals = [None] * len(group.request_ids)
     tool_streams = [ToolCallStream(plan) for _ in group.request_ids] if plan is not None else None
-    roles = "".join(sse(env.wrap([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                   "finish_reason": None}])) for i in range(len(group.request_ids)))
+    roles = "".join(_first_chunks(env, len(group.request_ids), echoed(req)))
+    renderer = renderer_of(state, req)
     try:
         async for index, update in group:
             head, roles = roles, ""     # the role chunks go with the first output, in the same write
@@ -100,7 +125,7 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, group: Request
                     yield head
                 continue      # text held back (a partial character, a possible stop string or tool call)
             choice = {"index": index, "delta": delta, "finish_reason": finish_reason,
-                      "logprobs": chat_logprobs(state.renderer, update.logprobs) if req.logprobs else None}
+                      "logprobs": chat_logprobs(renderer, update.logprobs) if req.logprobs else None}
             yield head + sse(env.wrap([choice]))
         if req.include_usage:
             completion_tokens = sum(len(f.token_ids) for f in finals)
@@ -109,6 +134,25 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, group: Request
     except APIError as error:       # the engine died, the server is shutting down, or the reader stalled
         yield sse_error(error)
     yield DONE
+
+
+def echoed(req: ChatCompletionRequest) -> str:
+    """vLLM's chat echo: the answer starts with the last message's content when that message has the
+    answer's role (assistant; with add_generation_prompt=false, the last message's own)."""
+    last = req.messages[-1]
+    if not req.echo or (req.add_generation_prompt is not False and last.role != "assistant"):
+        return ""
+    content = last.content
+    return "\n".join(part.text for part in content) if isinstance(content, list) else content or ""
+
+
+def _first_chunks(env: Envelope, count: int, echo: str):
+    """Each choice's role chunk, and its echo of the last message when asked."""
+    for i in range(count):
+        yield sse(env.wrap([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None}]))
+        if echo:
+            yield sse(env.wrap([{"index": i, "delta": {"content": echo}, "logprobs": None, "finish_reason": None}]))
 
 
 def _delta(tool_stream: ToolCallStream | None, update) -> tuple[dict, str | None]:

@@ -12,10 +12,13 @@ from atom_aot.runtime.outputs import TokenLogprobs
 from atom_aot.runtime.sampling_params import GrammarSpec, SamplingParams
 from atom_aot.server.async_engine import RequestGroup
 from atom_aot.server.engine_client import CallRejected, EngineDeadError
-from atom_aot.server.errors import APIError, bad_request, engine_unavailable, shutting_down
+from atom_aot.server.errors import MAX_SHOWN_INPUT_CHARS, APIError, bad_request, engine_unavailable, shutting_down
+from atom_aot.server.grammar_limits import check_structured_output
+from atom_aot.server.logprobs import TokenIdRenderer, TokenRenderer, prompt_logprobs
 from atom_aot.server.options import ServerOptions, flag_of
 from atom_aot.server.protocol import SamplingFields
 from atom_aot.server.state import ServerState
+from atom_aot.server.tokenizer_pool import off_loop
 
 
 def check_request(state: ServerState, req: SamplingFields, num_prompts: int = 1) -> None:
@@ -29,13 +32,14 @@ def check_request(state: ServerState, req: SamplingFields, num_prompts: int = 1)
     check_limits(state.options, num_prompts, req.n or 1)
     check_token_ids(state, req.stop_token_ids or [], param="stop_token_ids")
     check_token_ids(state, list(req.token_bias), param="logit_bias")
+    check_token_ids(state, req.allowed_token_ids or [], param="allowed_token_ids")
 
 
 def check_model(state: ServerState, model: str | None) -> None:
     """None (the field left out) means the served model, as in vLLM."""
     if model is not None and model != state.model_name:
-        raise bad_request(f"model {model!r} is not served here; this server serves {state.model_name!r} "
-                          f"(see GET /v1/models)", param="model", code="model_not_found")
+        raise bad_request(f"model {model[:MAX_SHOWN_INPUT_CHARS]!r} is not served here; this server serves "
+                          f"{state.model_name!r} (see GET /v1/models)", param="model", code="model_not_found")
 
 
 def check_limits(options: ServerOptions, num_prompts: int, n: int) -> None:
@@ -62,6 +66,45 @@ def check_token_ids(state: ServerState, token_ids: list[int], param: str = "prom
                           code="invalid_value")
 
 
+async def bad_words_of(state: ServerState, req: SamplingFields) -> list[list[int]]:
+    """The request's bad words as token-id sequences, tokenized off the event loop."""
+    if not req.bad_words:
+        return []
+    return await off_loop(state.tokenize_pool, bad_words_token_ids, state.tokenizer, req.bad_words)
+
+
+def check_context(state: ServerState, num_prompt_tokens: int, max_tokens: int | None) -> None:
+    """The engine's context check (runtime/engine_core.check_prompt), made here too so that a prompt of
+    megabytes is refused before its token ids are sent to the engine."""
+    wanted = num_prompt_tokens + (max_tokens or 1)
+    if wanted > state.info.max_model_len:
+        raise bad_request(f"this model's maximum context length is {state.info.max_model_len} tokens, but the "
+                          f"request needs {wanted} ({num_prompt_tokens} in the prompt + {max_tokens or 1} to "
+                          f"generate)", param="max_tokens" if max_tokens else "prompt",
+                          code="context_length_exceeded")
+
+
+def renderer_of(state: ServerState, req: SamplingFields) -> TokenRenderer | TokenIdRenderer:
+    """How the request's logprobs name tokens: by their text, or as "token_id:{id}" when asked."""
+    return TokenIdRenderer() if req.return_tokens_as_token_ids else state.renderer
+
+
+def shown_prompt_logprobs(renderer: TokenRenderer | TokenIdRenderer, req: SamplingFields,
+                          result: ChoiceResult) -> dict:
+    """A choice's `prompt_logprobs` field (vLLM's format) when the request asked for it, else nothing."""
+    if req.prompt_logprobs is None:
+        return {}
+    return {"prompt_logprobs": prompt_logprobs(renderer, result.prompt_logprobs or [])}
+
+
+def truncated_prompt(state: ServerState, req: SamplingFields, token_ids: list[int]) -> list[int]:
+    """The prompt as the request's truncate_prompt_tokens keeps it (vLLM's meaning: its last k tokens)."""
+    try:
+        return req.truncated(token_ids, state.info.max_model_len)
+    except ValueError as e:
+        raise bad_request(str(e), param="truncate_prompt_tokens", code="invalid_value") from None
+
+
 def bad_words_token_ids(tokenizer, words: list[str]) -> list[list[int]]:
     """vLLM's tokenization of bad words: each word as it starts the text and, when that differs in
     its first token, as it follows a space."""
@@ -74,10 +117,11 @@ def bad_words_token_ids(tokenizer, words: list[str]) -> list[list[int]]:
     return token_ids
 
 
-def choice_params(state: ServerState, req: SamplingFields, max_tokens: int | None, logprobs: int | None,
-                  prompt_logprobs: int | None = None, grammar: GrammarSpec | None = None) -> list[SamplingParams]:
-    """One SamplingParams per choice; with a seed, choice i uses seed + i (reproducible, distinct)."""
-    bad_words = bad_words_token_ids(state.tokenizer, req.bad_words or [])
+def choice_params(req: SamplingFields, max_tokens: int | None, logprobs: int | None,
+                  prompt_logprobs: int | None = None, grammar: GrammarSpec | None = None,
+                  bad_words: list[list[int]] = ()) -> list[SamplingParams]:
+    """One SamplingParams per choice; with a seed, choice i uses seed + i (reproducible, distinct: an
+    int64 seed plus a choice index fits what a torch generator takes)."""
     params = []
     for i in range(req.n or 1):
         try:
@@ -90,22 +134,34 @@ def choice_params(state: ServerState, req: SamplingFields, max_tokens: int | Non
                 prompt_logprobs=prompt_logprobs, presence_penalty=req.presence_penalty or 0.0,
                 frequency_penalty=req.frequency_penalty or 0.0,
                 repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-                logit_bias=req.token_bias, min_tokens=req.min_tokens or 0, bad_words_token_ids=bad_words,
-                grammar=grammar))
+                logit_bias=req.token_bias, min_tokens=req.min_tokens or 0, bad_words_token_ids=list(bad_words),
+                grammar=grammar, include_stop_str_in_output=bool(req.include_stop_str_in_output),
+                skip_special_tokens=req.skip_special_tokens is not False, allowed_token_ids=req.allowed_token_ids,
+                cache_salt=req.cache_salt, priority=req.priority or 0))
         except ValueError as e:
-            raise bad_request(str(e)) from None
+            raise bad_request(str(e), param=_param_named(str(e)), code="invalid_value") from None
     return params
+
+
+def _param_named(message: str) -> str | None:
+    """The field a SamplingParams complaint is about: the field its message starts with."""
+    name = message.split(" ", 1)[0]
+    return name if name in SamplingParams.__dataclass_fields__ else None
 
 
 async def submit(state: ServerState, api_id: str, prompts: list[list[int]], params: list[SamplingParams],
                  arrival_time: float) -> RequestGroup:
     """Queue one engine request per (prompt, choice); the engine's refusal becomes a 400 (a full
     engine a 429, a server shutting down a 503)."""
+    for grammar in {choice.grammar for choice in params}:      # before anything compiles
+        check_structured_output(state.options, grammar)
+    for prompt, choice in zip(prompts, params):
+        check_context(state, len(prompt), choice.max_tokens)
     ids = [f"{api_id}-{i}" for i in range(len(prompts))]
     try:
         return await state.engine.submit(ids, prompts, params, arrival_time)
     except CallRejected as e:
-        raise bad_request(str(e), code=e.code) from None
+        raise bad_request(str(e), code=e.code or "invalid_value") from None
     except EngineDeadError:
         raise engine_unavailable() from None
 

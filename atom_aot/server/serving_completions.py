@@ -15,18 +15,17 @@ from fastapi.responses import JSONResponse, Response
 
 from atom_aot.runtime.output_processor import RequestOutput
 from atom_aot.runtime.outputs import TokenLogprobs
-from atom_aot.runtime.tokenizer import encode_prompt
 from atom_aot.server.async_engine import RequestGroup
-from atom_aot.server.errors import APIError
+from atom_aot.server.errors import APIError, bad_request
 from atom_aot.server.logprobs import completion_logprobs
 from atom_aot.server.protocol import CompletionRequest
 from atom_aot.server.request_ids import request_id_of
 from atom_aot.server.responses import DONE, Envelope, StreamResponse, envelope, sse, sse_error, usage
-from atom_aot.server.serving_common import (ChoiceResult, check_request, check_token_ids, choice_params,
-                                            collect_unless_disconnected, submit)
+from atom_aot.server.serving_common import (ChoiceResult, bad_words_of, check_request, check_token_ids,
+                                            choice_params, collect_unless_disconnected, renderer_of,
+                                            shown_prompt_logprobs, submit, truncated_prompt)
 from atom_aot.server.state import ServerState
-
-DEFAULT_MAX_TOKENS = 16      # OpenAI's default for completions
+from atom_aot.server.tokenizer_pool import off_loop
 
 
 @dataclass
@@ -66,12 +65,15 @@ class Plan:
 async def create_completion(state: ServerState, req: CompletionRequest, request: Request) -> Response:
     arrival = time.perf_counter()
     check_request(state, req, num_prompts=len(req.prompt))
-    plan = Plan([_encode(state, p, req.echo) for p in req.prompt], req.n or 1, req.max_tokens == 0)
-    prompt_logprobs = req.logprobs if req.echo and req.logprobs is not None else None
+    prompts = await off_loop(state.tokenize_pool, _encode_all, state, req)
+    plan = Plan(prompts, req.n or 1, req.max_tokens == 0)
+    asked = [n for n in (req.logprobs if req.echo else None, req.prompt_logprobs) if n is not None]
+    prompt_logprobs = max(asked) if asked else None
+    bad_words = await bad_words_of(state, req)
     engine_prompts, params = [], []
     for prompt in plan.prompts:
         max_tokens = _max_tokens(state, req, len(prompt.token_ids))
-        params += choice_params(state, req, max_tokens, req.logprobs, prompt_logprobs, req.grammar_spec)
+        params += choice_params(req, max_tokens, req.logprobs, prompt_logprobs, req.grammar_spec, bad_words)
         engine_prompts += [prompt.token_ids] * plan.n
     rid = request_id_of(request)
     env = envelope(state, "cmpl", "text_completion", rid, req.include_usage)
@@ -84,19 +86,37 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
     return JSONResponse(_response(state, req, plan, env, results))
 
 
-def _encode(state: ServerState, prompt: str | list[int], echo: bool) -> Prompt:
+def _encode_all(state: ServerState, req: CompletionRequest) -> list[Prompt]:
+    """Every prompt's token ids (and echo text); runs on the tokenizer pool, off the event loop."""
+    encoded = [_encode(state, req, p) for p in req.prompt]
+    empty = next((i for i, p in enumerate(encoded) if not p.token_ids), None)
+    if empty is not None:
+        which = "prompt" if len(req.prompt) == 1 else f"prompt {empty}"
+        raise bad_request(f"{which} is empty: it encodes to no tokens; send text or token ids that make at least "
+                          f"one token", param="prompt", code="invalid_value")
+    return encoded
+
+
+def _encode(state: ServerState, req: CompletionRequest, prompt: str | list[int]) -> Prompt:
+    """A text prompt gets the tokenizer's special tokens unless add_special_tokens=false; a prompt
+    truncate_prompt_tokens cuts is echoed as what is left of it."""
     if isinstance(prompt, str):
-        return Prompt(encode_prompt(state.tokenizer, prompt), prompt)
-    check_token_ids(state, prompt)
-    return Prompt(list(prompt), state.tokenizer.decode(prompt) if echo else "")
+        ids = state.tokenizer(prompt, add_special_tokens=req.add_special_tokens is not False).input_ids
+    else:
+        check_token_ids(state, prompt)
+        ids = list(prompt)
+    kept = truncated_prompt(state, req, ids)
+    if isinstance(prompt, str) and len(kept) == len(ids):
+        return Prompt(ids, prompt)
+    return Prompt(kept, state.tokenizer.decode(kept) if req.echo else "")
 
 
 def _max_tokens(state: ServerState, req: CompletionRequest, num_prompt_tokens: int) -> int:
-    """As asked (0 becomes 1: see the module doc); by default 16, capped to what fits the context
-    (a prompt that fills it is refused by the engine, with the numbers)."""
+    """As asked (0 becomes 1: see the module doc); by default --default-completion-max-tokens (16), capped to
+    what fits the context (a prompt that fills it is refused by the engine, with the numbers)."""
     if req.max_tokens is not None:
         return max(1, req.max_tokens)
-    return max(1, min(DEFAULT_MAX_TOKENS, state.info.max_model_len - num_prompt_tokens))
+    return max(1, min(state.options.default_completion_max_tokens, state.info.max_model_len - num_prompt_tokens))
 
 
 def _piece(state: ServerState, req: CompletionRequest, plan: Plan, prompt: Prompt | None, new: NewTokens,
@@ -112,7 +132,7 @@ def _piece(state: ServerState, req: CompletionRequest, plan: Plan, prompt: Promp
         entries = [None] + list(new.prompt_logprobs or [None] * (len(prompt.token_ids) - 1)) + entries
     if req.logprobs is None:
         return text, None, offset
-    shown, offset = completion_logprobs(state.renderer, ids, entries, offset)
+    shown, offset = completion_logprobs(renderer_of(state, req), ids, entries, offset)
     return text, shown, offset
 
 
@@ -126,7 +146,8 @@ def _response(state: ServerState, req: CompletionRequest, plan: Plan, env: Envel
     for i, r in enumerate(results):
         text, logprobs, _ = _piece(state, req, plan, plan.prompt_of(i), NewTokens.of_result(r), 0)
         choices.append({"index": i, "text": text, "logprobs": logprobs,
-                        "finish_reason": _finish_reason(plan, r.finish_reason)})
+                        "finish_reason": _finish_reason(plan, r.finish_reason),
+                        **shown_prompt_logprobs(renderer_of(state, req), req, r)})
     return env.wrap(choices, _usage(plan, [r.last for r in results]))
 
 

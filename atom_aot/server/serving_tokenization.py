@@ -6,15 +6,13 @@ the chat template) and encodes them the same way.
 """
 from __future__ import annotations
 
-import json
-
 from fastapi import Request
-from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
 
 from atom_aot.server.errors import bad_request
 from atom_aot.server.protocol import DetokenizeRequest, TokenizeChatRequest, TokenizeTextRequest
-from atom_aot.server.serving_chat import render_messages
+from atom_aot.server.request_body import parse_json_body, validate
+from atom_aot.server.tokenizer_pool import off_loop
+from atom_aot.server.serving_chat import check_request_template, render_messages
 from atom_aot.server.serving_common import check_model, check_token_ids
 from atom_aot.server.state import ServerState
 
@@ -23,15 +21,21 @@ PATH_FIELDS = ("vocab_file", "merges_file", "tokenizer_file")    # where the fil
 
 async def tokenize(state: ServerState, request: Request) -> dict:
     """`{"prompt"}` or `{"messages"}` -> `{"count", "max_model_len", "tokens", "token_strs"}`."""
-    body = await _json_body(request)
+    body = await _json_body(state, request)
     has_messages = isinstance(body, dict) and "messages" in body
     if has_messages and "prompt" in body:
         raise bad_request("send prompt or messages, not both", param="prompt", code="invalid_value")
-    req = _parse(TokenizeChatRequest if has_messages else TokenizeTextRequest, body)
+    req = validate(TokenizeChatRequest if has_messages else TokenizeTextRequest, body)
     check_model(state, req.model)
+    if has_messages:
+        check_request_template(state, req)
+    return await off_loop(state.tokenize_pool, _tokenized, state, req)
+
+
+def _tokenized(state: ServerState, req: TokenizeChatRequest | TokenizeTextRequest) -> dict:
     if isinstance(req, TokenizeChatRequest):
         text = render_messages(state, req.messages, req.add_generation_prompt, req.template_tools,
-                               req.chat_template_kwargs)
+                               req.chat_template_kwargs, req.chat_template, bool(req.continue_final_message))
     else:
         text = req.prompt
     tokens = state.tokenizer(text, add_special_tokens=bool(req.add_special_tokens)).input_ids
@@ -42,10 +46,10 @@ async def tokenize(state: ServerState, request: Request) -> dict:
 
 async def detokenize(state: ServerState, request: Request) -> dict:
     """`{"tokens"}` -> `{"prompt"}` (special tokens kept, as vLLM)."""
-    req = _parse(DetokenizeRequest, await _json_body(request))
+    req = validate(DetokenizeRequest, await _json_body(state, request))
     check_model(state, req.model)
     check_token_ids(state, req.tokens, param="tokens")
-    return {"prompt": state.tokenizer.decode(req.tokens)}
+    return {"prompt": await off_loop(state.tokenize_pool, state.tokenizer.decode, req.tokens)}
 
 
 def tokenizer_info(state: ServerState) -> dict:
@@ -64,19 +68,6 @@ def tokenizer_info(state: ServerState) -> dict:
     return info
 
 
-async def _json_body(request: Request):
-    raw = await request.body()
-    if not raw:
-        raise bad_request("the request body is missing: send a JSON object", code="invalid_json")
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as e:
-        raise bad_request(f"the request body is not valid JSON: {e}", code="invalid_json") from None
-
-
-def _parse(model, body):
-    """`model` from the body; a complaint becomes the same 400 a typed route body gives."""
-    try:
-        return model.model_validate(body)
-    except ValidationError as e:
-        raise RequestValidationError(e.errors()) from None
+async def _json_body(state: ServerState, request: Request):
+    return parse_json_body(await request.body(), request.headers.get("content-encoding"),
+                           state.options.max_json_depth)

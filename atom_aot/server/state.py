@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from atom_aot.server.async_engine import AsyncEngine
@@ -9,6 +10,7 @@ from atom_aot.server.logprobs import TokenRenderer
 from atom_aot.server.messages import EngineInfo
 from atom_aot.server.metrics import ServerMetrics
 from atom_aot.server.options import ServerOptions
+from atom_aot.server.tokenizer_pool import tokenizer_pool
 
 
 @dataclass
@@ -23,6 +25,7 @@ class ServerState:
     draining: bool = False           # set on SIGTERM/SIGINT: new requests get 503, /ready says not ready
     created: int = field(default_factory=lambda: int(time.time()))
     tokenizer_config: dict | None = None     # read from the artifact on the first GET /tokenizer_info
+    tokenize_pool: ThreadPoolExecutor = field(default_factory=tokenizer_pool)   # encodes off the event loop
     renderer: TokenRenderer = field(init=False)
 
     def __post_init__(self):

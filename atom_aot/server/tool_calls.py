@@ -58,11 +58,12 @@ def tool_plan(options: ServerOptions, req: ChatCompletionRequest) -> ToolPlan | 
         if not options.enable_auto_tool_choice:
             raise bad_request('tool_choice "auto" (the default when tools are given) needs the server started with '
                               '--enable-auto-tool-choice and --tool-call-parser; or send tool_choice "required", '
-                              '"none" or a named function', param="tool_choice")
+                              '"none" or a named function', param="tool_choice", code="invalid_value")
         return ToolPlan("auto", parser=TOOL_PARSERS[options.tool_call_parser](), max_calls=max_calls)
     if req.response_format is not None or req.grammar_spec is not None:
         raise bad_request(f"tool_choice {choice if isinstance(choice, str) else 'naming a function'} is decoded with "
-                          f"a grammar, so it cannot be combined with another structured output", param="tool_choice")
+                          f"a grammar, so it cannot be combined with another structured output", param="tool_choice",
+                          code="invalid_value")
     if choice == "required":
         return ToolPlan("required", grammar=GrammarSpec("json_schema", json.dumps(_required_schema(req, max_calls))))
     function = next(tool.function for tool in req.tools if tool.function.name == choice.function.name)
