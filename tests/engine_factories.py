@@ -50,9 +50,11 @@ def make_seq(tokens, request_id: str = "r", *, block_size: int = BLOCK_SIZE, arr
 
 def make_scheduler(num_blocks: int = 64, *, block_size: int = BLOCK_SIZE, max_num_seqs: int = 8,
                    max_num_batched_tokens: int = 64, max_model_len: int = 64, scheduler_delay_factor: float = 0.0,
-                   enable_prefix_caching: bool = True, clock: Callable[[], float] | None = None) -> Scheduler:
+                   enable_prefix_caching: bool = True, clock: Callable[[], float] | None = None,
+                   scheduling_policy: str = "fcfs") -> Scheduler:
     config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                             max_model_len=max_model_len, scheduler_delay_factor=scheduler_delay_factor)
+                             max_model_len=max_model_len, scheduler_delay_factor=scheduler_delay_factor,
+                             scheduling_policy=scheduling_policy)
     return Scheduler(config, BlockManager(num_blocks, block_size, enable_prefix_caching), clock=clock or FakeClock())
 
 

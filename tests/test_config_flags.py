@@ -19,7 +19,8 @@ from atom_aot.server.args import parse_args as parse_serve_args
 from atom_aot.server.args import runtime_config
 
 CHANGED_RUNTIME = RuntimeConfig(max_num_seqs=3, max_num_batched_tokens=77, max_model_len=100,
-                                enable_prefix_caching=False, scheduler_delay_factor=0.5, kv_cache_memory_bytes=1 << 20,
+                                enable_prefix_caching=False, scheduler_delay_factor=0.5, scheduling_policy="priority",
+                                kv_cache_memory_bytes=1 << 20,
                                 gpu_memory_utilization=0.5, num_kv_blocks=9, enforce_eager=True, seed=7,
                                 async_scheduling=False, num_threads=3, method="draft", num_speculative_tokens=3,
                                 draft_model="draft.atom", ngram_min_n=1, ngram_max_n=5,

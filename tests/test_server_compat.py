@@ -163,7 +163,7 @@ def test_chat_prompt_alias(client, model_name, prompt):
     ({"prompt": "hi", "messages": USER}, "invalid_value", "prompt"),
     ({"prompt": 5}, "invalid_value", "messages"),
     ({"prompt": "hi", "presence_penalty": 5}, "invalid_value", "presence_penalty"),
-    ({"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, None, "tool_choice"),
+    ({"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, "invalid_value", "tool_choice"),
     ({"model": "gpt-9", "prompt": "hi"}, "model_not_found", "model"),
 ])
 def test_chat_prompt_alias_refusals(client, body, code, param):
@@ -205,7 +205,7 @@ def test_tokenize_renders_tools_and_template_variables_as_chat_does(tmp_path):
     def count(body: dict) -> int:
         async def raw():
             return json.dumps(body).encode()
-        return asyncio.run(tokenize(state, SimpleNamespace(body=raw)))["count"]
+        return asyncio.run(tokenize(state, SimpleNamespace(body=raw, headers={})))["count"]
     with_tools = count({"messages": USER, "tools": tools})
     assert with_tools > count({"messages": USER})
     assert with_tools == len(tokenizer(render_messages(state, [ChatMessage.model_validate(m) for m in USER], True,
@@ -315,3 +315,42 @@ def test_one_x_request_id_on_concurrent_calls(client, model_name):
     with ThreadPoolExecutor(8) as pool:
         outs = list(pool.map(ask, range(8)))
     assert {o.id for o in outs} == {"cmpl-same"} and len({o.choices[0].text for o in outs}) == 1
+
+
+# -- vLLM's engine-side request fields, live (the front-end ones: test_server_vllm_fields.py) -----
+def test_allowed_token_ids_bound_every_sampled_token(client, model_name):
+    allowed = [11, 42, 97]
+    out = client.completions.create(model=model_name, prompt="The quick brown", max_tokens=12, temperature=1.0,
+                                    logprobs=0, extra_body={"allowed_token_ids": allowed, "ignore_eos": True,
+                                                            "return_tokens_as_token_ids": True})
+    sampled = [int(token.removeprefix("token_id:")) for token in out.choices[0].logprobs.tokens]
+    assert len(sampled) == 12 and set(sampled) <= set(allowed)
+
+
+def test_cache_salt_isolates_prefix_cache_entries(client, model_name):
+    prompt = "Salted prefix: " + " ".join(f"w{i}" for i in range(60))
+
+    def cached(salt: str) -> int:
+        out = client.completions.create(model=model_name, prompt=prompt, max_tokens=1, extra_body={"cache_salt": salt})
+        return out.usage.prompt_tokens_details.cached_tokens
+    assert cached("tenant-a") == 0 and cached("tenant-b") == 0
+    assert cached("tenant-a") > 0
+
+
+def test_prompt_logprobs_on_chat_and_completions(client, model_name):
+    answer = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "Hi there"}],
+                                            max_tokens=1, extra_body={"prompt_logprobs": 2})
+    shown = answer.choices[0].model_extra["prompt_logprobs"]
+    assert len(shown) == answer.usage.prompt_tokens and shown[0] is None
+    assert all(2 <= len(entry) <= 3 and all({"logprob", "rank", "decoded_token"} <= set(v) for v in entry.values())
+               for entry in shown[1:])
+    out = client.completions.create(model=model_name, prompt="The quick brown", max_tokens=1,
+                                    extra_body={"prompt_logprobs": 0})
+    assert [len(entry) if entry else None for entry in out.choices[0].model_extra["prompt_logprobs"]] == \
+        [None] + [1] * (out.usage.prompt_tokens - 1)
+
+
+def test_a_priority_is_refused_by_a_first_come_first_served_engine(client, model_name):
+    assert client.completions.create(model=model_name, prompt="Hi", max_tokens=1, extra_body={"priority": 0}).choices
+    with pytest.raises(openai.BadRequestError, match="--scheduling-policy priority"):
+        client.completions.create(model=model_name, prompt="Hi", max_tokens=1, extra_body={"priority": 5})

@@ -109,11 +109,13 @@ def test_vllm_guided_fields_on_both_endpoints(client, model_name):
 
 
 def test_json_object_mode(client, model_name, tokens_of):
-    """Any JSON object or array; "}" and EOS biased up so that random weights close it at once."""
+    """A JSON object (as OpenAI and vLLM mean json_object), even with "[" and "]" biased up; "}" and EOS
+    biased up so that random weights close it at once."""
     close, eos = tokens_of("}")[-1], tokens_of("<|im_end|>")[-1]
+    array = {str(tokens_of(bracket)[-1]): 60 for bracket in ("[", "]")}
     reply = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=30, temperature=0,
                                            response_format={"type": "json_object"},
-                                           logit_bias={str(close): 40, str(eos): 40})
+                                           logit_bias={str(close): 40, str(eos): 40, **array})
     assert json.loads(reply.choices[0].message.content) == {}
 
 

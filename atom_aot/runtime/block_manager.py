@@ -1,9 +1,10 @@
 """Paged KV-cache blocks with prefix caching, in plain Python (no torch).
 
 A full block is identified by a chained hash, xxh64(parent hash + its token ids), so equal
-prefixes map to equal hashes. Blocks are reference-counted; a freed block that holds a full,
-hashed prefix stays findable until it is reused, and reuse takes the least recently freed block
-first (a freed sequence's tail blocks are queued ahead of its head, so shared heads live longest).
+prefixes map to equal hashes; a request's cache_salt is its first block's parent. Blocks are
+reference-counted; a freed block that holds a full, hashed prefix stays findable until it is
+reused, and reuse takes the least recently freed block first (a freed sequence's tail blocks are
+queued ahead of its head, so shared heads live longest).
 """
 from __future__ import annotations
 
@@ -23,6 +24,12 @@ def chain_hash(token_ids: list[int], parent: int) -> int:
         h.update(parent.to_bytes(8, "little"))
     h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
     return h.intdigest()
+
+
+def root_hash(cache_salt: str | None) -> int:
+    """The parent of a request's first block: none, or its cache_salt's hash, so that only requests
+    with the same salt share prefix blocks (vLLM's cache_salt)."""
+    return NO_HASH if cache_salt is None else xxhash.xxh64(cache_salt.encode()).intdigest()
 
 
 class Block:
@@ -75,7 +82,7 @@ class BlockManager:
         """
         if not self.enable_prefix_caching:
             return []
-        found, parent = [], NO_HASH
+        found, parent = [], root_hash(seq.params.cache_salt)
         for index in range((seq.num_tokens - 1) // self.block_size):
             tokens = seq.block_tokens(index)
             parent = chain_hash(tokens, parent)
@@ -138,7 +145,7 @@ class BlockManager:
             return
         num_full = min(seq.num_computed_tokens, len(seq.token_ids)) // self.block_size
         for index in range(len(seq.block_hashes), num_full):
-            parent = seq.block_hashes[-1] if seq.block_hashes else NO_HASH
+            parent = seq.block_hashes[-1] if seq.block_hashes else root_hash(seq.params.cache_salt)
             tokens = seq.block_tokens(index)
             h = chain_hash(tokens, parent)
             seq.block_hashes.append(h)

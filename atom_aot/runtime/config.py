@@ -19,6 +19,7 @@ DEFAULT_CPU_KV_BYTES = 1 << 30
 # from large steps.
 DEFAULT_STEP_TOKENS_GPU = 8192
 DEFAULT_STEP_TOKENS_CPU = 128
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,10 @@ class RuntimeConfig:
                                        help="turn off reuse of cached prompt blocks (prefix caching)")
     scheduler_delay_factor: float = flag(0.0, "--scheduler-delay-factor",
                                          help="wait this many last-prefill latencies to gather prompts")
+    scheduling_policy: str = flag("fcfs", "--scheduling-policy", choices=SCHEDULING_POLICIES,
+                                  help="fcfs: first come, first served (a request's priority must be 0); "
+                                       "priority: waiting requests by their priority (lower first), then arrival, "
+                                       "and the lowest-priority running one preempted first (vLLM's policies)")
     kv_cache_memory_bytes: int | None = flag(None, "--kv-cache-memory-bytes",
                                              help="KV pool budget on the CPU (default: 1 GiB)")
     gpu_memory_utilization: float = flag(0.9, "--gpu-memory-utilization",
@@ -79,6 +84,8 @@ class RuntimeConfig:
         self._check_speculation()
         for name in ("enable_prefix_caching", "enforce_eager"):
             _require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
+        _require(self.scheduling_policy in SCHEDULING_POLICIES, "scheduling_policy",
+                 f"must be one of {', '.join(SCHEDULING_POLICIES)}, got {self.scheduling_policy!r}")
         _require(_is_number(self.scheduler_delay_factor) and self.scheduler_delay_factor >= 0,
                  "scheduler_delay_factor", f"must be a number >= 0, got {self.scheduler_delay_factor!r}")
         _require(_is_number(self.gpu_memory_utilization) and 0 < self.gpu_memory_utilization <= 1,

@@ -135,14 +135,21 @@ class WindowStream:
 
 
 class Detokenizer:
-    """Per tokenizer: each request's incremental detokenizer, the byte kind where the tokenizer allows."""
+    """Per tokenizer: each request's incremental detokenizer, the byte kind where the tokenizer allows.
+    Special tokens are skipped or spelled per request (vLLM's skip_special_tokens); each choice has
+    its own byte pieces, learned on first use."""
 
-    def __init__(self, tokenizer, skip_special_tokens: bool = True):
+    def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        self.skip_special_tokens = skip_special_tokens
-        self.pieces = BytePieces.of(tokenizer, skip_special_tokens)
+        self._pieces: dict[bool, BytePieces | None] = {}
 
-    def stream(self, prompt_token_ids: list[int]) -> ByteStream | WindowStream:
-        if self.pieces is not None:
-            return ByteStream(self.pieces)
-        return WindowStream(self.tokenizer, prompt_token_ids, self.skip_special_tokens)
+    def pieces(self, skip_special_tokens: bool = True) -> BytePieces | None:
+        if skip_special_tokens not in self._pieces:
+            self._pieces[skip_special_tokens] = BytePieces.of(self.tokenizer, skip_special_tokens)
+        return self._pieces[skip_special_tokens]
+
+    def stream(self, prompt_token_ids: list[int], skip_special_tokens: bool = True) -> ByteStream | WindowStream:
+        pieces = self.pieces(skip_special_tokens)
+        if pieces is not None:
+            return ByteStream(pieces)
+        return WindowStream(self.tokenizer, prompt_token_ids, skip_special_tokens)

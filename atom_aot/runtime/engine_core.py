@@ -143,9 +143,13 @@ class EngineCore:
         """What is refused at once, before queuing: the prompt, what this engine cannot do. A grammar is not
         compiled here (`validate` waits for that)."""
         check_prompt(prompt_token_ids, params, self.scheduler.config.max_model_len, self.vocab_size)
+        if params.priority != 0 and self.scheduler.config.scheduling_policy == "fcfs":
+            raise RequestError(f"priority {params.priority} needs the priority scheduling policy; this engine "
+                               f"serves first come, first served (start it with --scheduling-policy priority)")
         if self.spec_counters is not None and params.processes_logits:
-            raise RequestError("penalties, logit_bias, min_tokens, bad_words and structured outputs are not "
-                               "supported with speculative decoding yet: serve without --method for these requests")
+            raise RequestError("penalties, logit_bias, min_tokens, bad_words, allowed_token_ids and structured "
+                               "outputs are not supported with speculative decoding yet: serve without --method for "
+                               "these requests")
         if params.grammar is not None and self.grammars is None:
             raise RequestError("structured outputs are not available in this engine (no tokenizer for a grammar)")
 

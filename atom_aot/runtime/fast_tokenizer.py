@@ -22,6 +22,7 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer
 
+GIL_FREE_ENCODE_CHARS = 1 << 16    # texts this long are encoded without holding the GIL (see encode)
 STANDARD_ROLES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")   # the first is what templates read
 
@@ -67,7 +68,12 @@ class FastTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if not isinstance(text, str):
             raise TypeError(f"expected a string to encode, got {type(text).__name__}")
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        if len(text) < GIL_FREE_ENCODE_CHARS:
+            return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode holds the GIL for the whole encoding; encode_batch_fast releases it and keeps no offsets (whose
+        # freeing, under the GIL, takes a quarter second for a million tokens): a long prompt encoded on a worker
+        # thread leaves the server's event loop free. Same tokens: one pipeline.
+        return self.backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: int | list[int], skip_special_tokens: bool = False) -> str:
         ids = [ids] if isinstance(ids, int) else list(ids)
@@ -115,12 +121,18 @@ class FastTokenizer:
                             add_generation_prompt: bool = False, continue_final_message: bool = False,
                             tokenize: bool = True, return_dict: bool = True, **template_kwargs):
         """The conversation rendered by the chat template; with `tokenize`, its ids (no special tokens added)."""
-        if continue_final_message:
-            raise NotImplementedError("continue_final_message is not supported; use transformers' tokenizer")
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt are not compatible: the first "
+                             "continues the last message, the second starts a new one")
         if not conversation:
             raise ValueError("Cannot apply chat template to an empty conversation. Provide at least one message.")
-        text = render_chat(self._template_named(chat_template, tools), conversation, tools, documents,
-                           add_generation_prompt, {**self.special_tokens_map, **template_kwargs})
+        template = self._template_named(chat_template, tools)
+        if continue_final_message:
+            conversation = tag_final_message(conversation, template)
+        text = render_chat(template, conversation, tools, documents, add_generation_prompt,
+                           {**self.special_tokens_map, **template_kwargs})
+        if continue_final_message:
+            text = cut_at_final_tag(text)
         if not tokenize:
             return text
         encoded = self(text, add_special_tokens=False)
@@ -248,6 +260,43 @@ def render_chat(template: str, messages: list[dict], tools: list[dict] | None, d
     messages = [_alias_reasoning({k: v for k, v in m.items() if v is not None}) for m in messages]
     return _compiled(template).render(messages=_plain(messages), tools=_plain(tools), documents=_plain(documents),
                                       add_generation_prompt=add_generation_prompt, **_plain(variables))
+
+
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+def tag_final_message(conversation: list[dict], template: str) -> list[dict]:
+    """transformers' continue_final_message, first half: the last message's text (its last text part)
+    marked at its end, so that the rendered chat can be cut there (see cut_at_final_tag)."""
+    content = conversation[-1].get("content")
+    if content is None:
+        raise ValueError('continue_final_message is set but the final message has no "content" to continue!')
+    if "content" not in template:
+        raise ValueError('continue_final_message is set to "content" but this is not an accepted field in the '
+                         'chat_template')
+    if isinstance(content, (list, tuple)):
+        blocks = [dict(block) for block in content]
+        last = next((block for block in reversed(blocks) if "text" in block), None)
+        if last is None:
+            raise ValueError("continue_final_message is set but we could not find any text to continue in the "
+                             "final message!")
+        last["text"] += _CONTINUE_TAG
+        content = blocks
+    else:
+        content = content + _CONTINUE_TAG
+    return [*conversation[:-1], {**conversation[-1], "content": content}]
+
+
+def cut_at_final_tag(text: str) -> str:
+    """transformers' continue_final_message, second half: the chat up to the end of the last
+    message's text; what the template writes after it (an end-of-turn token) goes."""
+    tag = _CONTINUE_TAG.strip()
+    if tag not in text:
+        raise ValueError("continue_final_message is set but the final message does not appear in the chat after "
+                         "applying the chat template! This can happen if the chat template deletes portions of the "
+                         "final message.")
+    at = text.rindex(tag)
+    return text[:at] if text[at:at + len(_CONTINUE_TAG)] == _CONTINUE_TAG else text[:at].rstrip()
 
 
 def _alias_reasoning(message: dict) -> dict:

@@ -21,10 +21,13 @@ from multiprocessing.connection import Connection
 from atom_aot.runtime.grammar_errors import compile_error_message
 
 
+JSON_OBJECT_SCHEMA = '{"type": "object"}'
+
+
 def compile_spec(compiler, kind: str, value: str, choices: list[str]):
     """xgrammar's CompiledGrammar of one structured-output spec (`GrammarSpec`'s fields)."""
-    if kind == "json_object":
-        return compiler.compile_builtin_json_grammar()
+    if kind == "json_object":      # an object, as OpenAI and vLLM mean it (not any JSON value)
+        return compiler.compile_json_schema(JSON_OBJECT_SCHEMA, any_whitespace=False)
     if kind == "json_schema":
         # compact JSON: "any whitespace" lets small models emit blanks until max_tokens
         return compiler.compile_json_schema(value, any_whitespace=False)

@@ -1,12 +1,13 @@
 """What a request's parameters change in its logits before sampling, as vLLM does it: bad words,
-min_tokens, logit_bias, the grammar of structured outputs, then the repetition, frequency and
-presence penalties.
+min_tokens, logit_bias, allowed_token_ids, the grammar of structured outputs, then the repetition,
+frequency and presence penalties.
 
 All of it runs on the device, batched: the sparse changes (a bias, a masked EOS) are one indexed
-add over the batch's (row, token) pairs, the grammar one bitmask, and the penalties read per-request
-token counts that live on the device and grow by each step's sampled tokens (`record`, a queued
-scatter-add) — so with async scheduling, step N+1 sees step N's token without the host reading it.
-A batch in which no request uses any of these costs one pass over its parameters, nothing on the device.
+add over the batch's (row, token) pairs, the grammar one bitmask, allowed_token_ids one boolean
+mask, and the penalties read per-request token counts that live on the device and grow by each
+step's sampled tokens (`record`, a queued scatter-add) — so with async scheduling, step N+1 sees
+step N's token without the host reading it. A batch in which no request uses any of these costs
+one pass over its parameters, nothing on the device.
 """
 from __future__ import annotations
 
@@ -139,6 +140,9 @@ class LogitsProcessors:
         if rows:
             logits.index_put_((to_device(rows, torch.int64, self.device), to_device(tokens, torch.int64, self.device)),
                               to_device(values, logits.dtype, self.device), accumulate=True)
+        allowed_rows = [row for row, seq in enumerate(seqs) if seq.params.allowed_token_ids]
+        if allowed_rows:
+            logits = self._keep_allowed(logits, seqs, allowed_rows)
         grammar_rows = [row for row, seq in enumerate(seqs) if seq.grammar_matcher is not None]
         if grammar_rows:
             bitmask = grammar_bitmask([seqs[row].grammar_matcher for row in grammar_rows], logits.shape[-1])
@@ -155,6 +159,17 @@ class LogitsProcessors:
         if penalized:
             self.token_counts.record([seqs[row] for row in penalized],
                                      tokens[to_device(penalized, torch.int64, self.device)])
+
+    def _keep_allowed(self, logits: torch.Tensor, seqs: list[Sequence], rows: list[int]) -> torch.Tensor:
+        """allowed_token_ids: every other token of these rows to -inf (one mask, built from each
+        request's list, never a loop over the vocabulary)."""
+        blocked = torch.ones((len(rows), logits.shape[-1]), dtype=torch.bool, device=self.device)
+        mask_rows = [i for i, row in enumerate(rows) for _ in seqs[row].params.allowed_token_ids]
+        tokens = [t for row in rows for t in seqs[row].params.allowed_token_ids]
+        blocked[to_device(mask_rows, torch.int64, self.device), to_device(tokens, torch.int64, self.device)] = False
+        index = to_device(rows, torch.int64, self.device)
+        logits[index] = logits[index].masked_fill(blocked, float("-inf"))
+        return logits
 
     def _penalize(self, logits: torch.Tensor, seqs: list[Sequence], rows: list[int]) -> torch.Tensor:
         slots = self.token_counts.slots_of(seqs, logits.shape[-1])

@@ -21,7 +21,7 @@ from atom_aot.runtime.sampling_params import SamplingParams
 @dataclass
 class RequestOutput:
     request_id: str
-    text: str                          # the whole output text so far (stop string trimmed)
+    text: str                          # the whole output text so far (stop string trimmed unless asked to stay)
     delta_text: str                    # the text this update adds
     new_token_ids: list[int]
     finished: bool
@@ -75,7 +75,8 @@ class OutputProcessor:
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                     callback: StreamCallback | None = None) -> None:
-        self.requests[request_id] = _RequestState(self.detokenizer.stream(prompt_ids), params, callback)
+        stream = self.detokenizer.stream(prompt_ids, params.skip_special_tokens)
+        self.requests[request_id] = _RequestState(stream, params, callback)
 
     def abort(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
@@ -130,9 +131,11 @@ class OutputProcessor:
 
     def _match_stop_string(self, state: _RequestState) -> bool:
         search_from = max(state.stops_from, state.emitted - state.holdback)
-        hits = [i for i in (state.text.find(s, search_from) for s in state.params.stop_strings) if i >= 0]
+        hits = [(i, len(s)) for i, s in ((state.text.find(s, search_from), s) for s in state.params.stop_strings)
+                if i >= 0]
         if hits:
-            state.text = state.text[:min(hits)]
+            start, length = min(hits)
+            state.text = state.text[:start + length if state.params.include_stop_str_in_output else start]
         return bool(hits)
 
     def _update(self, state: _RequestState, out: CoreOutput, finish_reason: str | None) -> RequestOutput:

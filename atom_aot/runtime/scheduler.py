@@ -39,6 +39,7 @@ from typing import Callable, Iterator
 from atom_aot.errors import RequestError
 from atom_aot.runtime.block_manager import BlockManager
 from atom_aot.runtime.config import RuntimeConfig, max_scored_prompt_rows
+from atom_aot.runtime.priority_queue import PriorityQueue
 from atom_aot.runtime.sequence import Sequence, SequenceStatus
 from atom_aot.spec.proposer import Proposer
 
@@ -60,6 +61,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int    # tokens computed in one step; longer prompts are chunked
     max_model_len: int             # prompt + output tokens of one sequence (at most the artifact's limit)
     scheduler_delay_factor: float  # wait this many last-prefill latencies to gather prompts
+    scheduling_policy: str = "fcfs"  # or "priority": waiting by (priority, arrival); preempt the lowest first
 
     def __post_init__(self):
         # valid exactly when the runtime config it views is: the checks live there, once
@@ -71,7 +73,8 @@ class SchedulerConfig:
     def from_runtime(cls, config: RuntimeConfig, max_model_len: int) -> SchedulerConfig:
         """`max_model_len`: the one the engine serves (RuntimeConfig.served_max_model_len)."""
         return cls(max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
-                   max_model_len=max_model_len, scheduler_delay_factor=config.scheduler_delay_factor)
+                   max_model_len=max_model_len, scheduler_delay_factor=config.scheduler_delay_factor,
+                   scheduling_policy=config.scheduling_policy)
 
 
 class SequenceQueue:
@@ -178,7 +181,8 @@ class Scheduler:
         self.block_manager = block_manager
         self.clock = clock               # the time source of latencies and of sequences' timings
         self.proposer = proposer         # speculative decoding: every decode step verifies its drafts
-        self.waiting = SequenceQueue()   # first in, first out; preempted sequences go back to the front
+        # first in, first out, preempted sequences back at the front; or by priority, then arrival
+        self.waiting = SequenceQueue() if config.scheduling_policy == "fcfs" else PriorityQueue()
         self.running = SequenceQueue()   # oldest first: the youngest is preempted first
         self.num_preemptions = 0
         self._last_prefill_latency = 0.0
@@ -357,12 +361,20 @@ class Scheduler:
         """Allocate slots for `count` tokens of a running sequence, preempting the youngest
         unscheduled sequences until they fit. False if `seq` itself had to be preempted."""
         while not self.block_manager.can_allocate(seq, count):
-            victim = next(s for s in reversed(self.running) if s not in scheduled)
+            victim = self._victim(scheduled)
             self._preempt(victim)
             if victim is seq:
                 return False
         self.block_manager.allocate(seq, count)
         return True
+
+    def _victim(self, scheduled: list[Sequence]) -> Sequence:
+        """The running sequence preempted next: the youngest unscheduled one, or under the priority policy
+        the one of the lowest priority (highest value), the youngest of equals (vLLM's choice)."""
+        candidates = (s for s in reversed(self.running) if s not in scheduled)
+        if self.config.scheduling_policy == "fcfs":
+            return next(candidates)
+        return max(candidates, key=lambda s: (s.params.priority, s.arrival_time))
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

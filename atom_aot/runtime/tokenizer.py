@@ -36,7 +36,7 @@ def load_artifact_tokenizer(artifact_path: Path):
 
 def apply_chat_template(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
                         **template_options) -> str:
-    if not tokenizer.chat_template:
+    if not tokenizer.chat_template and not template_options.get("chat_template"):
         raise ValueError("this model's tokenizer has no chat template; send a plain prompt instead")
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
                                          **template_options)

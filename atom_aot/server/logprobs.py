@@ -32,22 +32,34 @@ class TokenRenderer:
         return self.bytes(token_id).decode("utf-8", errors="replace")
 
 
-def chat_logprobs(renderer: TokenRenderer, entries: list[TokenLogprobs]) -> dict:
+class TokenIdRenderer:
+    """vLLM's return_tokens_as_token_ids: every token shown as "token_id:{id}" (its bytes those of
+    that text), so that a token holding part of a character is still named exactly."""
+
+    @staticmethod
+    def text(token_id: int) -> str:
+        return f"token_id:{token_id}"
+
+    def bytes(self, token_id: int) -> bytes:
+        return self.text(token_id).encode()
+
+
+def chat_logprobs(renderer: TokenRenderer | TokenIdRenderer, entries: list[TokenLogprobs]) -> dict:
     return {"content": [_chat_entry(renderer, e) for e in entries]}
 
 
-def _chat_entry(renderer: TokenRenderer, entry: TokenLogprobs) -> dict:
+def _chat_entry(renderer: TokenRenderer | TokenIdRenderer, entry: TokenLogprobs) -> dict:
     item = _chat_token(renderer, entry.token_id, entry.logprob)
     item["top_logprobs"] = [_chat_token(renderer, token_id, logprob) for token_id, logprob in entry.top]
     return item
 
 
-def _chat_token(renderer: TokenRenderer, token_id: int, logprob: float) -> dict:
+def _chat_token(renderer: TokenRenderer | TokenIdRenderer, token_id: int, logprob: float) -> dict:
     return {"token": renderer.text(token_id), "logprob": logprob, "bytes": list(renderer.bytes(token_id))}
 
 
-def completion_logprobs(renderer: TokenRenderer, token_ids: list[int], entries: list[TokenLogprobs | None],
-                        offset: int = 0) -> tuple[dict, int]:
+def completion_logprobs(renderer: TokenRenderer | TokenIdRenderer, token_ids: list[int],
+                        entries: list[TokenLogprobs | None], offset: int = 0) -> tuple[dict, int]:
     """The completions format for `token_ids` (an entry of None: unscored, the prompt's first
     token); text offsets start at `offset`. Returns it and the offset after the last token."""
     result = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
@@ -65,3 +77,19 @@ def completion_logprobs(renderer: TokenRenderer, token_ids: list[int], entries: 
         result["token_logprobs"].append(entry.logprob)
         result["top_logprobs"].append(top)
     return result, offset
+
+
+def prompt_logprobs(renderer: TokenRenderer | TokenIdRenderer, entries: list[TokenLogprobs]) -> list[dict | None]:
+    """vLLM's `prompt_logprobs` of a choice: per prompt token, None for the first (nothing precedes
+    it), else {token id: {"logprob", "rank", "decoded_token"}}: the prompt's token, then the top ones."""
+    shown: list[dict | None] = [None]
+    for entry in entries:
+        item = {str(entry.token_id): _vllm_entry(renderer, entry.token_id, entry.logprob, entry.rank)}
+        for rank, (token_id, logprob) in enumerate(entry.top, 1):
+            item.setdefault(str(token_id), _vllm_entry(renderer, token_id, logprob, rank))
+        shown.append(item)
+    return shown
+
+
+def _vllm_entry(renderer: TokenRenderer | TokenIdRenderer, token_id: int, logprob: float, rank: int) -> dict:
+    return {"logprob": logprob, "rank": rank, "decoded_token": renderer.text(token_id)}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from atom_aot.runtime.block_manager import NO_HASH, chain_hash
+from atom_aot.runtime.block_manager import chain_hash, root_hash
 
 ROUTINGS = ("prefix", "load")    # --dp-routing: by known prefix (this module), or to the least-loaded engine
 MAX_PREFIX_BLOCKS = 256          # a prompt's first blocks hashed for routing (longer prefixes route alike)
@@ -30,19 +30,19 @@ class PrefixRouter:
         self.owner: OrderedDict[int, int] = OrderedDict()    # block chain hash -> engine last given it
         self.routed_by_prefix = 0       # calls sent to their prefix's engine instead of the least-loaded one
 
-    def block_hashes(self, token_ids: list[int]) -> list[int]:
+    def block_hashes(self, token_ids: list[int], cache_salt: str | None = None) -> list[int]:
         """Chained hashes of the prompt's full blocks, as the engines' block managers compute them."""
-        hashes, parent = [], NO_HASH
+        hashes, parent = [], root_hash(cache_salt)
         full = min(len(token_ids) // self.block_size, MAX_PREFIX_BLOCKS)
         for b in range(full):
             parent = chain_hash(token_ids[b * self.block_size:(b + 1) * self.block_size], parent)
             hashes.append(parent)
         return hashes
 
-    def choose(self, token_ids: list[int], loads: list[int]) -> int:
+    def choose(self, token_ids: list[int], loads: list[int], cache_salt: str | None = None) -> int:
         """The engine for a call whose (first) prompt is `token_ids`; `loads`: requests in flight per engine."""
         least = min(range(self.num_engines), key=lambda i: loads[i])
-        hashes = self.block_hashes(token_ids)
+        hashes = self.block_hashes(token_ids, cache_salt)
         holder = next((self.owner[h] for h in reversed(hashes) if h in self.owner), None)
         chosen = least
         if holder is not None and loads[holder] <= loads[least] + self.slack:
