@@ -40,6 +40,19 @@ class TestAddRequest:
         core.add_request([5, 99], SamplingParams(max_tokens=4))           # nothing lost: the next one is taken
         assert queue_lengths(core) == (0, 1) and core.num_prompt_tokens_total == 2
 
+    @pytest.mark.parametrize("field, params", [
+        ("stop_token_ids", {"stop_token_ids": [3, 100]}),
+        ("logit_bias", {"logit_bias": {100: 1.0}}),
+        ("allowed_token_ids", {"allowed_token_ids": [5, 100]}),
+        ("bad_words_token_ids", {"bad_words_token_ids": [[5], [6, 100]]}),
+    ])
+    def test_every_token_id_a_request_names_must_be_in_the_vocabulary(self, field, params):
+        """The sampler indexes logits rows with them: one past the vocabulary is refused, not indexed."""
+        core = make_core(vocab_size=100)
+        with pytest.raises(RequestError, match=rf"{field}: token id 100 is outside the model's vocabulary"):
+            core.add_request([5, 7], SamplingParams(max_tokens=4, **params))
+        assert queue_lengths(core) == (0, 0)
+
     def test_request_ids(self):
         core = make_core()
         params = SamplingParams(max_tokens=4)

@@ -58,14 +58,24 @@ def check_prompt(prompt_token_ids: list[int], params: SamplingParams, max_model_
     num_prompt_tokens = len(prompt_token_ids)
     if num_prompt_tokens == 0:
         raise RequestError("the prompt is empty")
-    if vocab_size is not None and max(prompt_token_ids) >= vocab_size:
-        bad = next(t for t in prompt_token_ids if t >= vocab_size)
-        raise RequestError(f"prompt token id {bad} is outside the model's vocabulary (0..{vocab_size - 1})")
+    if vocab_size is not None:
+        _check_token_ids(prompt_token_ids, params, vocab_size)
     wanted = num_prompt_tokens + (params.max_tokens or 1)
     if wanted > max_model_len:
         raise ContextLengthError(
             f"this model's maximum context length is {max_model_len} tokens, but the request needs "
             f"{wanted} ({num_prompt_tokens} in the prompt + {params.max_tokens or 1} to generate)")
+
+
+def _check_token_ids(prompt_token_ids: list[int], params: SamplingParams, vocab_size: int) -> None:
+    """Every token id the request names lies in the vocabulary: the sampler indexes logits rows with them."""
+    named = {"prompt": prompt_token_ids, "stop_token_ids:": params.stop_token_ids,
+             "logit_bias:": list(params.logit_bias), "allowed_token_ids:": params.allowed_token_ids or [],
+             "bad_words_token_ids:": [t for word in params.bad_words_token_ids for t in word]}
+    for label, ids in named.items():
+        bad = next((t for t in ids if t >= vocab_size), None)
+        if bad is not None:
+            raise RequestError(f"{label} token id {bad} is outside the model's vocabulary (0..{vocab_size - 1})")
 
 
 class EngineCore:
