@@ -1,4 +1,4 @@
-"""Drop-in for vLLM/ATOM clients (issue 17), live: one server per module (eager tiny-llama
+"""Drop-in for vLLM/ATOM clients, live: one server per module (eager tiny-llama
 artifact), driven by the official `openai` client as benchmark and eval tools drive it.
 
 - chat streams send the role chunk with the first token, not before the prefill (TTFT);

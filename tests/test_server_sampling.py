@@ -253,7 +253,7 @@ def test_conversation_with_tool_results_and_tool_choice_none(client, model_name)
     assert choice.message.tool_calls is None and choice.finish_reason in ("stop", "length")
 
 
-# -- issue 17, item 5 ------------------------------------------------------------------------------
+# -- stop strings at the edges of max_tokens --------------------------------------------------------
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_stop_string_completed_by_the_last_allowed_token(client, model_name, tokens_of, stream):
     """"Hello" is all the model says; the stop string needs three of them and max_tokens allows three."""
