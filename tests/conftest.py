@@ -8,7 +8,14 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+from atom_aot.runtime.threads import prefer_passive_openmp_wait
+
+# Idle OpenMP threads sleep, as in the engine process (runtime/threads.py); OpenMP reads the policy when torch loads
+# it. Spinning ones held the cores that the tests' other threads and processes needed: on a shared 2-core host
+# test_moe_models.py took 708 s with them, 72 s without.
+prefer_passive_openmp_wait()
+import torch  # noqa: E402
 
 # Without a GPU, Triton kernels run in Triton's interpreter. Triton reads this when it is first
 # imported, and Inductor (the AOT builds) imports it early, so it is set here, before any test.

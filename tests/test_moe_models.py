@@ -145,12 +145,11 @@ class TestExpertStacker:
 
 
 @pytest.mark.slow
-def test_compiled_artifact_keeps_the_op_and_matches_hf(tmp_path, build_artifact):
+@pytest.mark.parametrize("family", ["qwen3moe-6x3-norm-dense1"], indirect=True)
+def test_compiled_artifact_keeps_the_op_and_matches_hf(family, build_artifact):
     """AOTInductor keeps atom::fused_moe whole (the package calls it through the dispatcher) and the
-    compiled artifact decodes like transformers."""
-    architecture, overrides = FAMILIES["qwen3moe-6x3-norm-dense1"]
-    model_dir = make_tiny_model(tmp_path / "compiled", architecture, seed=11, **overrides)
-    prompts = random_prompts(8, 380, seed=22, lengths=(3, 30))
+    compiled artifact decodes like transformers (the family's model, prompts and reference tokens)."""
+    model_dir, _, prompts, expected = family
     engine, got = engine_greedy(build_artifact(model_dir, compile="aoti"), prompts)
     assert engine.loaded.manifest.compiled.kind == "aotinductor"
-    assert got == hf_greedy(model_dir, prompts, MAX_NEW)
+    assert got == expected

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.reader import Artifact
 from atom_aot.build.config import BuildConfig
 from atom_aot.build.pipeline import plan
@@ -91,14 +92,17 @@ def test_what_does_not_split_is_refused_by_name(moe_dir, tmp_path):
         plan(str(dense), BuildConfig(arch="cpu", tensor_parallel_size=2, enable_expert_parallel=True))
 
 
-def test_a_compiled_ep2_artifact_shares_one_package_and_matches_tp1(tmp_path, build_artifact):
+@pytest.mark.parametrize("moe_dir", ["qwen3moe-8x3-dense1"], indirect=True)
+def test_a_compiled_ep2_artifact_shares_one_package_and_matches_tp1(moe_dir, build_artifact):
     """The rank's first expert is a weight (like the embedding's first row), so the ranks' graphs are the
-    same and one package serves both: rank 1 must not run with rank 0's experts."""
-    architecture, overrides = FAMILIES["qwen3moe-8x3-dense1"]
-    model = make_tiny_model(tmp_path / "qwen3moe", architecture, seed=6, **overrides)
-    art = build_artifact(model, compile="aoti", tensor_parallel_size=2, enable_expert_parallel=True)
-    assert len(Artifact.open(art).manifest.compiled.packages) == 1
-    assert greedy(art) == greedy(build_artifact(model, compile="none"))
+    same and one package serves both: rank 1 must not run with rank 0's experts. The suite's compiled TP-2
+    artifact: its Qwen3 attention (QK-norm), dense layer (mlp_only_layers), embedding and lm_head split over
+    the ranks as a dense model's do."""
+    art = build_artifact(moe_dir, compile="aoti", tensor_parallel_size=2, enable_expert_parallel=True)
+    assert Artifact.open(art).manifest.compiled.packages == {Phase.MIXED: "compiled/mixed.pt2"}
+    assert "-tp2-" in art.name
+    assert greedy(art) == greedy(build_artifact(moe_dir, compile="none"))
+    assert build_artifact(moe_dir, compile="aoti", tensor_parallel_size=2, enable_expert_parallel=True) == art  # cached
 
 
 def test_fp8_experts_are_stored_e4m3_with_row_scales(tmp_path, build_artifact):

@@ -2,8 +2,9 @@
 tensor-parallel artifact starts its ranks 1..N-1 as `atom-run ART worker` processes).
 
 Greedy output of TP-2 and TP-4 artifacts equals TP-1's on tiny Llama and Qwen3 models (4 ranks
-over 2 KV heads replicate them); weights-only (`--compile none`) artifacts except one compiled TP-2
-Qwen3, whose one package serves both ranks.
+over 2 KV heads replicate them); weights-only (`--compile none`) artifacts. The compiled TP-2 artifact,
+whose one package serves both ranks, is tests/test_moe_parallel.py's Qwen3-MoE with a dense layer (its
+attention, dense MLP, embedding and lm_head split as a dense Qwen3's do).
 """
 from __future__ import annotations
 
@@ -225,15 +226,6 @@ def test_ranks_are_forked_only_on_gpus_from_a_process_without_cuda_context_or_th
     monkeypatch.setenv("ATOM_TP_WORKER_START", "forkserver")
     with pytest.raises(ValueError, match="ATOM_TP_WORKER_START='forkserver': it must be one of fork, spawn"):
         rank_processes.start_method(arch)
-
-
-def test_a_compiled_tp2_artifact_shares_one_package_and_matches_tp1(build_artifact, tiny_qwen3_dir):
-    art = build_artifact(tiny_qwen3_dir, compile="aoti", tensor_parallel_size=2)
-    manifest = Artifact.open(art).manifest
-    assert manifest.compiled.packages == {Phase.MIXED: "compiled/mixed.pt2"}
-    assert "-tp2-" in art.name
-    assert greedy_tokens(art) == greedy_tokens(build_artifact(tiny_qwen3_dir, compile="none"))
-    assert build_artifact(tiny_qwen3_dir, compile="aoti", tensor_parallel_size=2) == art     # a cache hit
 
 
 def test_leaving_the_process_group_frees_the_captured_cuda_graphs_first(monkeypatch):
