@@ -34,6 +34,8 @@ def parse_args(argv=None):
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p.add_argument("--num-kv-blocks", type=int, default=None, help="force the KV pool's size (an A/B of sizing)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="the step budget (default: the artifact's target's, 8192 on a GPU, 128 on the CPU)")
     p.add_argument("--gc-freeze", action="store_true",
                    help="collect, then freeze what survives (gc.freeze) after the warm-up: the A/B of GC pauses")
     p.add_argument("--label", default="")
@@ -153,7 +155,8 @@ def main(argv=None) -> None:
     from atom_aot.runtime.llm_engine import ArtifactEngine
     from atom_aot.runtime.config import RuntimeConfig
     config = RuntimeConfig(max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
-                           max_num_seqs=args.max_num_seqs, num_kv_blocks=args.num_kv_blocks)
+                           max_num_seqs=args.max_num_seqs, num_kv_blocks=args.num_kv_blocks,
+                           max_num_batched_tokens=args.max_num_batched_tokens)
     t = time.perf_counter()
     engine = ArtifactEngine(args.artifact, config)
     init_s = time.perf_counter() - t
