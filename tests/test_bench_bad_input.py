@@ -23,8 +23,7 @@ def server(tiny_llama_eager_artifact, tmp_path_factory):
     try:
         yield proc.wait_healthy()
     finally:
-        proc.proc.terminate()
-        proc.proc.wait(30)
+        proc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -24,9 +24,11 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import httpx
 
+from atom_aot.bench.gpu.serve import wait_until_up
 from atom_aot.bench.request import auth_headers
 
 
@@ -89,20 +91,6 @@ def start_server(artifact: str, port: int, serve_args: list[str], log_path: str)
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
 
-def wait_ready(url: str, server: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"the server exited with status {server.returncode} before it was ready (see its log)")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise SystemExit(f"the server was not ready after {timeout:.0f} s")
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -154,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     log_path = (args.out or "long_prompt") + ".server.log"
     server = start_server(args.artifact, port, serve_args, log_path)
     try:
-        wait_ready(url, server, args.timeout)
+        wait_until_up(server, port, Path(log_path), args.timeout)
         model = httpx.get(f"{url}/v1/models", headers=auth_headers()).json()["data"][0]["id"]
         result = {"artifact": args.artifact, "label": args.label, "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                                        time.gmtime()),
