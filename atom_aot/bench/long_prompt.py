@@ -113,7 +113,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-token-id", type=int, default=32000, help="prompt ids are drawn from [1000, this)")
     p.add_argument("--label", default="", help="free text stored with the results (what code ran)")
-    return p.parse_args(ours), serve_args
+    args = p.parse_args(ours)
+    if args.max_token_id <= 1000:
+        p.error(f"--max-token-id must be above 1000 (prompt ids are drawn from [1000, it)), got {args.max_token_id}")
+    return args, serve_args
 
 
 def run_cases(bench: Bench, args: argparse.Namespace) -> dict:
