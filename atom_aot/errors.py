@@ -29,7 +29,7 @@ class ContextLengthError(RequestError):
 
 class RankStopped(RuntimeError):
     """Another rank of a data-parallel-attention artifact went away: the ranks step together, so this
-    engine cannot go on (runtime/attention_dp.py)."""
+    engine cannot go on (runtime/parallel/attention_dp.py)."""
 
 
 USER_ERRORS = (ArtifactError, BuildError, StartupError, UnsupportedArchitectureError, ValueError, FileNotFoundError)

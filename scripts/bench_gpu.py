@@ -114,9 +114,9 @@ def random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[
 
 def engine_logits(engine, prompt: list[int]) -> torch.Tensor:
     """Logits of every position of `prompt` through the engine's compiled `mixed` package: [T, V]."""
-    from atom_aot.runtime.sampling_params import SamplingParams
-    from atom_aot.runtime.scheduler import ScheduledBatch
-    from atom_aot.runtime.sequence import Sequence
+    from atom_aot.runtime.sampling.sampling_params import SamplingParams
+    from atom_aot.runtime.engine.scheduler import ScheduledBatch
+    from atom_aot.runtime.engine.sequence import Sequence
     core = engine.core
     seq = Sequence("probe", list(prompt), len(prompt), SamplingParams(prompt_logprobs=0, max_tokens=1),
                    core.block_size)

@@ -51,13 +51,13 @@ def summary(seconds: list[float]) -> dict:
 # -- prepare_inputs ---------------------------------------------------------------------------
 def decoding_engine(args):
     """A scheduler whose B sequences have their prompts in the cache, and a runner on the CPU."""
-    from atom_aot.runtime.block_manager import BlockManager
-    from atom_aot.runtime.forwards import Forwards
-    from atom_aot.runtime.model_runner import ModelRunner
-    from atom_aot.runtime.sampler import Sampler
-    from atom_aot.runtime.sampling_params import SamplingParams
-    from atom_aot.runtime.scheduler import Scheduler, SchedulerConfig
-    from atom_aot.runtime.sequence import Sequence
+    from atom_aot.runtime.engine.block_manager import BlockManager
+    from atom_aot.runtime.execution.forwards import Forwards
+    from atom_aot.runtime.execution.model_runner import ModelRunner
+    from atom_aot.runtime.sampling.sampler import Sampler
+    from atom_aot.runtime.sampling.sampling_params import SamplingParams
+    from atom_aot.runtime.engine.scheduler import Scheduler, SchedulerConfig
+    from atom_aot.runtime.engine.sequence import Sequence
     max_len = args.input_len + args.warm_steps + args.steps + 8
     blocks = args.batch * -(-max_len // BLOCK_SIZE)
     config = SchedulerConfig(max_num_seqs=args.batch, max_num_batched_tokens=args.batch * args.input_len,
@@ -111,10 +111,10 @@ def text_token_streams(tokenizer, count: int, length: int) -> list[list[int]]:
 
 
 def bench_output_processing(args) -> dict:
-    from atom_aot.runtime.output_processor import OutputProcessor
-    from atom_aot.runtime.outputs import CoreOutput
-    from atom_aot.runtime.sampling_params import SamplingParams
-    from atom_aot.runtime.tokenizer import load_tokenizer
+    from atom_aot.runtime.text.output_processor import OutputProcessor
+    from atom_aot.runtime.engine.outputs import CoreOutput
+    from atom_aot.runtime.sampling.sampling_params import SamplingParams
+    from atom_aot.runtime.text.tokenizer import load_tokenizer
     tokenizer = load_tokenizer(args.tokenizer)
     total = args.warm_steps + args.steps
     streams = text_token_streams(tokenizer, args.batch, total)

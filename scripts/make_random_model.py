@@ -4,7 +4,7 @@ No weights can be downloaded on the GPU machine; performance of dense models doe
 weight values, and correctness is checked against transformers on the same random weights.
 Tensors are drawn one at a time on the chosen device (fast even for 8B) from the parameter names
 and shapes of transformers' own model class, built on the meta device (the same draw as
-`atom-build --load-format dummy`, atom_aot/build/dummy.py), and written in shards of at
+`atom-build --load-format dummy`, atom_aot/weights/random_draw.py), and written in shards of at
 most --shard-gb (with transformers' model.safetensors.index.json when there are several), so host
 memory holds one shard at a time: a 61 GB Qwen3-30B-A3B is written on a 128 GB machine.
 
@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from atom_aot.build.dummy import DEFAULT_SEED, DEFAULT_STD, parameter_shapes, random_tensors
-from atom_aot.build.experts import STACKED_TENSOR
+from atom_aot.weights.random_draw import DEFAULT_SEED, DEFAULT_STD, parameter_shapes, random_tensors
+from atom_aot.weights.experts import STACKED_TENSOR
 
 
 def parse_args(argv=None):
@@ -44,7 +44,7 @@ def parse_args(argv=None):
 def make_random_model(config_path: Path, out: Path, tokenizer: Path | None = None, dtype: str = "bfloat16",
                       device: str = "cpu", std: float = DEFAULT_STD, seed: int = DEFAULT_SEED,
                       override: dict | None = None, shard_bytes: int = 4 << 30, hub_expert_names: bool = False) -> Path:
-    """The same tensors `atom-build --load-format dummy` draws for this config on `device` (build/dummy.py)."""
+    """The same tensors `atom-build --load-format dummy` draws for this config on `device` (weights/random_draw.py)."""
     out.mkdir(parents=True, exist_ok=True)
     config_dict = {**json.loads(config_path.read_text()), **(override or {}), "torch_dtype": dtype}
     (out / "config.json").write_text(json.dumps(config_dict, indent=1))

@@ -18,9 +18,9 @@ import torch
 
 from atom_aot.artifact.phase import Phase
 from atom_aot.models.step_inputs import StepInputs
-from atom_aot.runtime.cuda_graphs import DecodeGraphs
-from atom_aot.runtime.kv_cache import allocate_kv_cache
-from atom_aot.runtime.loader import load_artifact
+from atom_aot.runtime.execution.cuda_graphs import DecodeGraphs
+from atom_aot.runtime.execution.kv_cache import allocate_kv_cache
+from atom_aot.runtime.loading.loader import load_artifact
 
 VARIANTS = {"current": (True, False), "warm_largest_only": (False, False), "raw_capture": (False, True),
             "current_again": (True, False)}   # name -> (warm-up every size, raw capture calls)

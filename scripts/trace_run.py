@@ -135,7 +135,7 @@ def summarize(steps: list[dict], seconds: float, num_prompts: int, gc_pauses: Gc
 
 def memory(engine, config) -> dict:
     """The activation reserve this start used, and the bound it replaces: the KV blocks each leaves room for."""
-    from atom_aot.runtime.kv_cache import bytes_per_block
+    from atom_aot.runtime.execution.kv_cache import bytes_per_block
     from atom_aot.runtime.startup import activation_bound, activation_reserve
     loaded = engine.loaded
     config = config.for_target(loaded.manifest.target.arch)      # the step budget the engine ran with

@@ -13,13 +13,13 @@ from typing import Callable
 
 import pytest
 
-from atom_aot.runtime.block_manager import BlockManager
-from atom_aot.runtime.engine_core import EngineCore
-from atom_aot.runtime.model_runner import StepOutput
-from atom_aot.runtime.outputs import TokenLogprobs
-from atom_aot.runtime.sampling_params import SamplingParams
-from atom_aot.runtime.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
-from atom_aot.runtime.sequence import Sequence
+from atom_aot.runtime.engine.block_manager import BlockManager
+from atom_aot.runtime.engine.engine_core import EngineCore
+from atom_aot.runtime.execution.model_runner import StepOutput
+from atom_aot.runtime.engine.outputs import TokenLogprobs
+from atom_aot.runtime.sampling.sampling_params import SamplingParams
+from atom_aot.runtime.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from atom_aot.runtime.engine.sequence import Sequence
 
 BLOCK_SIZE = 4
 EOS = 2

@@ -1,5 +1,5 @@
 """GPTQ and AWQ 4-bit copies of a tiny HF checkpoint, packed here by hand (word by word, nibble by
-nibble: independent of atom_aot/build/int4_checkpoint.py's vectorized unpacking), from known int4
+nibble: independent of atom_aot/weights/int4_checkpoint.py's vectorized unpacking), from known int4
 values, fp16 scales and zero points; and the twin checkpoint holding the dequantized weights.
 
 The int4 values come from round-to-nearest asymmetric quantization of the tiny model's weights, so the

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 
 from atom_aot.models.step_inputs import StepInputs
-from atom_aot.runtime.forwards import Forwards
-from atom_aot.runtime.model_runner import ModelRunner
-from atom_aot.runtime.sampler import Sampler
-from atom_aot.runtime.sampling_params import SamplingParams
-from atom_aot.runtime.scheduler import ScheduledBatch
-from atom_aot.runtime.sequence import Sequence, SequenceStatus
+from atom_aot.runtime.execution.forwards import Forwards
+from atom_aot.runtime.execution.model_runner import ModelRunner
+from atom_aot.runtime.sampling.sampler import Sampler
+from atom_aot.runtime.sampling.sampling_params import SamplingParams
+from atom_aot.runtime.engine.scheduler import ScheduledBatch
+from atom_aot.runtime.engine.sequence import Sequence, SequenceStatus
 
 BLOCK_SIZE = 4
 VOCAB = 32

@@ -156,7 +156,7 @@ def test_a_moe_block_hands_its_partial_sums_to_the_norm_and_they_add_up(ep, monk
     """Over 2 ranks a Qwen3-MoE block's output is its rank's partial sums (the next norm all-reduces them), and the
     ranks' outputs add up to the whole block's; with one rank it is the whole output."""
     from moe_checks import one_layer_qwen3_moe
-    from atom_aot.build.shard import shard_state_dict
+    from atom_aot.weights.shard import shard_state_dict
     from atom_aot.models import model_class, parallel
     from atom_aot.models.parallel import Split
     cfg, whole = one_layer_qwen3_moe()
@@ -178,9 +178,9 @@ def test_a_moe_block_hands_its_partial_sums_to_the_norm_and_they_add_up(ep, monk
 
 
 def test_a_package_that_reads_a_peer_table_is_bound_to_the_process_table():
-    """The table is the runtime's (runtime/compiled.py): never a stored weight, always the one tensor that
+    """The table is the runtime's (runtime/loading/compiled.py): never a stored weight, always the one tensor that
     registering a group refills, so the package and atom::all_reduce_unless_fused agree."""
-    from atom_aot.runtime.compiled import CompiledModel
+    from atom_aot.runtime.loading.compiled import CompiledModel
 
     class Loader:
         def get_constant_fqns(self):

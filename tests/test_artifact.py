@@ -107,7 +107,7 @@ class TestCompiledArtifact:
 RUNTIME_PROBE = """
 import json, sys
 from atom_aot import LLMEngine, SamplingParams
-from atom_aot.runtime.compile_counter import compile_counts, compilers_loaded
+from atom_aot.runtime.loading.compile_counter import compile_counts, compilers_loaded
 engine = LLMEngine(sys.argv[1])
 engine.generate(["Hello there", [5, 6, 7]], SamplingParams(temperature=0, max_tokens=8))
 if len(sys.argv) > 2:   # positive control: compile something, the counters must see it

@@ -74,7 +74,7 @@ def refused_before_any_member(monkeypatch) -> None:
 
 class TestTrustedKeys:
     def test_signed_by_a_trusted_key_is_accepted_and_verify_names_it(self, signed, keys, capsys):
-        from atom_aot.runtime.loader import load_artifact
+        from atom_aot.runtime.loading.loader import load_artifact
         assert atom_run([str(signed), "verify", "--trusted-keys", str(keys["trusted"])]) == 0
         out = capsys.readouterr().out
         fingerprint = SigningKey.load(keys["ours"]).fingerprint
@@ -134,7 +134,7 @@ class TestTrustedKeys:
         assert art.signer.key_name == "ours.pub"
 
     def test_without_trusted_keys_unsigned_loads_as_before(self, tiny_llama_eager_artifact, capsys):
-        from atom_aot.runtime.loader import load_artifact
+        from atom_aot.runtime.loading.loader import load_artifact
         assert load_artifact(tiny_llama_eager_artifact).execution == "eager"
         assert atom_run([str(tiny_llama_eager_artifact), "verify"]) == 0
         assert "signature: none" in capsys.readouterr().out

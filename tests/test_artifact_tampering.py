@@ -17,8 +17,8 @@ from atom_aot.build.config import BuildConfig
 from atom_aot.build.pipeline import build
 from atom_aot.errors import ArtifactError
 from atom_aot.runtime.cli import main as atom_run
-from atom_aot.runtime.loader import load_artifact
-from atom_aot.runtime.tokenizer import load_tokenizer
+from atom_aot.runtime.loading.loader import load_artifact
+from atom_aot.runtime.text.tokenizer import load_tokenizer
 
 TEMPLATE = "tokenizer/chat_template.jinja"
 
@@ -45,7 +45,7 @@ def cache(tmp_path, monkeypatch) -> Path:
 @pytest.fixture
 def compiled_loads(monkeypatch) -> list[Path]:
     """The package paths compiled code is loaded from (none may be loaded from a refused artifact)."""
-    from atom_aot.runtime import compiled
+    from atom_aot.runtime.loading import compiled
     loaded, original = [], compiled.CompiledModel.__init__
 
     def record(self, package, device):
@@ -275,11 +275,11 @@ def tp2_folder(build_artifact, tiny_llama_dir, tmp_path_factory) -> Path:
 
 
 class TestWeightsCheckedBesideTheirUpload:
-    """The weight members are hashed beside their upload (runtime/loader.py checked_beside), each rank
+    """The weight members are hashed beside their upload (runtime/loading/loader.py checked_beside), each rank
     hashing only what it answers for: rank 0 every rank's file, the others their own."""
 
     def test_a_failing_check_is_the_error_even_when_the_work_fails_too(self):
-        from atom_aot.runtime.loader import checked_beside
+        from atom_aot.runtime.loading.loader import checked_beside
 
         def corrupt():
             raise ArtifactError("member weights/rank0.safetensors is corrupt")
@@ -296,15 +296,15 @@ class TestWeightsCheckedBesideTheirUpload:
 
     def test_the_check_runs_beside_the_work(self):
         import threading
-        from atom_aot.runtime.loader import checked_beside
+        from atom_aot.runtime.loading.loader import checked_beside
         started = threading.Event()
         assert checked_beside(started.set, lambda: started.wait(timeout=30)) is True
 
     def test_a_flipped_weight_byte_is_refused_after_an_upload_beside_its_hash(self, eager_folder, tmp_path):
         import torch
         from functools import partial
-        from atom_aot.runtime.loader import checked_beside
-        from atom_aot.runtime.safetensors_view import tensors_on_device
+        from atom_aot.runtime.loading.loader import checked_beside
+        from atom_aot.runtime.loading.safetensors_view import tensors_on_device
         bad = copy_of(eager_folder, tmp_path)
         name = "weights/rank0.safetensors"
         flip_byte(bad / name, (bad / name).stat().st_size // 2)

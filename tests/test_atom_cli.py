@@ -218,7 +218,7 @@ def test_the_atom_entry_follows_atoms_server_and_atom_run_serve_vllms():
 def test_completions_max_tokens_default_is_the_servers_option():
     from types import SimpleNamespace
     from atom_aot.server.options import ServerOptions
-    from atom_aot.server.serving_completions import _max_tokens
+    from atom_aot.server.serving.completions import _max_tokens
     state = SimpleNamespace(options=ServerOptions(default_completion_max_tokens=256),
                             info=SimpleNamespace(max_model_len=1000))
     assert _max_tokens(state, SimpleNamespace(max_tokens=None), 10) == 256
@@ -276,7 +276,7 @@ def test_each_data_parallel_engine_writes_under_its_own_ranks(tmp_path):
     from types import SimpleNamespace
     from atom_aot.runtime.config import RuntimeConfig
     from atom_aot.runtime.profiler import TorchProfiler, TraceDir
-    from atom_aot.server.dp_client import attention_dp_client, engine_client
+    from atom_aot.server.engine_client.data_parallel import attention_dp_client, engine_client
     root = str(tmp_path)
     manifest = SimpleNamespace(layout=SimpleNamespace(attention_data_parallel=False, world_size=2),
                                target=SimpleNamespace(arch="cpu"))

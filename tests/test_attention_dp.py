@@ -19,13 +19,13 @@ from test_server_support import ServerProcess
 from atom_aot.artifact.reader import Artifact
 from atom_aot.build.config import BuildConfig
 from atom_aot.build.pipeline import plan
-from atom_aot.build.shard import shard_state_dict
+from atom_aot.weights.shard import shard_state_dict
 from atom_aot.entrypoints.llm import LLMEngine
 from atom_aot.errors import BuildError, StartupError
 from atom_aot.models import model_class
 from atom_aot.models.parallel import Split
-from atom_aot.runtime.attention_dp import pad_to, padding_only
-from atom_aot.runtime.sampling_params import SamplingParams
+from atom_aot.runtime.parallel.attention_dp import pad_to, padding_only
+from atom_aot.runtime.sampling.sampling_params import SamplingParams
 from factories import make_tiny_model, random_prompts
 from moe_checks import one_layer_qwen3_moe
 
@@ -291,8 +291,8 @@ class _DecodeGraphsStandIn:
 @pytest.mark.parametrize("agreed, runs", [(4, ("decode", 4)), (6, ("mixed", 6)), (8, ("decode", 8))])
 def test_a_decode_batch_runs_its_graph_only_at_a_capture_size_the_ranks_agreed(monkeypatch, agreed, runs):
     """3 decode sequences count as their graph size 4; the ranks' largest count decides the path."""
-    from atom_aot.runtime import attention_dp
-    from atom_aot.runtime.forwards import Forwards
+    from atom_aot.runtime.parallel import attention_dp
+    from atom_aot.runtime.execution.forwards import Forwards
     from runner_factories import RecordingForward, make_batch, make_runner, make_sequence
     offered = []
     monkeypatch.setattr(attention_dp, "agree", lambda values, group: offered.append(values) or [agreed])
@@ -310,8 +310,8 @@ def test_a_decode_batch_runs_its_graph_only_at_a_capture_size_the_ranks_agreed(m
 
 @pytest.mark.parametrize("agreed, runs", [(0, None), (2, ("decode", 2)), (3, ("mixed", 3))])
 def test_a_rank_with_nothing_to_run_steps_with_padding_only(monkeypatch, agreed, runs):
-    from atom_aot.runtime import attention_dp
-    from atom_aot.runtime.forwards import Forwards
+    from atom_aot.runtime.parallel import attention_dp
+    from atom_aot.runtime.execution.forwards import Forwards
     from runner_factories import RecordingForward, make_runner
     monkeypatch.setattr(attention_dp, "agree", lambda values, group: [agreed])
     mixed, decode = RecordingForward(), _DecodeGraphsStandIn()

@@ -4,7 +4,7 @@ import logging
 import py_compile
 import sys
 
-from atom_aot.runtime import bytecode
+from atom_aot.runtime.loading import bytecode
 
 
 def _import_fresh(tmp_path, monkeypatch, name: str):

@@ -11,25 +11,25 @@ from pathlib import Path
 
 import pytest
 
-from atom_aot.runtime import extraction
+from atom_aot.runtime.loading import extraction
 
 LOAD_AND_WAIT = """
 import sys, time
-from atom_aot.runtime.loader import load_artifact
+from atom_aot.runtime.loading.loader import load_artifact
 loaded = load_artifact(sys.argv[1])
 print(loaded.execution, flush=True)
 time.sleep(120)
 """
 
 FOLDER_AND_EXIT = """
-from atom_aot.runtime.extraction import process_folder
+from atom_aot.runtime.loading.extraction import process_folder
 print(process_folder(), flush=True)
 """
 
 # a forked tensor-parallel rank leaves with os._exit, which runs no exit handlers
 FOLDER_AND_HARD_EXIT = """
 import os
-from atom_aot.runtime.extraction import process_folder, remove_process_folder
+from atom_aot.runtime.loading.extraction import process_folder, remove_process_folder
 print(process_folder(), flush=True)
 remove_process_folder()
 os._exit(0)

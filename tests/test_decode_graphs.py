@@ -8,8 +8,8 @@ import torch
 from runner_factories import make_batch, make_runner, make_sequence
 
 from atom_aot.models.step_inputs import StepInputs
-from atom_aot.runtime.cuda_graphs import DecodeGraphs
-from atom_aot.runtime.forwards import Forwards
+from atom_aot.runtime.execution.cuda_graphs import DecodeGraphs
+from atom_aot.runtime.execution.forwards import Forwards
 
 SIZES = (1, 2, 4, 8)
 MAX_BLOCKS = 3

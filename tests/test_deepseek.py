@@ -5,10 +5,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from atom_aot.build.weights import build_meta_model, convert_state_dict
+from atom_aot.weights.convert import build_meta_model, convert_state_dict
 from atom_aot.models import ModelConfig, model_class
 from atom_aot.models.step_inputs import StepInputs
-from atom_aot.runtime.kv_cache import allocate_kv_cache, bytes_per_block
+from atom_aot.runtime.execution.kv_cache import allocate_kv_cache, bytes_per_block
 from deepseek_factories import make_tiny_deepseek, mtp_reference
 from factories import hf_greedy, random_prompts
 from test_parity import MAX_NEW, check_shared_prefixes, engine_greedy
@@ -102,8 +102,8 @@ def test_compiled_artifact_serves_and_packages_the_mtp_step(q_lora_dir, q_lora, 
     """The one AOTInductor build: the mixed package decodes like transformers, and the `mtp` package (its own
     member, bound to the same weights) gives the checkpoint MTP block's logits."""
     from atom_aot.artifact.phase import Phase
-    from atom_aot.runtime.compiled import CompiledMTP
-    from atom_aot.runtime.loader import load_artifact
+    from atom_aot.runtime.loading.compiled import CompiledMTP
+    from atom_aot.runtime.loading.loader import load_artifact
     _, prompts, expected = q_lora
     artifact = build_artifact(q_lora_dir, compile="aoti")
     _, got = engine_greedy(artifact, prompts[:3])
@@ -140,7 +140,7 @@ def test_an_fp8_latent_cache_costs_what_an_fp8_kv_cache_does():
     """Logits of a prefill over an e4m3 latent cache (calibrated scales) against a float32 cache, on an
     all-dense tiny DeepSeek (MoE layers would add flips of expert choice): the same few-percent error as the
     per-head fp8 cache gives a dense Llama (about 5%), and the same argmax nearly everywhere."""
-    from atom_aot.build.kv_scales import calibrate_kv_scales
+    from atom_aot.weights.kv_scales import calibrate_kv_scales
     from atom_aot.ops.rope import rope_cos_sin_cache
     from deepseek_factories import TINY_DEEPSEEK
     from deepseek_model import step_of
@@ -194,8 +194,8 @@ def test_a_block_fp8_checkpoint_as_deepseek_ships_it_builds_and_decodes_near_its
 def prefill_logits(artifact) -> torch.Tensor:
     """Logits at every position of two prompts' prefill through the artifact's (eager) model."""
     from atom_aot.artifact.phase import Phase
-    from atom_aot.build.kv_scales import prefill_inputs
-    from atom_aot.runtime.loader import load_artifact
+    from atom_aot.weights.kv_scales import prefill_inputs
+    from atom_aot.runtime.loading.loader import load_artifact
     loaded = load_artifact(artifact)
     model = loaded.forwards[Phase.MIXED]
     inputs = prefill_inputs(loaded.model_config, [list(range(5, 60)), list(range(100, 140))], torch.float32, "cpu",

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from factories import SPECIAL, make_tokenizer
 
-from atom_aot.runtime.detokenizer import BytePieces, ByteStream, Detokenizer, WindowStream
-from atom_aot.runtime.tokenizer import load_tokenizer
+from atom_aot.runtime.text.detokenizer import BytePieces, ByteStream, Detokenizer, WindowStream
+from atom_aot.runtime.text.tokenizer import load_tokenizer
 
 REAL_TOKENIZERS = ("qwen3", "llama3")         # shipped under tests/data/tokenizers
 

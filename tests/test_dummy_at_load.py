@@ -14,12 +14,12 @@ from test_dummy_weights import CONFIG as TINY_MOE
 
 from atom_aot.artifact.layout import weights_member
 from atom_aot.artifact.reader import Artifact
-from atom_aot.build.dummy import DRAW_ORDER_KEY, draw_order_metadata, recorded_draw_order
+from atom_aot.weights.random_draw import DRAW_ORDER_KEY, draw_order_metadata, recorded_draw_order
 from atom_aot.errors import ArtifactError
-from atom_aot.runtime.drawn_weights import draw_artifact_weights
-from atom_aot.runtime.safetensors_view import metadata_of
+from atom_aot.runtime.loading.drawn_weights import draw_artifact_weights
+from atom_aot.runtime.loading.safetensors_view import metadata_of
 from atom_aot.runtime.inspect import describe
-from atom_aot.runtime.loader import load_artifact
+from atom_aot.runtime.loading.loader import load_artifact
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16, 17]]
 
@@ -91,7 +91,7 @@ def test_the_artifact_stores_no_weights_and_is_keyed_apart(tiny_qwen3_dir, build
 
 def test_a_load_draws_in_the_recorded_order_without_asking_transformers(moe_config_dir, build_artifact, monkeypatch):
     """transformers' import and meta model took 4-9 s of each such start on the GPU machines."""
-    from atom_aot.build import dummy
+    from atom_aot.weights import random_draw as dummy
     dummy_art, at_load = pair(build_artifact, moe_config_dir, tensor_parallel_size=2, enable_expert_parallel=True)
 
     def asked(folder):

@@ -91,7 +91,7 @@ def test_a_deepseek_config_gets_its_mtp_layer_and_serves_mtp(tmp_path):
     (layer num_hidden_layers: the last layer's tensors plus enorm, hnorm, eh_proj, embed_tokens,
     shared_head), so a config-only DeepSeek builds with its `mtp` package and serves --method mtp."""
     from atom_aot import LLMEngine, SamplingParams
-    from atom_aot.build.dummy import parameter_shapes
+    from atom_aot.weights.random_draw import parameter_shapes
     from deepseek_factories import TINY_DEEPSEEK
     folder = tmp_path / "deepseek-config"
     folder.mkdir()
@@ -119,7 +119,7 @@ def test_a_deepseek_config_gets_its_mtp_layer_and_serves_mtp(tmp_path):
 def test_a_large_tensor_is_drawn_in_pieces_of_rows(monkeypatch):
     """A tensor over DRAW_PIECE_ELEMENTS is drawn a few rows at a time: every row is drawn (none left empty,
     no two pieces the same numbers), with the std asked for; norm weights near 1."""
-    from atom_aot.build import dummy
+    from atom_aot.weights import random_draw as dummy
     monkeypatch.setattr(dummy, "DRAW_PIECE_ELEMENTS", 300)          # 4 rows of 75 per piece: 2 pieces
     t = dummy.draw("w.weight", torch.Size([7, 25, 3]), torch.float32, torch.Generator().manual_seed(3), 0.02)
     assert t.abs().min() > 0 and not torch.equal(t[:3], t[4:7]) and 0.015 < t.std() < 0.025

@@ -11,14 +11,14 @@ from factories import make_tokenizer
 
 from atom_aot.errors import ContextLengthError, RequestError
 from atom_aot.runtime.config import RuntimeConfig
-from atom_aot.runtime.outputs import CoreOutput, CoreStats
-from atom_aot.runtime.sampling_params import SamplingParams
-from atom_aot.server.async_engine import AsyncEngine
-from atom_aot.server.engine_client import CallRejected, EngineCallError, EngineClient
-from atom_aot.server.engine_process import EngineLoop
-from atom_aot.server.messages import (Added, AddRequests, Call, EngineRequest, Heartbeat, NewRequest, Outputs,
+from atom_aot.runtime.engine.outputs import CoreOutput, CoreStats
+from atom_aot.runtime.sampling.sampling_params import SamplingParams
+from atom_aot.server.engine_client.async_engine import AsyncEngine
+from atom_aot.server.engine_client.client import CallRejected, EngineCallError, EngineClient
+from atom_aot.server.engine_client.process import EngineLoop
+from atom_aot.server.engine_client.messages import (Added, AddRequests, Call, EngineRequest, Heartbeat, NewRequest, Outputs,
                                       StartProfile, StopProfile, decode, encode)
-from atom_aot.server.profiler import TorchProfiler
+from atom_aot.server.engine_client.profiler import TorchProfiler
 
 MAX_PROMPT = 8
 
@@ -172,7 +172,7 @@ def test_other_refusals_have_no_code_and_engine_bugs_are_not_refusals():
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from atom_aot.runtime.tokenizer import load_tokenizer
+    from atom_aot.runtime.text.tokenizer import load_tokenizer
     folder = tmp_path_factory.mktemp("tokenizer")
     make_tokenizer(folder)
     return load_tokenizer(folder)

@@ -10,7 +10,7 @@ from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.signature import INPUT_NAMES
 from atom_aot.build.export import export_model
 from atom_aot.models.step_inputs import SERIALIZED_NAME
-from atom_aot.runtime.compiled import input_type_names
+from atom_aot.runtime.loading.compiled import input_type_names
 
 BLOCK_SIZE = 16
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from atom_aot.runtime.fast_tokenizer import FastTokenizer
-from atom_aot.runtime.tokenizer import load_tokenizer
+from atom_aot.runtime.text.fast_tokenizer import FastTokenizer
+from atom_aot.runtime.text.tokenizer import load_tokenizer
 from factories import make_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -224,7 +224,7 @@ class TestChatTemplate:
 
 def test_loads_without_importing_transformers(tmp_path):
     make_tokenizer(tmp_path)
-    code = ("import sys\nfrom atom_aot.runtime.tokenizer import load_tokenizer\n"
+    code = ("import sys\nfrom atom_aot.runtime.text.tokenizer import load_tokenizer\n"
             f"tok = load_tokenizer({str(tmp_path)!r})\n"
             "tok.apply_chat_template([{'role': 'user', 'content': 'hi'}], tokenize=False)\n"
             "tok.decode(tok('hi').input_ids)\n"

@@ -80,7 +80,7 @@ class TestBuild:
 
     def test_calibrated_scales_are_the_amax_of_what_the_cache_receives(self, tiny_llama_dir):
         """amax(|k|), amax(|v|) / 448 per layer, from the keys as written (after rope)."""
-        from atom_aot.build.kv_scales import calibrate_kv_scales, prefill_inputs
+        from atom_aot.weights.kv_scales import calibrate_kv_scales, prefill_inputs
         from model_factories import tiny_model
         model = tiny_model(seed=2)
         prompts = [list(range(3, 40)), list(range(10, 22))]

@@ -72,7 +72,7 @@ def test_graphs_equal_eager(gpu_model):
 PROBE = """
 import json, sys
 from atom_aot import LLMEngine, SamplingParams
-from atom_aot.runtime.compile_counter import compile_counts, compilers_loaded
+from atom_aot.runtime.loading.compile_counter import compile_counts, compilers_loaded
 engine = LLMEngine(sys.argv[1], num_kv_blocks=2048)
 engine.generate([[5, 6, 7], list(range(30, 90))], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
 print(json.dumps({"counts": compile_counts(), "loaded": compilers_loaded()}))

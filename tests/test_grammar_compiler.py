@@ -1,4 +1,4 @@
-"""Grammar compiles off the engine loop (runtime/grammar_compiler.py), through the real worker processes: a
+"""Grammar compiles off the engine loop (runtime/sampling/grammar_compiler.py), through the real worker processes: a
 compile over its time limit refuses its request and its worker is replaced; errors are in our words; compiled
 grammars are cached by spec; and an engine keeps decoding while a request's grammar compiles."""
 from __future__ import annotations
@@ -11,11 +11,11 @@ from factories import make_tokenizer
 from test_engine_messages import Loopback, request
 
 from atom_aot.errors import RequestError
-from atom_aot.runtime import structured_output
-from atom_aot.runtime.grammar_errors import compile_error_message
-from atom_aot.runtime.sampling_params import GrammarSpec, SamplingParams
-from atom_aot.runtime.structured_output import Grammars
-from atom_aot.server.messages import Added, AddRequests, Call, Failure, Reply, decode, encode
+from atom_aot.runtime.sampling import structured_output
+from atom_aot.runtime.sampling.grammar_errors import compile_error_message
+from atom_aot.runtime.sampling.sampling_params import GrammarSpec, SamplingParams
+from atom_aot.runtime.sampling.structured_output import Grammars
+from atom_aot.server.engine_client.messages import Added, AddRequests, Call, Failure, Reply, decode, encode
 
 LIMIT_S = 0.25
 # 5,000 choices sharing a long prefix: seconds to compile on any vocabulary (5 s on a busy 2-core host)

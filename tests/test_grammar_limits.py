@@ -1,4 +1,4 @@
-"""The server's bounds on what a structured output may ask to compile (server/grammar_limits.py): each one
+"""The server's bounds on what a structured output may ask to compile (server/protocol/grammar_limits.py): each one
 over its limit is a 400 naming the limit and its flag; within them, nothing is refused; a schema nested
 thousands deep is measured without recursion."""
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from atom_aot.runtime.sampling_params import GrammarSpec
-from atom_aot.server.errors import APIError
-from atom_aot.server.grammar_limits import check_structured_output, check_tools, json_depth, schema_alternatives
+from atom_aot.runtime.sampling.sampling_params import GrammarSpec
+from atom_aot.server.protocol.errors import APIError
+from atom_aot.server.protocol.grammar_limits import check_structured_output, check_tools, json_depth, schema_alternatives
 from atom_aot.server.options import ServerOptions
 
 OPTIONS = ServerOptions()

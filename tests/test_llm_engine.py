@@ -115,7 +115,7 @@ triton.knobs.runtime.jit_post_compile_hook(key="k", repr="kernel", fn=None, comp
 ENGINE_SCRIPT = """
 import json, sys
 from atom_aot import LLMEngine
-from atom_aot.runtime.compile_counter import compile_counts
+from atom_aot.runtime.loading.compile_counter import compile_counts
 engine = LLMEngine(sys.argv[1])
 import triton
 before = compile_counts()["triton_jit"]
@@ -124,7 +124,7 @@ print(json.dumps([before, compile_counts()["triton_jit"]]))
 """
 LATE_IMPORT_SCRIPT = """
 import importlib.util, json, sys
-from atom_aot.runtime.compile_counter import TRITON, compile_counts
+from atom_aot.runtime.loading.compile_counter import TRITON, compile_counts
 TRITON.install()
 assert "triton" not in sys.modules
 importlib.util.find_spec("triton")   # how torch asks whether triton is there, without importing it

@@ -8,10 +8,10 @@ import torch
 from factories import random_prompts
 from test_async_scheduling import both_ways, generate
 
-from atom_aot.runtime.logits_processors import LogitsProcessors, apply_penalties
-from atom_aot.runtime.sampler import Sampler
-from atom_aot.runtime.sampling_params import SamplingParams
-from atom_aot.runtime.sequence import Sequence
+from atom_aot.runtime.sampling.logits_processors import LogitsProcessors, apply_penalties
+from atom_aot.runtime.sampling.sampler import Sampler
+from atom_aot.runtime.sampling.sampling_params import SamplingParams
+from atom_aot.runtime.engine.sequence import Sequence
 
 EOS = 5
 

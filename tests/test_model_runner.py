@@ -7,7 +7,7 @@ from runner_factories import VOCAB, RecordingForward, make_batch, make_runner, m
 
 from atom_aot.artifact.signature import INPUT_NAMES
 from atom_aot.models.step_inputs import input_dtype
-from atom_aot.runtime.forwards import Forwards
+from atom_aot.runtime.execution.forwards import Forwards
 
 
 def as_lists(inputs):

@@ -11,12 +11,12 @@ from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.reader import Artifact
 from atom_aot.build.config import BuildConfig
 from atom_aot.build.pipeline import plan
-from atom_aot.build.shard import shard_state_dict
+from atom_aot.weights.shard import shard_state_dict
 from atom_aot.entrypoints.llm import LLMEngine
 from atom_aot.errors import BuildError
 from atom_aot.models import ModelConfig, model_class
 from atom_aot.models.parallel import Split, check_splittable, rank_shapes
-from atom_aot.runtime.sampling_params import SamplingParams
+from atom_aot.runtime.sampling.sampling_params import SamplingParams
 from factories import make_tiny_model, random_prompts
 from moe_checks import one_layer_qwen3_moe
 
@@ -128,7 +128,7 @@ def test_fp8_experts_are_stored_e4m3_with_row_scales(tmp_path, build_artifact):
 def test_fp8_expert_shards_add_up_to_the_whole_layer(ep):
     """The fp8 experts' scales split with their rows (TP: gate/up halves, w2's whole; EP: whole experts):
     the ranks' partial sums are the one-rank fp8 layer's output."""
-    from atom_aot.build.weights import quantize_weights
+    from atom_aot.weights.convert import quantize_weights
     from atom_aot.distributed import collectives
     cfg, whole = one_layer_qwen3_moe()
     with torch.device("meta"):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from factories import make_tokenizer
 
-from atom_aot.runtime.output_processor import OutputProcessor, RequestOutput
-from atom_aot.runtime.outputs import CoreOutput
-from atom_aot.runtime.sampling_params import SamplingParams
+from atom_aot.runtime.text.output_processor import OutputProcessor, RequestOutput
+from atom_aot.runtime.engine.outputs import CoreOutput
+from atom_aot.runtime.sampling.sampling_params import SamplingParams
 
 TEXT = "The quick brown fox jumps over the lazy dog."
 PROMPT = [5, 6, 7]
@@ -16,7 +16,7 @@ PROMPT = [5, 6, 7]
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from atom_aot.runtime.tokenizer import load_tokenizer
+    from atom_aot.runtime.text.tokenizer import load_tokenizer
     folder = tmp_path_factory.mktemp("tokenizer")
     make_tokenizer(folder)
     return load_tokenizer(folder)

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from atom_aot.artifact.reader import Artifact
-from atom_aot.build.quant_config import detect_checkpoint_quant
+from atom_aot.weights.quant_config import detect_checkpoint_quant
 from atom_aot.errors import BuildError
 from atom_aot.ops.int4 import pack_nibbles
 from atom_aot.runtime.inspect import describe
@@ -120,7 +120,7 @@ class TestRefusals:
             build_artifact(checkpoint, compile="none")
 
     def test_int4_moe_and_tensor_parallel_are_refused(self):
-        from atom_aot.build.int4_checkpoint import check_int4_model
+        from atom_aot.weights.int4_checkpoint import check_int4_model
         from atom_aot.models import ModelConfig
         from model_factories import TINY_QWEN3
         with pytest.raises(BuildError, match="int4 .* experts are not loaded yet"):

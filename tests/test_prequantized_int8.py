@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from atom_aot.artifact.reader import Artifact
-from atom_aot.build.quant_config import detect_checkpoint_quant
+from atom_aot.weights.quant_config import detect_checkpoint_quant
 from atom_aot.errors import BuildError
 from atom_aot.ops.int8 import quantize_weight_int8
 from atom_aot.runtime.inspect import describe

@@ -1,10 +1,10 @@
-"""A rank's load beside its join (runtime/rank_load.py): both run at once, and each failure leaves nothing held."""
+"""A rank's load beside its join (runtime/parallel/rank_load.py): both run at once, and each failure leaves nothing held."""
 import threading
 
 import pytest
 import torch
 
-from atom_aot.runtime.rank_load import ORDER_VARIABLE, meet_beside_load
+from atom_aot.runtime.parallel.rank_load import ORDER_VARIABLE, meet_beside_load
 
 CPU = torch.device("cpu")
 WAIT_S = 10.0

@@ -6,8 +6,8 @@ import pytest
 import torch
 from safetensors.torch import save
 
-from atom_aot.runtime import safetensors_view
-from atom_aot.runtime.safetensors_view import tensors_from_buffer, tensors_on_device
+from atom_aot.runtime.loading import safetensors_view
+from atom_aot.runtime.loading.safetensors_view import tensors_from_buffer, tensors_on_device
 
 
 def _random_tensors() -> dict[str, torch.Tensor]:

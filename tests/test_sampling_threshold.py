@@ -18,9 +18,9 @@ from atom_aot.errors import StartupError
 from atom_aot.ops.sampling import mask_below, sampling_threshold
 from atom_aot.ops.triton.sampling_threshold import (BLOCK, MAX_SPLITS, MIN_CHUNK, PASSES, launch_sampling_threshold,
                                                     split_rows)
-from atom_aot.runtime.sampler import KERNEL_MIN_ROWS, Sampler
-from atom_aot.runtime.sampling_params import SamplingParams
-from atom_aot.runtime.sequence import Sequence
+from atom_aot.runtime.sampling.sampler import KERNEL_MIN_ROWS, Sampler
+from atom_aot.runtime.sampling.sampling_params import SamplingParams
+from atom_aot.runtime.engine.sequence import Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 # per row (top_k, top_p, min_p), the first rows the commonest: top-p alone, then everything at once
@@ -143,7 +143,7 @@ def test_the_sampler_draws_the_same_tokens_with_the_kernels_thresholds():
 
 def test_an_artifacts_sample_package_is_what_the_sampler_calls(caplog):
     from atom_aot.artifact.phase import Phase
-    from atom_aot.runtime.compiled import CompiledMTP, CompiledModel, CompiledSampler, package_class
+    from atom_aot.runtime.loading.compiled import CompiledMTP, CompiledModel, CompiledSampler, package_class
     assert (package_class(Phase.SAMPLE), package_class(Phase.MTP), package_class(Phase.MIXED)) == (
         CompiledSampler, CompiledMTP, CompiledModel)
     calls = []

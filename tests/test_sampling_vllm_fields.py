@@ -8,8 +8,8 @@ import torch
 from engine_factories import BLOCK_SIZE, FakeRunner, make_core, make_scheduler, make_seq, run_step, run_to_end
 
 from atom_aot.errors import RequestError
-from atom_aot.runtime.logits_processors import LogitsProcessors
-from atom_aot.runtime.sampling_params import GrammarSpec, SamplingParams
+from atom_aot.runtime.sampling.logits_processors import LogitsProcessors
+from atom_aot.runtime.sampling.sampling_params import GrammarSpec, SamplingParams
 
 
 def _cached_tokens(core, prompt: list[int], request_id: str, salt: str | None) -> int:
@@ -51,7 +51,7 @@ def test_values_that_leave_nothing_to_do_are_refused(fields, says):
 
 
 def test_the_data_parallel_router_keeps_a_salt_with_the_engine_that_holds_its_blocks():
-    from atom_aot.server.prefix_routing import PrefixRouter
+    from atom_aot.server.engine_client.prefix_routing import PrefixRouter
     router, prompt = PrefixRouter(2, BLOCK_SIZE), list(range(100, 100 + 4 * BLOCK_SIZE))
     assert router.choose(prompt, [0, 0], "tenant-a") == 0
     assert router.choose(prompt, [3, 0], "tenant-a") == 0          # its blocks are there
@@ -65,7 +65,7 @@ def test_json_object_means_an_object(text, accepted):
     """response_format json_object, as OpenAI and vLLM mean it: a top-level array is not one."""
     import xgrammar as xgr
 
-    from atom_aot.runtime.grammar_worker import compile_spec
+    from atom_aot.runtime.sampling.grammar_worker import compile_spec
     vocab = [chr(c) for c in range(32, 127)] + ["</s>"]
     compiler = xgr.GrammarCompiler(xgr.TokenizerInfo(vocab, stop_token_ids=[len(vocab) - 1]))
     matcher = xgr.GrammarMatcher(compile_spec(compiler, "json_object", "", []), terminate_without_stop_token=True)

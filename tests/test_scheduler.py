@@ -9,8 +9,8 @@ import pytest
 
 from atom_aot.errors import RequestError
 from atom_aot.runtime.config import DEFAULT_STEP_TOKENS_CPU, DEFAULT_STEP_TOKENS_GPU, RuntimeConfig
-from atom_aot.runtime.scheduler import SchedulerConfig, SequenceQueue
-from atom_aot.runtime.sequence import SequenceStatus
+from atom_aot.runtime.engine.scheduler import SchedulerConfig, SequenceQueue
+from atom_aot.runtime.engine.sequence import SequenceStatus
 from engine_factories import EOS, FILLER, FakeClock, FakeRunner, make_scheduler, make_seq, run_step
 
 

@@ -9,14 +9,14 @@ import pytest
 from factories import make_tokenizer
 from fastapi.testclient import TestClient
 
-from atom_aot.runtime.outputs import CoreOutput
-from atom_aot.runtime.sampling_params import SamplingParams
+from atom_aot.runtime.engine.outputs import CoreOutput
+from atom_aot.runtime.sampling.sampling_params import SamplingParams
 from atom_aot.server.app import build_app
-from atom_aot.server.async_engine import AsyncEngine
-from atom_aot.server.engine_client import EngineStatus
-from atom_aot.server.errors import APIError, shutting_down
-from atom_aot.server.messages import Abort, Added, EngineInfo
-from atom_aot.server.metrics import ServerMetrics
+from atom_aot.server.engine_client.async_engine import AsyncEngine
+from atom_aot.server.engine_client.client import EngineStatus
+from atom_aot.server.protocol.errors import APIError, shutting_down
+from atom_aot.server.engine_client.messages import Abort, Added, EngineInfo
+from atom_aot.server.lifecycle.metrics import ServerMetrics
 from atom_aot.server.options import ServerOptions
 from atom_aot.server.state import ServerState
 
@@ -46,7 +46,7 @@ class FakeClient:
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from atom_aot.runtime.tokenizer import load_tokenizer
+    from atom_aot.runtime.text.tokenizer import load_tokenizer
     folder = tmp_path_factory.mktemp("tokenizer")
     make_tokenizer(folder)
     return load_tokenizer(folder)

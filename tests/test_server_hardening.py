@@ -19,13 +19,13 @@ import pytest
 from test_server_flow import engine_of, tokenizer  # noqa: F401 (tokenizer: a fixture)
 from test_server_support import ServerProcess
 
-from atom_aot.runtime.sampling_params import SamplingParams
-from atom_aot.server.errors import MAX_LOGGED_CHARS, bounded_traceback
-from atom_aot.server.messages import EngineInfo
-from atom_aot.server.metrics import ServerMetrics
+from atom_aot.runtime.sampling.sampling_params import SamplingParams
+from atom_aot.server.protocol.errors import MAX_LOGGED_CHARS, bounded_traceback
+from atom_aot.server.engine_client.messages import EngineInfo
+from atom_aot.server.lifecycle.metrics import ServerMetrics
 from atom_aot.server.options import ServerOptions
-from atom_aot.server.protocol import NOT_IMPLEMENTED, ChatCompletionRequest, CompletionRequest
-from atom_aot.server.serving_tokenization import tokenize
+from atom_aot.server.protocol.requests import NOT_IMPLEMENTED, ChatCompletionRequest, CompletionRequest
+from atom_aot.server.serving.tokenization import tokenize
 from atom_aot.server.state import ServerState
 
 CHAT, COMP = "/v1/chat/completions", "/v1/completions"
@@ -310,7 +310,7 @@ def test_the_depth_limit_is_a_server_option():
 
 def test_a_long_text_encodes_to_the_same_tokens(tiny_llama_dir):
     """Past GIL_FREE_ENCODE_CHARS the fast tokenizer encodes another way (without the GIL): same tokens."""
-    from atom_aot.runtime.fast_tokenizer import GIL_FREE_ENCODE_CHARS, FastTokenizer
+    from atom_aot.runtime.text.fast_tokenizer import GIL_FREE_ENCODE_CHARS, FastTokenizer
     fast = FastTokenizer.from_dir(tiny_llama_dir)
     text = "The quick brown fox, naïve café <|im_end|> 🙂 " * (GIL_FREE_ENCODE_CHARS // 40)
     assert len(text) >= GIL_FREE_ENCODE_CHARS

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from test_server_support import ServerProcess, free_port, runtime_flags
 
-from atom_aot.server.lifecycle import EXIT_ENGINE_DIED
+from atom_aot.server.lifecycle.shutdown import EXIT_ENGINE_DIED
 
 
 def _run_server(*args: str, port: int | None = None) -> subprocess.CompletedProcess:

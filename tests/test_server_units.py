@@ -9,16 +9,16 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from atom_aot.runtime.outputs import TokenLogprobs
-from atom_aot.server.errors import install_error_handlers
-from atom_aot.server.guards import BodySizeLimit
-from atom_aot.server.logprobs import TokenRenderer, chat_logprobs, completion_logprobs
-from atom_aot.server.protocol import NOT_IMPLEMENTED, ChatCompletionRequest, CompletionRequest, normalize_prompt
+from atom_aot.runtime.engine.outputs import TokenLogprobs
+from atom_aot.server.protocol.errors import install_error_handlers
+from atom_aot.server.lifecycle.guards import BodySizeLimit
+from atom_aot.server.serving.logprobs import TokenRenderer, chat_logprobs, completion_logprobs
+from atom_aot.server.protocol.requests import NOT_IMPLEMENTED, ChatCompletionRequest, CompletionRequest, normalize_prompt
 
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_llama_dir):
-    from atom_aot.runtime.tokenizer import load_tokenizer
+    from atom_aot.runtime.text.tokenizer import load_tokenizer
     return load_tokenizer(tiny_llama_dir)
 
 

@@ -11,11 +11,11 @@ import pytest
 from fastapi.testclient import TestClient
 from test_server_flow import FakeClient, tokenizer  # noqa: F401 (tokenizer: a fixture)
 
-from atom_aot.runtime.outputs import CoreOutput, TokenLogprobs
+from atom_aot.runtime.engine.outputs import CoreOutput, TokenLogprobs
 from atom_aot.server.app import build_app
-from atom_aot.server.async_engine import AsyncEngine
-from atom_aot.server.messages import Added, EngineInfo
-from atom_aot.server.metrics import ServerMetrics
+from atom_aot.server.engine_client.async_engine import AsyncEngine
+from atom_aot.server.engine_client.messages import Added, EngineInfo
+from atom_aot.server.lifecycle.metrics import ServerMetrics
 from atom_aot.server.options import ServerOptions
 from atom_aot.server.state import ServerState
 
@@ -155,7 +155,7 @@ def test_add_special_tokens(tmp_path):
     from factories import make_tokenizer
     from tokenizers.processors import TemplateProcessing
 
-    from atom_aot.runtime.tokenizer import load_tokenizer
+    from atom_aot.runtime.text.tokenizer import load_tokenizer
     fast = make_tokenizer(tmp_path)
     bos = fast.convert_tokens_to_ids("<|endoftext|>")
     fast.backend_tokenizer.post_processor = TemplateProcessing(single="<|endoftext|> $A",
@@ -190,7 +190,7 @@ def test_continue_final_message_leaves_the_last_message_open(http, tokenizer):
 def test_continue_final_message_renders_as_transformers_does(tmp_path):
     from factories import make_tokenizer
 
-    from atom_aot.runtime.tokenizer import load_tokenizer
+    from atom_aot.runtime.text.tokenizer import load_tokenizer
     theirs = make_tokenizer(tmp_path)
     ours = load_tokenizer(tmp_path)
     for messages in (CONTINUED, [{"role": "user", "content": "x"}, {"role": "assistant", "content": "  y  "}]):

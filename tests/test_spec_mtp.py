@@ -13,9 +13,9 @@ import torch
 from atom_aot import LLMEngine, SamplingParams
 from atom_aot.artifact.phase import Phase
 from atom_aot.errors import StartupError
-from atom_aot.runtime.kv_cache import allocate_kv_cache
-from atom_aot.spec.mtp_graphs import MTPGraphs
-from atom_aot.spec.setup import check_mtp
+from atom_aot.runtime.execution.kv_cache import allocate_kv_cache
+from atom_aot.runtime.spec.mtp_graphs import MTPGraphs
+from atom_aot.runtime.spec.setup import check_mtp
 from deepseek_factories import make_copying_deepseek, make_tiny_deepseek, mtp_reference
 from factories import random_prompts
 from test_deepseek import loaded_model, one_sequence_step
@@ -121,7 +121,7 @@ def copying(tmp_path_factory, build_artifact):
 
 
 def with_mtp_graphs(engine, sizes=(1, 2, 4)) -> None:
-    """The engine's MTP step through MTPGraphs (spec/mtp_graphs.py) replayed as plain calls: steps of up to 4
+    """The engine's MTP step through MTPGraphs (runtime/spec/mtp_graphs.py) replayed as plain calls: steps of up to 4
     rows padded to a capture size, larger ones through the package as it is."""
     proposer, loaded = engine.core.scheduler.proposer, engine.loaded
     graphs = MTPGraphs(proposer.mtp, proposer.kv_cache, sizes, -(-engine.core.scheduler.config.max_model_len //
@@ -219,7 +219,7 @@ def test_accepted_runs_stop_where_decoding_without_speculation_does(copying, pro
 def test_compiled_packages(model_dir, build_artifact, artifact, prompts):
     """The AOTInductor build: the mixed package also returns the hidden states (LogitsAndHidden), the
     `mtp` package proposes, and greedy outputs equal the eager artifact's without speculation."""
-    from atom_aot.runtime.compiled import CompiledModel, CompiledMTP
+    from atom_aot.runtime.loading.compiled import CompiledModel, CompiledMTP
     compiled = str(build_artifact(model_dir, compile="aoti"))
     engine = mtp_engine(compiled, 2)
     mixed = engine.loaded.forwards[Phase.MIXED]
@@ -257,8 +257,8 @@ def test_sampled_tokens_follow_the_targets_distribution(copying, prompts):
 
 def test_each_mtp_position_is_a_decode_row_of_its_own():
     """The MTP layer's step feeds the decode package, one query row per sequence: a sequence's positions become
-    rows of their own, each with its sequence's block table and the context up to itself (runtime/verify_rows.py)."""
-    from atom_aot.spec.mtp import MTPProposer
+    rows of their own, each with its sequence's block table and the context up to itself (runtime/execution/verify_rows.py)."""
+    from atom_aot.runtime.spec.mtp import MTPProposer
     proposer = MTPProposer(None, None, torch.zeros(1, 2, 4, 16, 1, 8), 16, torch.device("cpu"), 2)
     seqs = [SimpleNamespace(block_table=[3, 5]), SimpleNamespace(block_table=[7])]
     inputs, last_rows = proposer._inputs(seqs, [17, 4], [[11, 12, 13], [21]])

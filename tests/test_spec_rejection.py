@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from atom_aot.spec.rejection import verify_greedy, verify_sampled, verify_sampled_batch
+from atom_aot.runtime.spec.rejection import verify_greedy, verify_sampled, verify_sampled_batch
 
 P = torch.tensor([[0.50, 0.20, 0.15, 0.10, 0.05],      # target at the last known token
                   [0.05, 0.10, 0.15, 0.30, 0.40],      # after draft 1

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from atom_aot.spec.ngram import NgramProposer, propose_ngram
+from atom_aot.runtime.spec.ngram import NgramProposer, propose_ngram
 from engine_factories import EOS, make_scheduler, make_seq
 
 

@@ -68,9 +68,9 @@ class TestProbeInputs:
         """prefill_step_inputs: S prompts of L tokens in one step give each prompt's logits of its last token,
         as the same prompt alone does (its own cache blocks, its own positions)."""
         from atom_aot.artifact.phase import Phase
-        from atom_aot.runtime.graph_probe import prefill_step_inputs
-        from atom_aot.runtime.kv_cache import allocate_kv_cache
-        from atom_aot.runtime.loader import load_artifact
+        from atom_aot.entrypoints.graph_probe import prefill_step_inputs
+        from atom_aot.runtime.execution.kv_cache import allocate_kv_cache
+        from atom_aot.runtime.loading.loader import load_artifact
         loaded = load_artifact(tiny_llama_artifact)
         mixed = loaded.forwards[Phase.MIXED]
         block_size, vocab = loaded.block_size, loaded.model_config.vocab_size
@@ -92,8 +92,8 @@ class TestProbeInputs:
         """measure_step_memory's calls, on the CPU with a stand-in for the CUDA allocator's statistics: the mixed
         step over MEASURED_STEP_TOKENS (prompts cut to max_model_len) and the sampler with every option."""
         from atom_aot.artifact.phase import Phase
-        from atom_aot.runtime import graph_probe
-        from atom_aot.runtime.loader import load_artifact
+        from atom_aot.entrypoints import graph_probe
+        from atom_aot.runtime.loading.loader import load_artifact
         loaded = load_artifact(tiny_llama_artifact)
         ran = []
 

@@ -22,7 +22,7 @@ from atom_aot.artifact.reader import Artifact
 from atom_aot.build.config import BuildConfig
 from atom_aot.build.export import export_model
 from atom_aot.build.pipeline import plan
-from atom_aot.build.shard import shard_state_dict
+from atom_aot.weights.shard import shard_state_dict
 from atom_aot.distributed.group import RankPlace
 from atom_aot.artifact.phase import Phase
 from atom_aot.entrypoints.llm import LLMEngine
@@ -30,10 +30,10 @@ from atom_aot.errors import BuildError
 from atom_aot.models import model_class
 from atom_aot.models.step_inputs import StepInputs
 from atom_aot.models.parallel import Split
-from atom_aot.runtime.placement import placement_problem
-from atom_aot.runtime.sampling_params import SamplingParams
-from atom_aot.runtime.step_broadcast import SENT
-from atom_aot.runtime.tp_lead import RankFailure
+from atom_aot.runtime.loading.placement import placement_problem
+from atom_aot.runtime.sampling.sampling_params import SamplingParams
+from atom_aot.runtime.parallel.step_broadcast import SENT
+from atom_aot.runtime.parallel.tp_lead import RankFailure
 from model_factories import tiny_model
 
 PROMPTS = ["Hello world! How are", "The quick brown fox", "0123456789 + - * / ="]
@@ -85,7 +85,7 @@ class TestShardStateDict:
 
 class TestStepBroadcast:
     def test_packed_inputs_come_back_equal_and_each_starts_64_bytes_aligned(self):
-        from atom_aot.runtime.step_broadcast import pack, unpack
+        from atom_aot.runtime.parallel.step_broadcast import pack, unpack
         g = torch.Generator().manual_seed(3)
         tokens, seqs, max_blocks, logits = 13, 5, 7, 3          # odd sizes: unpadded, every view would be misaligned
         draw = lambda n, dtype: torch.randint(-1, 1000, (n,), generator=g).to(dtype)  # noqa: E731
@@ -142,7 +142,7 @@ def test_greedy_output_of_tp2_and_tp4_equals_tp1(architecture, build_artifact, t
 FORKED_ENGINE = """
 import json, sys
 from atom_aot import LLMEngine, SamplingParams
-from atom_aot.runtime.rank_processes import ForkedRank
+from atom_aot.runtime.parallel.rank_processes import ForkedRank
 engine = LLMEngine(sys.argv[1], num_kv_blocks=64, num_threads=1)
 children = engine.core.runner.forwards.mixed.lead.children
 result = {"forked": [type(c) is ForkedRank for c in children]}
@@ -174,7 +174,7 @@ def _forked_engine(art, what: str) -> dict:
 
 def test_forked_ranks_give_the_same_greedy_output_exit_with_the_engine_and_are_watched(build_artifact,
                                                                                        tiny_llama_dir):
-    """The start GPU machines use (runtime/rank_processes.py), forced here on the CPU, each from a fresh
+    """The start GPU machines use (runtime/parallel/rank_processes.py), forced here on the CPU, each from a fresh
     process as on GPUs (a process that has run a process group spawns its ranks)."""
     expected = greedy_tokens(build_artifact(tiny_llama_dir, compile="none"))
     art = build_artifact(tiny_llama_dir, compile="none", tensor_parallel_size=2)
@@ -186,10 +186,10 @@ def test_forked_ranks_give_the_same_greedy_output_exit_with_the_engine_and_are_w
 
 def test_the_offline_engine_starts_its_ranks_before_any_thread_of_its_own(monkeypatch, build_artifact, tiny_llama_dir):
     """A thread running when the ranks start makes them new interpreters instead of forks (rank_processes.py):
-    the tokenizer's thread and the load's (runtime/rank_load.py) wait for the ranks, or every -tp 2 start on GPUs
+    the tokenizer's thread and the load's (runtime/parallel/rank_load.py) wait for the ranks, or every -tp 2 start on GPUs
     spawned."""
     import threading
-    from atom_aot.runtime import tp_lead
+    from atom_aot.runtime.parallel import tp_lead
     seen = []
 
     def start_method(arch):
@@ -215,7 +215,7 @@ def test_the_offline_engine_starts_its_ranks_before_any_thread_of_its_own(monkey
     ("cpu", False, 1, "spawn"), ("sm90", False, 1, "fork"), ("sm90", True, 1, "spawn"), ("sm90", False, 3, "spawn")])
 def test_ranks_are_forked_only_on_gpus_from_a_process_without_cuda_context_or_threads(monkeypatch, arch, cuda_context,
                                                                                     threads, expected):
-    from atom_aot.runtime import rank_processes
+    from atom_aot.runtime.parallel import rank_processes
     monkeypatch.delenv("ATOM_TP_WORKER_START", raising=False)
     monkeypatch.setattr(rank_processes.torch.cuda, "is_initialized", lambda: cuda_context)
     monkeypatch.setattr(rank_processes.threading, "active_count", lambda: threads)
@@ -232,7 +232,8 @@ def test_leaving_the_process_group_frees_the_captured_cuda_graphs_first(monkeypa
     """NCCL's communicator destroy waits forever on graphs that captured its collectives (pytorch#115388): every
     leave (rank 0's close, a worker's end, a data-parallel rank's, a failed start) frees them before it."""
     from atom_aot.distributed import group
-    from atom_aot.runtime import cuda_graphs, tp_lead
+    from atom_aot.runtime.execution import cuda_graphs
+    from atom_aot.runtime.parallel import tp_lead
     events = []
 
     class CapturedGraph:
@@ -283,7 +284,7 @@ def test_a_start_that_fails_on_rank_0_ends_with_its_error_while_the_other_rank_i
 DYING_RANK = """
 import json, subprocess, sys, time
 from atom_aot import LLMEngine
-from atom_aot.runtime import tp_lead
+from atom_aot.runtime.parallel import tp_lead
 tp_lead.start_rank = lambda *args: subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
 start = time.monotonic()
 try:
@@ -340,7 +341,7 @@ def test_a_killed_rank_ends_the_engine_with_an_error_naming_it(build_artifact, t
 
 def test_a_killed_rank_ends_the_server_with_an_error_naming_it(build_artifact, tiny_llama_dir, tmp_path):
     from test_server_support import ServerProcess
-    from atom_aot.server.lifecycle import EXIT_ENGINE_DIED
+    from atom_aot.server.lifecycle.shutdown import EXIT_ENGINE_DIED
     server = ServerProcess(build_artifact(tiny_llama_dir, compile="none", tensor_parallel_size=2), tmp_path,
                            api_key=None).wait_healthy()
     try:

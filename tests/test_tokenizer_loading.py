@@ -4,7 +4,7 @@ tests/test_fast_tokenizer.py checks the whole surface on more tokenizers."""
 import pytest
 from transformers import AutoTokenizer
 
-from atom_aot.runtime.tokenizer import load_tokenizer
+from atom_aot.runtime.text.tokenizer import load_tokenizer
 from factories import make_tokenizer
 from test_fast_tokenizer import smollm2_tokenizer_dir
 

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from atom_aot.server.errors import APIError
+from atom_aot.server.protocol.errors import APIError
 from atom_aot.server.options import ServerOptions
-from atom_aot.server.protocol import ChatCompletionRequest
-from atom_aot.server.tool_calls import ToolCallStream, ToolPlan, tool_plan
-from atom_aot.server.tool_parsers import HermesParser, Llama3JsonParser
+from atom_aot.server.protocol.requests import ChatCompletionRequest
+from atom_aot.server.serving.tool_calls import ToolCallStream, ToolPlan, tool_plan
+from atom_aot.server.serving.tool_parsers import HermesParser, Llama3JsonParser
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}

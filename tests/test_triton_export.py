@@ -160,7 +160,7 @@ def test_aoti_package_splits_by_batch_at_run_time(tmp_path):
     from atom_aot.build.export import compile_package
     package = tmp_path / "attention.pt2"
     compile_package(exported, package)
-    # loaded as the engine loads its packages (runtime/compiled.py): the single-threaded runner, since the
+    # loaded as the engine loads its packages (runtime/loading/compiled.py): the single-threaded runner, since the
     # thread-safe one queries an event before each call, which is illegal while a CUDA graph is captured
     loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", True, 1, 0)
 

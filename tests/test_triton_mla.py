@@ -96,7 +96,7 @@ def test_backend_decode_step_on_an_fp8_cache_equals_reference_backend():
     """The same with an e4m3 latent cache and calibrated (c_kv, k_pe) scales: the triton backend folds the
     scales into the query and the latent output, the reference dequantizes the cache; equal logits."""
     from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
-    from atom_aot.build.kv_scales import calibrate_kv_scales
+    from atom_aot.weights.kv_scales import calibrate_kv_scales
     from deepseek_model import random_deepseek
     model = random_deepseek(seed=1)
     scales = calibrate_kv_scales(model, [[5, 6, 7, 8, 9], list(range(20, 40))])

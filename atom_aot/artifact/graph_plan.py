@@ -15,7 +15,7 @@ GRAPHS = "graphs.json"
 @dataclass(frozen=True)
 class StepMemory:
     """Peak memory a step allocates beside the weights, KV cache and graphs, measured at build on the target
-    (runtime/graph_probe.py): per token of a mixed (prefill) forward, and per logits row of sampling (the
+    (entrypoints/graph_probe.py): per token of a mixed (prefill) forward, and per logits row of sampling (the
     logits, the sampler's passes with every option on, logprobs). The runtime scales both by its own
     max_num_batched_tokens and logits rows."""
     bytes_per_token: int

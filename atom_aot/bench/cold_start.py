@@ -21,8 +21,8 @@ t0 = time.perf_counter()
 import torch
 t_torch = time.perf_counter()
 from atom_aot import LLMEngine, SamplingParams
-from atom_aot.runtime.compile_counter import compile_counts, compilers_loaded
-from atom_aot.runtime.bytecode import torch_bytecode_state
+from atom_aot.runtime.loading.compile_counter import compile_counts, compilers_loaded
+from atom_aot.runtime.loading.bytecode import torch_bytecode_state
 t_imports = time.perf_counter()
 engine = LLMEngine(sys.argv[1], **json.loads(sys.argv[2]))
 t_ready = time.perf_counter()

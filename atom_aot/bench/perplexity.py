@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from atom_aot.artifact.phase import Phase
-from atom_aot.build.kv_scales import prefill_inputs
-from atom_aot.runtime.loader import load_artifact
+from atom_aot.weights.kv_scales import prefill_inputs
+from atom_aot.runtime.loading.loader import load_artifact
 
 # Plain English prose written for this benchmark (no dataset download); ~420 tokens for SmolLM2's tokenizer.
 TEXT = (

@@ -2,7 +2,7 @@
 
 Its inputs are the step's `StepInputs` with the decode phase's dynamic dimensions (one query row per
 sequence: the proposer runs a position that follows another of the same sequence as a row of its own,
-spec/mtp.py) plus the previous positions' hidden states [num_tokens, hidden], whose first dimension is the
+runtime/spec/mtp.py) plus the previous positions' hidden states [num_tokens, hidden], whose first dimension is the
 same `num_tokens`. So the step runs the decode row's kernels (on a GPU the MLA decode kernel, which keeps
 no host work and can be captured) instead of the mixed row's. Compiled like the phases (build/export.py
 `compile_package`), code only; its weights are the artifact's, by the same names.

@@ -2,7 +2,7 @@
 so the runtime sets that memory aside before sizing the KV cache and captures without trial.
 
 The build runs the runtime in a child process, as serving will: `python -m
-atom_aot.runtime.graph_probe` loads the freshly compiled decode package and captures the graphs
+atom_aot.entrypoints.graph_probe` loads the freshly compiled decode package and captures the graphs
 with the runtime's own code. It is launched by module name and never imported here (build and
 runtime do not import each other), and a process that has just compiled (Inductor, Triton JIT)
 is not where the runtime's code ever runs. The child prints the GraphPlan as JSON.
@@ -23,7 +23,7 @@ from atom_aot.artifact.phase import Phase
 from atom_aot.build.config import BuildConfig
 from atom_aot.errors import BuildError
 
-PROBE_MODULE = "atom_aot.runtime.graph_probe"
+PROBE_MODULE = "atom_aot.entrypoints.graph_probe"
 log = logging.getLogger("atom_aot")
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import xxhash
 
-import atom_aot
 from atom_aot.arch import toolchain
 from atom_aot.build.config import BuildConfig
 from atom_aot.build.cxx import wrapper_compiler
@@ -22,14 +21,13 @@ from atom_aot.version import ARTIFACT_FORMAT_VERSION, __version__
 # Engine code whose behaviour shapes the artifact (model definitions, ops, conversion, export, the
 # graph-pool probe the build runs, and the artifact format itself), and the random-weight draw, which a
 # --load-format dummy-at-load artifact's runtime repeats at every load.
-ENGINE_CODE = ("models", "ops", "artifact", "distributed/collectives.py", "build/weights.py", "build/shard.py",
-               "build/export.py", "build/tune.py", "build/graphs.py", "build/cxx.py", "build/quant_config.py",
-               "build/prequantized.py", "build/int4_checkpoint.py", "build/tune_fp8.py", "build/kv_scales.py", "runtime/graph_probe.py",
-               "runtime/cuda_graphs.py", "build/dummy.py", "build/experts.py", "runtime/drawn_weights.py")
+ENGINE_CODE = ("models", "ops", "artifact", "weights", "distributed/collectives.py", "build/export.py", "build/tune.py",
+               "build/graphs.py", "build/cxx.py", "build/tune_fp8.py", "entrypoints/graph_probe.py",
+               "runtime/execution/cuda_graphs.py", "runtime/loading/drawn_weights.py")
 
 
 def engine_code_hash() -> str:
-    root = Path(atom_aot.__file__).parent
+    root = Path(__file__).resolve().parents[1]      # the atom_aot package
     h = xxhash.xxh3_128()
     for entry in ENGINE_CODE:
         path = root / entry

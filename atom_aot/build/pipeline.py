@@ -34,20 +34,20 @@ from atom_aot.artifact.tuning import TUNING, Tuning
 from atom_aot.artifact.writer import write_artifact
 from atom_aot.build.cache import artifact_name, default_cache_dir, find_cached
 from atom_aot.build.config import BuildConfig
-from atom_aot.build.dummy import draw_order_metadata, stored_at_load
+from atom_aot.weights.random_draw import draw_order_metadata, stored_at_load
 from atom_aot.build.export import compile_package, export_model
 from atom_aot.build.export_mtp import export_mtp
 from atom_aot.build.export_sampler import export_sampler
 from atom_aot.build.graphs import probe_capture_sizes
-from atom_aot.build.int4_checkpoint import check_int4_model
+from atom_aot.weights.int4_checkpoint import check_int4_model
 from atom_aot.build.key import build_key, key_inputs
-from atom_aot.build.kv_scales import calibrate_kv_scales, calibration_prompts, checkpoint_has_kv_scales
+from atom_aot.weights.kv_scales import calibrate_kv_scales, calibration_prompts, checkpoint_has_kv_scales
 from atom_aot.build.progress import StageProgress
-from atom_aot.build.quant_config import QuantPlan, resolve_quant_plan
+from atom_aot.weights.quant_config import QuantPlan, resolve_quant_plan
 from atom_aot.build.source import ModelSource, resolve_model
 from atom_aot.build.tune import tune_kernels
-from atom_aot.build.shard import check_like, shard_state_dict
-from atom_aot.build.weights import build_meta_model, convert_state_dict
+from atom_aot.weights.shard import check_like, shard_state_dict
+from atom_aot.weights.convert import build_meta_model, convert_state_dict
 from atom_aot.build.resume import StageCheckpoints, build_device_name
 from atom_aot.errors import ArtifactError, BuildError
 from atom_aot.models import ModelConfig, model_class

@@ -54,11 +54,11 @@ class ModelSource:
 
 @dataclass
 class DummySource(ModelSource):
-    """--load-format dummy or dummy-at-load: the folder's config and tokenizer, random weights (build/dummy.py)."""
+    """--load-format dummy or dummy-at-load: the folder's config and tokenizer, random weights (weights/random_draw.py)."""
     device: str = "cpu"
 
     def weights_hash(self) -> str:
-        from atom_aot.build.dummy import dummy_weights_hash
+        from atom_aot.weights.random_draw import dummy_weights_hash
         return dummy_weights_hash(self.config, self.device)
 
 
@@ -91,7 +91,7 @@ def _named(source: ModelSource, name: str) -> ModelSource:
 
 
 def _dummy_source(model: str | None, load_format: str, draw_device: str | None) -> ModelSource:
-    from atom_aot.build.dummy import config_dtype, default_device, random_tensors
+    from atom_aot.weights.random_draw import config_dtype, default_device, random_tensors
     hub_id = parse_hub_id(model) if model else None
     path = snapshot_folder(hub_id, weights=False) if hub_id else Path(model).expanduser() if model else None
     if path is None or not (path / "config.json").is_file():

@@ -116,7 +116,7 @@ _joined_before = False
 
 def joined_before() -> bool:
     """Whether this process has joined a process group (its store's and gloo's native threads may live on
-    after it is destroyed: a fork copies locks they hold, runtime/rank_processes.py)."""
+    after it is destroyed: a fork copies locks they hold, runtime/parallel/rank_processes.py)."""
     return _joined_before
 
 
@@ -190,7 +190,7 @@ _before_leaving: list[Callable[[], None]] = []
 
 def before_leaving(release: Callable[[], None]) -> None:
     """Run `release` whenever this process leaves its process group, before the group is destroyed (what
-    holds on to the group's communicators: runtime/cuda_graphs.py frees the graphs that captured them)."""
+    holds on to the group's communicators: runtime/execution/cuda_graphs.py frees the graphs that captured them)."""
     if release not in _before_leaving:
         _before_leaving.append(release)
 

@@ -1,5 +1,5 @@
 """The offline engine on a data-parallel-attention artifact (`atom-build -dp N --ep`): its N ranks are
-engine cores of their own, stepping together (runtime/attention_dp.py), so they run as the server runs
+engine cores of their own, stepping together (runtime/parallel/attention_dp.py), so they run as the server runs
 them, in N engine processes behind the server's `DataParallelClient` (routing included); `RemoteRanks`
 drives that client synchronously from an event loop on a background thread, with the interface
 `ArtifactEngine` uses of an in-process `EngineCore` (add_request, abort, step, has_unfinished, close).
@@ -16,12 +16,12 @@ from pathlib import Path
 from atom_aot.artifact.reader import Artifact
 from atom_aot.errors import ContextLengthError, RankStopped, RequestError
 from atom_aot.runtime.config import RuntimeConfig
-from atom_aot.runtime.engine_core import check_prompt
-from atom_aot.runtime.outputs import CoreOutput
-from atom_aot.runtime.sampling_params import SamplingParams
-from atom_aot.server.dp_client import attention_dp_client
-from atom_aot.server.engine_client import CallRejected
-from atom_aot.server.messages import Abort, AddRequests, NewRequest
+from atom_aot.runtime.engine.engine_core import check_prompt
+from atom_aot.runtime.engine.outputs import CoreOutput
+from atom_aot.runtime.sampling.sampling_params import SamplingParams
+from atom_aot.server.engine_client.data_parallel import attention_dp_client
+from atom_aot.server.engine_client.client import CallRejected
+from atom_aot.server.engine_client.messages import Abort, AddRequests, NewRequest
 
 STEP_WAIT_S = 0.05        # how long `step` waits for the ranks' next outputs before returning none
 STARTUP_TIMEOUT_S = 600.0

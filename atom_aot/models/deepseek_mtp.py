@@ -29,7 +29,7 @@ class SharedHead(nn.Module):
 class MTPLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, cache_layer: int, dtype: torch.dtype, quant: str, split: Split = ONE_RANK):
         """The block splits like a decoder layer; the embedding, eh_proj and shared head are
-        whole on every rank (build/shard.py leaves `mtp.*` outside the vocabulary split)."""
+        whole on every rank (weights/shard.py leaves `mtp.*` outside the vocabulary split)."""
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
         self.enorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)

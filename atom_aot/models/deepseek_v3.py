@@ -101,7 +101,7 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
     def adapt_checkpoint(cls, cfg: ModelConfig, tensors: Iterable[tuple[str, torch.Tensor]]
                          ) -> Iterator[tuple[str, torch.Tensor]]:
         """HF DeepSeek names -> this module's, as they stream: kv_b_proj split into W_UK / W_UV, and layers
-        >= num_hidden_layers moved under `mtp.{i}`. (Experts are stacked by build/experts.py.)"""
+        >= num_hidden_layers moved under `mtp.{i}`. (Experts are stacked by weights/experts.py.)"""
         ds, seen_mtp = cfg.deepseek, False
         for name, tensor in tensors:
             name = _mtp_name(name, cfg.num_hidden_layers)

@@ -115,7 +115,7 @@ class MoEForCausalLM(DecoderForCausalLM):
     """A decoder whose layers have experts where `ModelConfig.is_moe_layer` says, a dense MLP elsewhere.
 
     Subclasses set `EXPERT_MODULES` (checkpoint expert projection -> (stacked parameter, part)), and
-    `MODULE_RENAMES` where the checkpoint names the block otherwise than `mlp`; build/weights.py reads both.
+    `MODULE_RENAMES` where the checkpoint names the block otherwise than `mlp`; weights/convert.py reads both.
     """
 
     EXPERT_MODULES = {"gate_proj": ("w13", 0), "up_proj": ("w13", 1), "down_proj": ("w2", 0)}

@@ -16,7 +16,7 @@ With `tp` ranks, rank r holds
 With data-parallel attention over `dp` ranks (tp = 1), each rank holds the whole model but experts
 [r*E/dp, (r+1)*E/dp), and runs its own sequences: an expert layer gathers every rank's tokens
 (all-gather), routes them all, runs its own experts on them and hands each rank back the sums for its
-tokens (reduce-scatter). The ranks' steps must have the same token count (runtime/attention_dp.py pads).
+tokens (reduce-scatter). The ranks' steps must have the same token count (runtime/parallel/attention_dp.py pads).
 Nothing here depends on r: where the rank matters (the embedding's first row) it is a weight, so
 every rank runs the same graph and one compiled package serves them all. tp = 1 builds exactly
 the single-device model, with no collective in its graph.
@@ -179,7 +179,7 @@ def defer_reduction(module: nn.Module) -> bool:
 
 def attach_peer_table(model: nn.Module, device: torch.device) -> None:
     """Give `model` (tp > 1) the peer table of `device` as its buffer `all_reduce_peers`: a constant of the compiled
-    GPU packages that the runtime binds to its own (runtime/compiled.py), never a stored weight."""
+    GPU packages that the runtime binds to its own (runtime/loading/compiled.py), never a stored weight."""
     if device.type == "cuda":
         model.register_buffer(PEER_TABLE_BUFFER, peer_table(device), persistent=False)
 

@@ -1,7 +1,7 @@
 """INT4 weight-only linear layers (W4A16, GPTQ / AWQ checkpoints), as the custom op `atom::int4_linear`.
 
 One runtime layout, which both GPTQ and AWQ checkpoints convert into losslessly at build
-(atom_aot/build/int4_checkpoint.py):
+(atom_aot/weights/int4_checkpoint.py):
 
     weight       [N, K/2] uint8: byte [n, j] holds q[n, 2j] in its low nibble and q[n, 2j+1] in its high
     weight_scale [N, G] float32: per output channel and group of K/G inputs (group 128, or G = 1: per channel)

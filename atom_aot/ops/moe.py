@@ -117,7 +117,7 @@ def expert_linear(x: torch.Tensor, stacked: torch.Tensor, scale: torch.Tensor | 
 
 
 # CUDA too: an fp8 KV cache's scales are calibrated at build by an eager run on the reference backends
-# (build/kv_scales.py), and GPU tests compare against it; GPU arches serve the `triton` backend.
+# (weights/kv_scales.py), and GPU tests compare against it; GPU arches serve the `triton` backend.
 for _key in ("CPU", "CUDA"):
     LIBRARY.impl("fused_moe", fused_moe_reference, _key)
 

@@ -54,7 +54,7 @@ def generate(artifact: str, argv: list[str], start_core: Callable | None = None)
     """`start_core`: how the engine core starts (default: in this process; `atom-run` passes the one that
     runs a data-parallel-attention artifact's ranks as engine processes, entrypoints/llm.py engine_start)."""
     from atom_aot.runtime.llm_engine import ArtifactEngine
-    from atom_aot.runtime.sampling_params import SamplingParams
+    from atom_aot.runtime.sampling.sampling_params import SamplingParams
     from atom_aot.runtime.startup import load_and_start
     args = parse_generate_args(argv)
     config = from_namespace(RuntimeConfig, args)       # a bad engine flag fails here, before any load
@@ -92,7 +92,7 @@ def _run_to_completion(engine, prompts: list[str], params) -> tuple[float, list]
 
 
 def _report(engine, timings: dict[str, float], start_to_first_token: float, tokens: int, elapsed: float) -> None:
-    from atom_aot.runtime.compile_counter import compile_counts
+    from atom_aot.runtime.loading.compile_counter import compile_counts
     print("\nstartup: " + seconds_listed(timings)
           + f" | start to first token {start_to_first_token:.2f}s", file=sys.stderr)
     ranks = getattr(engine.core, "info", None)     # a data-parallel-attention artifact's ranks count their own
@@ -108,7 +108,7 @@ def worker(artifact: str, argv: list[str]) -> int:
                                 "engine whose rank 0 is `atom-run ART serve|generate`; engine flags as rank 0's.")
     add_arguments(p, RuntimeConfig)
     config = from_namespace(RuntimeConfig, p.parse_args(argv))
-    from atom_aot.runtime.tp_worker import run_worker
+    from atom_aot.runtime.parallel.tp_worker import run_worker
     run_worker(artifact, config)
     return 0
 
@@ -134,7 +134,7 @@ def verify(artifact: str, argv: list[str]) -> int:
     machine can load it (the loader's own check). Exit 0 when signed as asked and intact, even if not loadable
     here: the last line says which."""
     from atom_aot.artifact.reader import Artifact
-    from atom_aot.runtime.loader import load_problem, machine_target
+    from atom_aot.runtime.loading.loader import load_problem, machine_target
     p = argparse.ArgumentParser(prog="atom-run ART verify")
     p.add_argument("--trusted-keys", default=None, metavar="DIR", help="fail unless one of the ed25519 public keys "
                    "(*.pem, *.pub) in DIR signed the artifact (docs/artifact-format.md)")

@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields, replace
 
 from atom_aot.config_flags import flag
 from atom_aot.errors import StartupError
-from atom_aot.spec.proposer import METHODS
+from atom_aot.runtime.spec.proposer import METHODS
 
 DEFAULT_CPU_KV_BYTES = 1 << 30
 # The token budget of one step unless one is asked for. Every other request waits on the step in flight (its

@@ -7,7 +7,7 @@ from atom_aot.artifact.manifest import Quantization
 from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.reader import Artifact
 from atom_aot.distributed.symmetric_all_reduce import describe_plan
-from atom_aot.runtime.sampler import masks_path
+from atom_aot.runtime.sampling.sampler import masks_path
 
 WEIGHT_ORIGINS = {"none": "not quantized", "build": "quantized by atom-build --quant",
                   "checkpoint": "from the checkpoint"}

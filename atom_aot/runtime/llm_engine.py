@@ -13,11 +13,11 @@ from typing import Callable
 import torch
 
 from atom_aot.runtime.config import RuntimeConfig
-from atom_aot.runtime.output_processor import OutputProcessor, RequestOutput, StreamCallback
+from atom_aot.runtime.text.output_processor import OutputProcessor, RequestOutput, StreamCallback
 from atom_aot.runtime.profiler import TorchProfiler
-from atom_aot.runtime.sampling_params import SamplingParams
+from atom_aot.runtime.sampling.sampling_params import SamplingParams
 from atom_aot.runtime.startup import load_and_start, restore_full_collections
-from atom_aot.runtime.tokenizer import apply_chat_template, encode_prompt, load_artifact_tokenizer
+from atom_aot.runtime.text.tokenizer import apply_chat_template, encode_prompt, load_artifact_tokenizer
 
 
 class ArtifactEngine:

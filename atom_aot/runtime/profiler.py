@@ -3,7 +3,7 @@ server's engine process (`/start_profile`): one trace per start/stop and rank, w
 `<dir>/rank_<r>/` (open with Perfetto or chrome://tracing, or `scripts/analyze_trace.py`).
 
 Every rank writes its own: the engine (rank 0) starts and stops the tensor-parallel ranks it leads
-with it (runtime/tp_lead.py registers them here and tells them over the step channel), and each
+with it (runtime/parallel/tp_lead.py registers them here and tells them over the step channel), and each
 data-parallel engine writes under its own ranks: rank r of a data-parallel-attention artifact as
 rank_<r>, tensor-parallel rank t of replica i (of N ranks each) as rank_<i*N + t>.
 

@@ -15,24 +15,24 @@ from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.reader import Artifact
 from atom_aot.distributed.group import RankGroup, join, leave
 from atom_aot.errors import StartupError
-from atom_aot.runtime.attention_dp import AlignedForwards, Lockstep, attention_dp_place
-from atom_aot.runtime.block_manager import BlockManager
-from atom_aot.runtime.bytecode import warn_if_torch_uncached
-from atom_aot.runtime.compile_counter import TRITON
+from atom_aot.runtime.parallel.attention_dp import AlignedForwards, Lockstep, attention_dp_place
+from atom_aot.runtime.engine.block_manager import BlockManager
+from atom_aot.runtime.loading.bytecode import warn_if_torch_uncached
+from atom_aot.runtime.loading.compile_counter import TRITON
 from atom_aot.runtime.config import DEFAULT_CPU_KV_BYTES, RuntimeConfig, max_scored_prompt_rows
-from atom_aot.runtime.engine_core import EngineCore
-from atom_aot.runtime.forwards import Forwards
-from atom_aot.runtime.kv_cache import allocate_kv_cache, bytes_per_block
-from atom_aot.runtime.loader import LoadedArtifact, load_artifact
-from atom_aot.runtime.model_runner import ModelRunner
-from atom_aot.runtime.rank_load import meet_beside_load
-from atom_aot.runtime.sampler import Sampler
-from atom_aot.runtime.scheduler import Scheduler, SchedulerConfig
-from atom_aot.runtime.structured_output import Grammars
-from atom_aot.runtime.tp_lead import LeadRank, start_other_ranks
+from atom_aot.runtime.engine.engine_core import EngineCore
+from atom_aot.runtime.execution.forwards import Forwards
+from atom_aot.runtime.execution.kv_cache import allocate_kv_cache, bytes_per_block
+from atom_aot.runtime.loading.loader import LoadedArtifact, load_artifact
+from atom_aot.runtime.execution.model_runner import ModelRunner
+from atom_aot.runtime.parallel.rank_load import meet_beside_load
+from atom_aot.runtime.sampling.sampler import Sampler
+from atom_aot.runtime.engine.scheduler import Scheduler, SchedulerConfig
+from atom_aot.runtime.sampling.structured_output import Grammars
+from atom_aot.runtime.parallel.tp_lead import LeadRank, start_other_ranks
 from atom_aot.runtime.threads import set_torch_threads
-from atom_aot.runtime.verify_graphs import MAX_GRAPH_TOKENS, verify_capture_sizes
-from atom_aot.spec.setup import draft_kv_blocks, load_draft, no_verify_graphs_reason, start_speculation
+from atom_aot.runtime.execution.verify_graphs import MAX_GRAPH_TOKENS, verify_capture_sizes
+from atom_aot.runtime.spec.setup import draft_kv_blocks, load_draft, no_verify_graphs_reason, start_speculation
 
 log = logging.getLogger("atom_aot")
 T = TypeVar("T")
@@ -79,7 +79,7 @@ def kv_block_count(loaded: LoadedArtifact, config: RuntimeConfig, draft: LoadedA
 def split_kv_budget(budget: int, per_block: int, block_size: int, draft_per_block: int, draft_block_size: int,
                     max_num_seqs: int) -> int:
     """The most target blocks n such that n blocks plus the draft pool for n * block_size tokens
-    (spec/setup.py draft_kv_blocks) fit in `budget` bytes."""
+    (runtime/spec/setup.py draft_kv_blocks) fit in `budget` bytes."""
     def total(n: int) -> int:
         return n * per_block + draft_kv_blocks(draft_block_size, n * block_size, max_num_seqs) * draft_per_block
     n = max(0, (budget - max_num_seqs * draft_per_block) // (per_block + block_size * draft_per_block // draft_block_size))
@@ -90,8 +90,8 @@ def split_kv_budget(budget: int, per_block: int, block_size: int, draft_per_bloc
 
 def verify_graph_reserve(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
     """Bytes the speculative CUDA graphs' pools keep, each bounded like activation_reserve's at its largest
-    token count: the mixed package's verify graphs (runtime/verify_graphs.py) and the MTP step's
-    (spec/mtp_graphs.py), where they are captured; 0 without them."""
+    token count: the mixed package's verify graphs (runtime/execution/verify_graphs.py) and the MTP step's
+    (runtime/spec/mtp_graphs.py), where they are captured; 0 without them."""
     if config.method is None or not uses_graphs(loaded, config):
         return 0
     mtp = max(loaded.graph_plan.capture_sizes) * widest_row_bytes(loaded) if config.method == "mtp" else 0
@@ -151,7 +151,7 @@ def make_forwards(loaded: LoadedArtifact, config: RuntimeConfig, kv_cache, max_m
     if not uses_graphs(loaded, config):
         log.info("decode steps: %s", "the decode package" if decode is not None else "the same path as prefill")
         return Forwards(mixed, decode)
-    from atom_aot.runtime.cuda_graphs import DecodeGraphs
+    from atom_aot.runtime.execution.cuda_graphs import DecodeGraphs
     start = time.perf_counter()
     # a package that also returns the hidden states (MTP layers) keeps them in its graphs, for MTP's verify rows
     forward = decode.logits_and_hidden if getattr(decode, "returns_hidden", False) else decode
@@ -181,7 +181,7 @@ def prepare_model(loaded: LoadedArtifact, config: RuntimeConfig, num_blocks: int
 def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig, ranks: LeadRank | None = None,
                       dp_group: RankGroup | None = None) -> EngineCore:
     """`ranks`: rank 0's link to the other tensor-parallel ranks (None: the model has one rank);
-    `dp_group`: this engine is one rank of a data-parallel-attention artifact (runtime/attention_dp.py)."""
+    `dp_group`: this engine is one rank of a data-parallel-attention artifact (runtime/parallel/attention_dp.py)."""
     max_model_len = config.served_max_model_len(loaded.max_model_len)
     if dp_group is not None and config.method is not None:
         raise StartupError(f"speculative decoding (--method {config.method}) is not supported with data-parallel "
@@ -220,8 +220,8 @@ def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig, ranks: Lead
 def load_and_start(artifact_path, config: RuntimeConfig,
                    beside: Callable[[], None] | None = None) -> tuple[LoadedArtifact, EngineCore]:
     """This process's engine core: rank 0 leading the other tensor-parallel ranks (if any), or one rank of a
-    data-parallel-attention artifact stepping with the others (runtime/attention_dp.py). Over several ranks,
-    this rank's weights load while the ranks meet (runtime/rank_load.py).
+    data-parallel-attention artifact stepping with the others (runtime/parallel/attention_dp.py). Over several ranks,
+    this rank's weights load while the ranks meet (runtime/parallel/rank_load.py).
 
     `beside`: work for a thread beside the load (the offline engine's tokenizer), started once the ranks this
     process forks are forked: a thread running before then makes them new interpreters (rank_processes.py),

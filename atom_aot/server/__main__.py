@@ -3,7 +3,7 @@
 Starts the engine process, loads the tokenizer meanwhile (from the artifact, no weights), then
 serves HTTP with uvicorn on the same event loop. Exit status: 0 after a drained stop (SIGTERM,
 SIGINT); 2 for a startup failure, printed as one paragraph; 3 when the engine process died
-while serving (lifecycle.py).
+while serving (lifecycle/shutdown.py).
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ async def serve(args) -> int:
     # before the heavy imports: a wrong path, or one no trusted key signed, fails at once
     artifact = Artifact.open(args.artifact, config.trusted_keys)
     config.served_max_model_len(artifact.manifest.numerics.max_model_len)   # before the engine loads
-    from atom_aot.runtime.tokenizer import load_tokenizer
-    from atom_aot.server.dp_client import engine_client
+    from atom_aot.runtime.text.tokenizer import load_tokenizer
+    from atom_aot.server.engine_client.data_parallel import engine_client
 
     logging.getLogger("atom_aot").setLevel(args.log_level.upper())
     listener = _listen(args.host, args.port)    # a taken port fails now, not after loading the model
@@ -48,9 +48,9 @@ async def _serve_http(args, options, artifact, client, info, tokenizer, listener
     """Serve until a signal's drain ends or the engine dies; returns the exit status."""
     from atom_aot.server.app import build_app
     from atom_aot.server.args import served_model_name
-    from atom_aot.server.async_engine import AsyncEngine
-    from atom_aot.server.lifecycle import Lifecycle, QuietServer, uvicorn_config
-    from atom_aot.server.metrics import ServerMetrics
+    from atom_aot.server.engine_client.async_engine import AsyncEngine
+    from atom_aot.server.lifecycle.shutdown import Lifecycle, QuietServer, uvicorn_config
+    from atom_aot.server.lifecycle.metrics import ServerMetrics
     from atom_aot.server.state import ServerState
     metrics = ServerMetrics()
     engine = AsyncEngine(client, tokenizer, metrics, options.max_queued_seqs, options.stalled_stream_timeout)

@@ -8,9 +8,9 @@ from atom_aot.artifact.manifest import Manifest
 from atom_aot.config_flags import add_arguments, from_namespace
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.profiler import dir_from_env
-from atom_aot.server.guards import DEFAULT_MAX_BODY_BYTES
+from atom_aot.server.lifecycle.guards import DEFAULT_MAX_BODY_BYTES
 from atom_aot.server.options import ServerOptions
-from atom_aot.server.prefix_routing import ROUTINGS
+from atom_aot.server.engine_client.prefix_routing import ROUTINGS
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

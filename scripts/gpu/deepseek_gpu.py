@@ -191,7 +191,7 @@ def roofline(a) -> None:
     """Weight bytes a batch-1 decode step reads (every dense weight, the shared experts and top-k of the routed
     experts per MoE layer, the lm_head, one embedding row) over the device copy bandwidth of this run."""
     import torch
-    from atom_aot.build.dummy import parameter_shapes
+    from atom_aot.weights.random_draw import parameter_shapes
     cfg = json.loads((Path(a.model) / "config.json").read_text())
     shapes = parameter_shapes(Path(a.model))
     itemsize = 2

@@ -1,5 +1,5 @@
 """The `sample` package end to end on one GPU before anything else relies on it: export and AOTInductor-compile it
-as atom-build does (build/export_sampler.py), open it as the runtime does (runtime/compiled.py CompiledSampler),
+as atom-build does (build/export_sampler.py), open it as the runtime does (runtime/loading/compiled.py CompiledSampler),
 and check its thresholds against the torch reference (a sort) at Qwen3's vocabulary and 1 / 7 / 256 rows.
 
   PYTHONPATH=. python scripts/gpu/sample_package_check.py --out $OUT/sample-package.json
@@ -19,7 +19,7 @@ def main() -> None:
     from atom_aot.build.export import compile_package
     from atom_aot.build.export_sampler import export_sampler
     from atom_aot.ops.sampling import sampling_threshold
-    from atom_aot.runtime.compiled import CompiledSampler
+    from atom_aot.runtime.loading.compiled import CompiledSampler
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     args = parser.parse_args()

@@ -1,0 +1,1 @@
+"""Running a scheduled batch on the device: step inputs, the model runner, CUDA graphs, the KV cache tensor."""

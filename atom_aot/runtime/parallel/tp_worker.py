@@ -1,0 +1,88 @@
+"""Ranks 1..N-1 of a tensor-parallel engine (`atom-run ART worker`): load this rank's weights while meeting
+the others (runtime/parallel/rank_load.py), then run whatever forward rank 0 sends, until it says stop or goes away.
+Rank 0 also starts and stops this rank's profiler with its own (runtime/profiler.py).
+
+Placed by torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK), set by
+rank 0 for the ranks it starts on its machine or by hand / torchrun on other nodes.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+
+import torch.distributed as dist
+
+from atom_aot.distributed.group import RankPlace, agree_min, join, leave, rank_device
+from atom_aot.artifact.reader import Artifact
+from atom_aot.logging_setup import seconds_listed
+from atom_aot.runtime.config import RuntimeConfig
+from atom_aot.runtime.loading.loader import load_artifact
+from atom_aot.runtime.profiler import TorchProfiler
+from atom_aot.runtime.parallel.rank_load import meet_beside_load
+from atom_aot.runtime.startup import kv_block_count, prepare_model
+from atom_aot.runtime.parallel.step_broadcast import ProfileCommand, StepReceiver
+from atom_aot.runtime.threads import set_torch_threads
+from atom_aot.runtime.parallel.tp_lead import RankFailure
+
+log = logging.getLogger("atom_aot")
+
+
+def run_worker(artifact_path: str | Path, config: RuntimeConfig) -> None:
+    place = RankPlace.from_env()
+    if place is None or place.rank == 0:
+        raise ValueError("`atom-run ART worker` runs ranks 1..N-1 of a tensor-parallel engine: set RANK (>= 1), "
+                         "WORLD_SIZE, MASTER_ADDR and MASTER_PORT as for torchrun; rank 0 is `atom-run ART serve` "
+                         "or `generate` (docs/parallelism.md)")
+    set_torch_threads(config.num_threads)
+    start = time.perf_counter()
+    device = rank_device(Artifact.open(artifact_path, config.trusted_keys).manifest.target.arch, place.local_rank)
+    log.info("rank %d: on %s in %.2f s; meets the others while it loads", place.rank, device,
+             time.perf_counter() - start)
+    load = partial(load_artifact, artifact_path, enforce_eager=config.enforce_eager, rank=place.rank,
+                   trusted_keys=config.trusted_keys)
+    ready = meet_beside_load(partial(join, place, device), load, device, release=lambda group: leave())
+    log.info("rank %d: met the others in %.2f s, loaded beside it (%.2f s both; %s)", place.rank, ready.join_s,
+             ready.wall_s, seconds_listed(ready.loaded.timings))
+    try:
+        loaded, group = ready.loaded, ready.met
+        kv_cache, forwards = prepare_model(loaded, config, agree_min(kv_block_count(loaded, config), group))
+        serve_steps(StepReceiver(group, kv_cache), [forwards.mixed, forwards.decode])
+    except dist.DistError as e:
+        raise RankFailure(f"rank {place.rank} lost rank 0 ({type(e).__name__}: {e}); this rank stops") from None
+    finally:
+        leave()
+
+
+@torch.inference_mode()
+def serve_steps(receiver: StepReceiver, forwards: list) -> None:
+    """Run each step rank 0 sends, and its profiler commands; return when it says stop. If rank 0 goes away
+    the receive fails."""
+    profile: TorchProfiler | None = None
+    while (message := receiver.receive()) is not None:
+        if isinstance(message, ProfileCommand):
+            profile, ok = follow_profile(message, profile, receiver.group.rank)
+            receiver.answer(ok)
+            continue
+        index, inputs = message
+        forwards[index](inputs)
+
+
+def follow_profile(command: ProfileCommand, profile: TorchProfiler | None,
+                   rank: int) -> tuple[TorchProfiler | None, bool]:
+    """Start (or stop and write) this rank's trace as rank 0 says: (the profiler running now, whether it
+    did). A failure is logged here and answered to rank 0, which names this rank; the engine goes on."""
+    try:
+        if command.start:
+            started = TorchProfiler(command.root, command.first_rank + rank, more=command.more)
+            started.start()
+            return started, True
+        if profile is not None:
+            log.info("rank %d: trace %s", rank, profile.stop())
+        return None, True
+    except Exception:
+        log.exception("rank %d: the profiler failed", rank)
+        return None, False

@@ -1,0 +1,1 @@
+"""From logits to tokens: SamplingParams, the sampler, logits processors and structured outputs (grammars)."""

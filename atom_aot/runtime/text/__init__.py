@@ -1,0 +1,1 @@
+"""Text in and out: the artifact's tokenizer, incremental detokenization, stop strings and timings."""

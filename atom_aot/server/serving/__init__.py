@@ -1,0 +1,1 @@
+"""The handlers behind the routes: chat, completions, tokenization, tool calls and logprobs."""
