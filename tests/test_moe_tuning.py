@@ -13,7 +13,8 @@ from triton_support import DEVICE, poisoned_outputs  # noqa: F401 (an autouse fi
 from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning, Tuning
 from atom_aot.build.config import BuildConfig
-from atom_aot.build.tune import _best, _tune_moe, tune_kernels
+from atom_aot.build.measure import best_config
+from atom_aot.build.tune import _tune_moe, tune_kernels
 from atom_aot.models import ModelConfig
 from atom_aot.ops.backends import make_backend
 from atom_aot.ops.triton import fused_moe as triton_moe
@@ -91,10 +92,10 @@ def test_triton_moe_in_the_model_equals_reference(config):
     assert rel_error(outs[1], outs[0]) < 1e-5
 
 
-def test_a_config_that_did_not_launch_is_never_best():
+def test_a_config_that_did_not_launch_is_neverbest_config():
     # (64, 64) is fastest where it ran but did not fit the GPU at the second shape (None): the choice is
     # among configs that ran everywhere
     rows = {"1x1024": {(64, 64): 1.0, (128, 64): 1.5, (128, 128): None},
             "4x512": {(64, 64): None, (128, 64): 2.0, (128, 128): 1.0}}
-    assert _best(rows) == (128, 64)
-    assert _best({"a": {(1,): 2.0, (2,): 1.0}, "b": {(1,): 1.0, (2,): 3.0}}) == (1,)   # 2x slower once beats 3x
+    assert best_config(rows) == (128, 64)
+    assert best_config({"a": {(1,): 2.0, (2,): 1.0}, "b": {(1,): 1.0, (2,): 3.0}}) == (1,)   # 2x slower once beats 3x

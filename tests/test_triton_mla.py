@@ -116,13 +116,12 @@ def test_an_mla_models_tuning_is_written_as_json(monkeypatch):
     from atom_aot.artifact.tuning import BackendChoice, Tuning
     from atom_aot.build import tune_mla
     from atom_aot.build.config import BuildConfig
-    from atom_aot.build.tune import _best
     from deepseek_model import random_deepseek
     cfg = random_deepseek().config
     monkeypatch.setattr(tune_mla, "_time_decode", lambda cfg, config, candidates, context:
                         {c.as_args(): 1.0 + i for i, c in enumerate(candidates)})
     moe = BackendChoice("triton", {"fused_moe@1": (16, 16, 32, 1, 2, 1)})
-    tuning = tune_mla.tune_mla(BuildConfig(arch="sm90"), cfg, 4096, _best,
+    tuning = tune_mla.tune_mla(BuildConfig(arch="sm90"), cfg, 4096,
                                lambda cfg, config: (moe, {1: {(16, 16, 32, 1, 2, 1): 0.5}}), "triton fused_moe")
     read = Tuning.from_dict(json.loads(tuning.to_json()))
     assert read.for_phase(Phase.DECODE).op("moe") == moe

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 
 import torch
 
 from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning, Tuning, timings_json
 from atom_aot.build.config import BuildConfig
+from atom_aot.build.measure import best_config, ms_unless_too_big
 from atom_aot.models import ModelConfig, model_class
 from atom_aot.models.quant_layers import linear_op
 from atom_aot.ops.fp8 import fits_one_program
@@ -55,7 +55,7 @@ def tune_kernels(config: BuildConfig, model_config: ModelConfig, max_model_len: 
     if config.arch != "cpu" and "mla_attention" in ops:
         from atom_aot.build.tune_mla import tune_mla
         tune_moe = functools.partial(_tune_moe, linear_scheme=linear_scheme)
-        tuning = tune_mla(config, model_config, max_model_len, _best, tune_moe, moe_kernel_label(linear_scheme))
+        tuning = tune_mla(config, model_config, max_model_len, tune_moe, moe_kernel_label(linear_scheme))
         return tuning if linear_scheme == "none" else _with_measured_linear(tuning, config, model_config, linear_scheme)
     if config.arch == "cpu":
         names = {"attention": "torch reference (atom::paged_attention)",
@@ -82,11 +82,11 @@ def _with_measured_linear(tuning: Tuning, config: BuildConfig, cfg: ModelConfig,
             for phase in tuning.phases}
     small = None
     if Phase.DECODE in rows and scheme in SMALL_M_SCHEMES:
-        small_rows = measure_small_m(cfg, scheme, config.torch_dtype, _ms_unless_too_big)
-        small = small_m_pick(rows[Phase.DECODE], small_rows, _best)
+        small_rows = measure_small_m(cfg, scheme, config.torch_dtype, ms_unless_too_big)
+        small = small_m_pick(rows[Phase.DECODE], small_rows, best_config)
         rows[Phase.DECODE] = {shape: {**r, **small_rows.get(shape, {})} for shape, r in rows[Phase.DECODE].items()}
     for phase, row in tuning.phases.items():
-        choice, chosen = phase_choice(rows[phase], _best, small, op)
+        choice, chosen = phase_choice(rows[phase], best_config, small, op)
         phases[phase] = PhaseTuning({**row.ops, op: choice})
         timings[phase.value] = {"chosen": chosen, **timings_json(rows[phase])}
     label, text = GPU_LINEAR_KERNELS[op]
@@ -114,8 +114,8 @@ def _with_row_quantizer(phases: dict, config: BuildConfig, cfg: ModelConfig, op:
     decode)."""
     from atom_aot.build.tune_fp8 import row_quantizer_choice
     kinds = {phase: "decode" if phase == Phase.DECODE else "mixed" for phase in phases}
-    measured = measure(cfg, config.torch_dtype, tuple(sorted(set(kinds.values()))), _ms_unless_too_big)
-    best = {kind: _best(rows) for kind, rows in measured.items()}
+    measured = measure(cfg, config.torch_dtype, tuple(sorted(set(kinds.values()))), ms_unless_too_big)
+    best = {kind: best_config(rows) for kind, rows in measured.items()}
     out = {phase: PhaseTuning({**row.ops, op: row_quantizer_choice(op, best[kinds[phase]])})
            for phase, row in phases.items()}
     timings = {phase.value: {"chosen": ",".join(map(str, best[kinds[phase]])), **timings_json(measured[kinds[phase]])}
@@ -144,7 +144,7 @@ def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int, line
     if cfg.num_experts:
         moe_ops["moe"], measurements["moe"] = _tune_moe(cfg, config, linear_scheme=linear_scheme)
         moe_kernels["moe"] = moe_kernel_label(linear_scheme)
-    rope, decode = _best(measurements["rope_cache"]), _best(measurements["decode"])
+    rope, decode = best_config(measurements["rope_cache"]), best_config(measurements["decode"])
     chosen = AttentionConfig(*decode)
     decode_splits = {str(batch): split_count(batch, cfg.num_key_value_heads, chosen.target_programs, chosen.max_splits)
                      for batch in DECODE_BATCHES}
@@ -156,7 +156,7 @@ def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int, line
     return Tuning(
         arch=config.arch, measured=True,
         phases={Phase.DECODE: attention_row(decode),
-                Phase.MIXED: attention_row(_best(measurements["prefill"]))},
+                Phase.MIXED: attention_row(best_config(measurements["prefill"]))},
         kernels={"attention": "triton atom_triton::paged_attention (decode / mixed configs above)",
                  "qk_norm+rope+kv write": "triton atom_triton::qk_norm_rope_cache_write", **moe_kernels,
                  "gemm": "aten -> cuBLAS (Inductor extern call)",
@@ -164,16 +164,6 @@ def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int, line
                  "sampling": "torch on the GPU"},
         measurements_ms={"context_tokens": context, "decode_key_splits_by_batch": decode_splits,
                          **{kind: timings_json(rows) for kind, rows in measurements.items()}})
-
-
-def _best(rows: dict) -> tuple[int, ...]:
-    """The config with the lowest geometric-mean slowdown against each shape's fastest, among those that
-    launched at every shape (None: did not fit the GPU)."""
-    rows = {shape: {c: ms for c, ms in row.items() if ms is not None} for shape, row in rows.items()}
-    configs = set.intersection(*(set(row) for row in rows.values()))
-    def score(c):
-        return sum(math.log(row[c] / min(row.values())) for row in rows.values())
-    return min(configs, key=score)
 
 
 def _batch(cfg: ModelConfig, config: BuildConfig, context: list[int], new: list[int]):
@@ -189,7 +179,7 @@ def _time_attention(cfg, config: BuildConfig, candidates, context: list[int], ne
     times = {}
     for c in candidates:
         args = c.as_args()
-        times[args] = _ms_unless_too_big(lambda: op(q, b.kv_cache, 0, b.block_tables, b.seq_lens, b.query_start_loc,
+        times[args] = ms_unless_too_big(lambda: op(q, b.kv_cache, 0, b.block_tables, b.seq_lens, b.query_start_loc,
                                                     scale, *args), c)
     return times
 
@@ -212,17 +202,6 @@ def _time_rope(cfg, config: BuildConfig, candidates, tokens: int) -> dict:
         times[args] = measure_ms(lambda: op(q, k, v, positions, cos_sin, w, w, 1e-6, b.kv_cache, 0,
                                             b.slot_mapping, *args))[0]
     return times
-
-
-def _ms_unless_too_big(fn, config) -> float | None:
-    """measure_ms's median, or None (logged) for a config this GPU cannot launch (shared memory, registers)."""
-    from triton.runtime.errors import OutOfResources
-    from atom_aot.ops.triton.timing import measure_ms
-    try:
-        return measure_ms(fn)[0]
-    except OutOfResources as e:
-        log.info("tuning: %s does not fit this GPU (%s); not a candidate", config, e)
-        return None
 
 
 def moe_kernel_label(linear_scheme: str) -> str:
@@ -255,7 +234,7 @@ def _tune_moe(cfg: ModelConfig, config: BuildConfig, dev: str = "cuda",
         tokens = PREFILL_MOE_TOKENS if first == TOKEN_BUCKETS[-1] else first
         x = torch.randn(tokens, hidden, device=dev, dtype=dt)
         weights, ids = softmax_topk(torch.randn(tokens, experts, device=dev), cfg.num_experts_per_tok, True)
-        row = {c.as_args(): _ms_unless_too_big(lambda: op(x, w13, w2, weights, ids, [1, *c.as_args()], *scales), c)
+        row = {c.as_args(): ms_unless_too_big(lambda: op(x, w13, w2, weights, ids, [1, *c.as_args()], *scales), c)
                for c in candidates}
         params[f"fused_moe@{first}"] = min((c for c in row if row[c] is not None), key=row.get)
         times[tokens] = row

@@ -9,20 +9,20 @@ import torch
 from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning, Tuning, timings_json
 from atom_aot.build.config import BuildConfig
+from atom_aot.build.measure import best_config, ms_unless_too_big
 from atom_aot.models import ModelConfig
 
 DECODE_BATCHES = (1, 8, 32, 128, 256)
 
 
-def tune_mla(config: BuildConfig, cfg: ModelConfig, max_model_len: int, best, tune_moe, moe_label: str) -> Tuning:
-    """`best`: build/tune.py's pick of the config nearest every shape's fastest; `tune_moe`: its MoE
-    tuning (the experts op's config per token bucket, the same in both rows), described as `moe_label`."""
+def tune_mla(config: BuildConfig, cfg: ModelConfig, max_model_len: int, tune_moe, moe_label: str) -> Tuning:
+    """`tune_moe`: build/tune.py's MoE tuning (the experts op's config per token bucket, the same in both rows), described as `moe_label`."""
     import atom_aot.ops.triton  # noqa: F401  (registers the ops)
     from atom_aot.ops.triton.mla_decode import CANDIDATE_CONFIGS
     context = min(max_model_len - 1, 2048)
     measured = {batch: _time_decode(cfg, config, CANDIDATE_CONFIGS, [context] * batch) for batch in DECODE_BATCHES}
     # per batch-size bucket (from each measured batch to the next) the fastest config that launched
-    buckets = {f"mla_decode@{batch}": best({batch: row}) for batch, row in measured.items()}
+    buckets = {f"mla_decode@{batch}": best_config({batch: row}) for batch, row in measured.items()}
     moe, moe_ms = tune_moe(cfg, config)
     return Tuning(
         arch=config.arch, measured=True,
@@ -47,10 +47,9 @@ def _time_decode(cfg: ModelConfig, config: BuildConfig, candidates, context: lis
     kv_cache = b.kv_cache[:, :1]                 # the latent layout [1, 1, num_blocks, block_size, 1, r + rope]
     q = torch.randn(len(context), cfg.num_attention_heads, ds.latent_dim, device="cuda", dtype=config.torch_dtype)
     op, scale = torch.ops.atom_triton.mla_decode, ds.qk_head_dim ** -0.5
-    from atom_aot.build.tune import _ms_unless_too_big
     times = {}
     for c in candidates:
         args = c.as_args()
-        times[args] = _ms_unless_too_big(lambda: op(q, kv_cache, 0, b.block_tables, b.seq_lens, scale,
+        times[args] = ms_unless_too_big(lambda: op(q, kv_cache, 0, b.block_tables, b.seq_lens, scale,
                                                     ds.kv_lora_rank, config_table(c)), c)
     return times

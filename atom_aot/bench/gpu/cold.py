@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from atom_aot.bench.cold_start import CHILD_OURS, time_to_first_token
-from atom_aot.bench.gpu.scenarios import GPU_MEMORY_UTILIZATION, MAX_NUM_SEQS, Scenario
+from atom_aot.bench.gpu.scenarios import GPU_MEMORY_UTILIZATION, MAX_NUM_SEQS, Scenario, engine_kwargs_vllm
 
 CHILD_VLLM = r"""
 import json, sys
@@ -31,7 +31,6 @@ def cold_start(which: str, s: Scenario, model: Path, artifact: Path | None) -> d
         kwargs = json.dumps({**SHARED, "max_model_len": s.max_model_len, **dict(s.ours_kwargs)})
         return {f"artifact_run{i}": time_to_first_token([sys.executable, "-c", CHILD_OURS, str(artifact), kwargs],
                                                         timeout=TIMEOUT_S) for i in (1, 2, 3)}
-    from atom_aot.bench.gpu.measure import engine_kwargs_vllm
     kwargs = {**SHARED, "max_model_len": s.max_model_len, "seed": 0, **engine_kwargs_vllm(s)}
     with tempfile.TemporaryDirectory(prefix="vllm-cache-") as cache:
         os.environ["VLLM_CACHE_ROOT"] = cache        # the children inherit it: the first fills it

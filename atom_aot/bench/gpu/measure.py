@@ -16,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from atom_aot.bench.gpu.scenarios import GPU_MEMORY_UTILIZATION, MAX_NUM_SEQS, Scenario, scenario
+from atom_aot.bench.gpu.scenarios import (GPU_MEMORY_UTILIZATION, MAX_NUM_SEQS, Scenario, engine_kwargs_vllm,
+                                          scenario)
 
 ENGINES = ("ours", "vllm")
 TPOT_PROMPT_LEN = 128
@@ -114,14 +115,6 @@ def offline(which: str, s: Scenario, model: Path, artifact: Path | None) -> dict
     if which == "ours" and dict(s.ours_kwargs).get("method"):
         result["speculation"] = engine.engine.print_mtp_statistics()
     return result
-
-
-def engine_kwargs_vllm(s: Scenario) -> dict:
-    """The scenario's vLLM settings; dummy weights are drawn by vLLM as ours are at build."""
-    kwargs = dict(s.vllm_kwargs)
-    if s.model.weights != "random":
-        kwargs["load_format"] = "dummy"
-    return kwargs
 
 
 def versions(which: str) -> dict:

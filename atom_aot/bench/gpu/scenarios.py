@@ -144,3 +144,11 @@ def table() -> str:
         rows.append(f"| {s.name} | {s.model.label()} ({s.model.weights}) | {s.summary} | "
                     f"{' '.join(s.build_flags) or '-'} | {ours} | {vllm} | {s.gpus} |")
     return "\n".join(rows)
+
+
+def engine_kwargs_vllm(s: Scenario) -> dict:
+    """The scenario's vLLM settings; dummy weights are drawn by vLLM as ours are at build."""
+    kwargs = dict(s.vllm_kwargs)
+    if s.model.weights != "random":
+        kwargs["load_format"] = "dummy"
+    return kwargs

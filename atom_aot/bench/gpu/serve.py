@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from atom_aot.bench.gpu.scenarios import GPU_MEMORY_UTILIZATION, MAX_NUM_SEQS, Scenario
+from atom_aot.bench.gpu.scenarios import GPU_MEMORY_UTILIZATION, MAX_NUM_SEQS, Scenario, engine_kwargs_vllm
 
 PORT = {"ours": 8000, "vllm": 8001}
 START_TIMEOUT_S = 600
@@ -39,7 +39,6 @@ def server_command(which: str, s: Scenario, model: Path, artifact: Path | None) 
     if which == "ours":
         return [sys.executable, "-m", "atom_aot.entrypoints.run_cli", str(artifact), "serve", "--port", port,
                 *SHARED_FLAGS, "--max-model-len", str(s.max_model_len), *as_flags(dict(s.ours_kwargs))]
-    from atom_aot.bench.gpu.measure import engine_kwargs_vllm
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--port", port,
             "--seed", "0", *SHARED_FLAGS, "--max-model-len", str(s.max_model_len), *as_flags(engine_kwargs_vllm(s))]
 
