@@ -8,7 +8,7 @@ def __getattr__(name):   # lazy, so `import atom_aot` stays cheap for the CLIs
         from atom_aot.entrypoints.llm import LLMEngine
         return LLMEngine
     if name == "SamplingParams":
-        from atom_aot.runtime.sampling.sampling_params import SamplingParams
+        from atom_aot.runtime.sampling_params import SamplingParams
         return SamplingParams
     raise AttributeError(name)
 

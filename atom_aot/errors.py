@@ -27,6 +27,10 @@ class ContextLengthError(RequestError):
     """Prompt + max_tokens do not fit in max_model_len."""
 
 
+class RankFailure(RuntimeError):
+    """Another tensor-parallel rank died or stopped answering: the engine cannot go on."""
+
+
 class RankStopped(RuntimeError):
     """Another rank of a data-parallel-attention artifact went away: the ranks step together, so this
     engine cannot go on (runtime/parallel/attention_dp.py)."""

@@ -114,9 +114,9 @@ def random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[
 
 def engine_logits(engine, prompt: list[int]) -> torch.Tensor:
     """Logits of every position of `prompt` through the engine's compiled `mixed` package: [T, V]."""
-    from atom_aot.runtime.sampling.sampling_params import SamplingParams
-    from atom_aot.runtime.engine.scheduler import ScheduledBatch
-    from atom_aot.runtime.engine.sequence import Sequence
+    from atom_aot.runtime.sampling_params import SamplingParams
+    from atom_aot.runtime.scheduling.scheduled_batch import ScheduledBatch
+    from atom_aot.runtime.scheduling.sequence import Sequence
     core = engine.core
     seq = Sequence("probe", list(prompt), len(prompt), SamplingParams(prompt_logprobs=0, max_tokens=1),
                    core.block_size)
@@ -160,7 +160,8 @@ def correctness(args) -> dict:
         rows.append({"tokens": len(p), "ours_vs_hf_bf16": compare_logits(mine, hf_bf16),
                      "ours_vs_fp32": compare_logits(mine, fp32), "hf_bf16_vs_fp32": compare_logits(hf_bf16, fp32)})
     worst = lambda key: max(r[key]["rel_error"] for r in rows)  # noqa: E731
-    return {"dtype": str(engine_dtype).removeprefix("torch."), "prompts": rows,
+    from atom_aot.dtypes import dtype_name
+    return {"dtype": dtype_name(engine_dtype), "prompts": rows,
             "worst_rel_error_ours_vs_hf_bf16": worst("ours_vs_hf_bf16"),
             "worst_rel_error_ours_vs_fp32": worst("ours_vs_fp32"),
             "worst_rel_error_hf_bf16_vs_fp32": worst("hf_bf16_vs_fp32"),

@@ -7,6 +7,11 @@ Two measurements, one JSON:
   prepare_inputs_async  the same in async-scheduling order: each batch is scheduled before the
                      previous one's tokens are read, so every input token is gathered from the
                      previous step's samples (on the CPU here).
+  sampled_step       `ModelRunner.launch` of a decode step of B requests that sample (temperature 0.8, top-p
+                     0.95; every fourth with top-k 40, every eighth seeded), around a forward that returns
+                     ready logits of a small vocabulary, so the time is the host's: inputs, the sampler's
+                     per-row parameters and its calls (on the CPU the tensor work of a 64-entry vocabulary
+                     is small).
   output_processing  `OutputProcessor.process` with B requests, one token each per step, from a
                      real tokenizer (default: the Qwen3 one under ../shared) fed with natural text
                      (this repo's docs plus some multi-byte text), no stop strings.
@@ -38,7 +43,8 @@ def parse_args(argv=None):
     p.add_argument("--warm-steps", type=int, default=16)
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
-    p.add_argument("--sections", default="prepare_inputs,prepare_inputs_async,output_processing")
+    p.add_argument("--sections", default="prepare_inputs,prepare_inputs_async,sampled_step,output_processing")
+    p.add_argument("--vocab", type=int, default=64, help="sampled_step's vocabulary")
     return p.parse_args(argv)
 
 
@@ -49,15 +55,16 @@ def summary(seconds: list[float]) -> dict:
 
 
 # -- prepare_inputs ---------------------------------------------------------------------------
-def decoding_engine(args):
-    """A scheduler whose B sequences have their prompts in the cache, and a runner on the CPU."""
-    from atom_aot.runtime.engine.block_manager import BlockManager
+def decoding_engine(args, params_of=None):
+    """A scheduler whose B sequences have their prompts in the cache, and a runner on the CPU (forward: `forward`);
+    `params_of(i)`: request i's SamplingParams (greedy by default)."""
+    from atom_aot.runtime.scheduling.block_manager import BlockManager
     from atom_aot.runtime.execution.forwards import Forwards
     from atom_aot.runtime.execution.model_runner import ModelRunner
     from atom_aot.runtime.sampling.sampler import Sampler
-    from atom_aot.runtime.sampling.sampling_params import SamplingParams
-    from atom_aot.runtime.engine.scheduler import Scheduler, SchedulerConfig
-    from atom_aot.runtime.engine.sequence import Sequence
+    from atom_aot.runtime.sampling_params import SamplingParams
+    from atom_aot.runtime.scheduling.scheduler import Scheduler, SchedulerConfig
+    from atom_aot.runtime.scheduling.sequence import Sequence
     max_len = args.input_len + args.warm_steps + args.steps + 8
     blocks = args.batch * -(-max_len // BLOCK_SIZE)
     config = SchedulerConfig(max_num_seqs=args.batch, max_num_batched_tokens=args.batch * args.input_len,
@@ -66,7 +73,7 @@ def decoding_engine(args):
     g = torch.Generator().manual_seed(0)
     for i in range(args.batch):
         prompt = torch.randint(100, 30000, (args.input_len,), generator=g).tolist()
-        params = SamplingParams(temperature=0, max_tokens=None, ignore_eos=True)
+        params = params_of(i) if params_of else SamplingParams(temperature=0, max_tokens=None, ignore_eos=True)
         scheduler.add(Sequence(str(i), prompt, len(prompt), params, BLOCK_SIZE))
     device = torch.device("cpu")
     kv_cache = torch.zeros(1, 2, 1, BLOCK_SIZE, 1, 1)   # referenced by the inputs, never read here
@@ -100,6 +107,32 @@ def bench_prepare_inputs(args, async_order: bool = False) -> dict:
     return {"batch": args.batch, "context": args.input_len, "block_size": BLOCK_SIZE, **summary(seconds)}
 
 
+def sampled_params(i: int):
+    from atom_aot.runtime.sampling_params import SamplingParams
+    return SamplingParams(temperature=0.8, top_p=0.95, top_k=40 if i % 4 == 0 else -1, max_tokens=None,
+                          ignore_eos=True, seed=i if i % 8 == 0 else None)
+
+
+def bench_sampled_step(args) -> dict:
+    """ModelRunner.launch of B sampling decodes: a forward that hands back ready logits [B, vocab]."""
+    scheduler, runner = decoding_engine(args, sampled_params)
+    for seq in scheduler.running:
+        if seq.params.seed is not None:
+            seq.generator = runner.sampler.new_request_generator(seq.params.seed)
+    logits = torch.randn(args.batch, args.vocab, generator=torch.Generator().manual_seed(1))
+    runner.forwards = type(runner.forwards)(lambda inputs: logits)
+    seconds = []
+    for step in range(args.warm_steps + args.steps):
+        batch = scheduler.schedule()
+        start = time.perf_counter()
+        launched = runner.launch(batch)
+        if step >= args.warm_steps:
+            seconds.append(time.perf_counter() - start)
+        scheduler.update(batch, runner.complete(launched).sampled)
+    return {"batch": args.batch, "vocab": args.vocab, "params": "temperature 0.8, top-p 0.95, 1/4 top-k 40, "
+            "1/8 seeded", **summary(seconds)}
+
+
 # -- output processing ------------------------------------------------------------------------
 def text_token_streams(tokenizer, count: int, length: int) -> list[list[int]]:
     """`count` streams of `length` token ids, each from its own place in a natural-text corpus."""
@@ -112,8 +145,8 @@ def text_token_streams(tokenizer, count: int, length: int) -> list[list[int]]:
 
 def bench_output_processing(args) -> dict:
     from atom_aot.runtime.text.output_processor import OutputProcessor
-    from atom_aot.runtime.engine.outputs import CoreOutput
-    from atom_aot.runtime.sampling.sampling_params import SamplingParams
+    from atom_aot.runtime.outputs import CoreOutput
+    from atom_aot.runtime.sampling_params import SamplingParams
     from atom_aot.runtime.text.tokenizer import load_tokenizer
     tokenizer = load_tokenizer(args.tokenizer)
     total = args.warm_steps + args.steps
@@ -138,6 +171,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     sections = {"prepare_inputs": bench_prepare_inputs,
                 "prepare_inputs_async": lambda a: bench_prepare_inputs(a, async_order=True),
+                "sampled_step": bench_sampled_step,
                 "output_processing": bench_output_processing}
     result = {"torch": torch.__version__, "threads": torch.get_num_threads()}
     for name in args.sections.split(","):

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from atom_aot.weights.random_draw import DEFAULT_SEED, DEFAULT_STD, parameter_shapes, random_tensors
 from atom_aot.weights.experts import STACKED_TENSOR
+from atom_aot.weights.random_draw import DEFAULT_SEED, DEFAULT_STD, parameter_shapes, random_tensors
 
 
 def parse_args(argv=None):

@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from atom_aot.bench import hf_reference  # noqa: E402
 from atom_aot.bench.datasets import sample_random  # noqa: E402
+from atom_aot.dtypes import dtype_name
 
 MODES = ("latency", "batch", "cb")
 
@@ -138,7 +139,7 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.float32 if args.device == "cpu" else torch.bfloat16)
     tokenizer = hf_reference.load_tokenizer(args.model)
     prompts = workload(args, tokenizer)
-    record = {"model": args.model, "device": args.device, "dtype": str(dtype).removeprefix("torch."),
+    record = {"model": args.model, "device": args.device, "dtype": dtype_name(dtype),
               "torch": torch.__version__, "transformers": transformers.__version__,
               "workload": {"num_prompts": args.num_prompts, "input_len": args.random_input_len,
                            "output_len": args.random_output_len, "range_ratio": args.random_range_ratio,

@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     result = {"load_timings": loaded.timings, "load_s": time.perf_counter() - start,
               "sizes": list(loaded.graph_plan.capture_sizes), "variants": {}}
     cfg, block_size = loaded.model_config, loaded.block_size
-    kv = allocate_kv_cache(cfg, 1024, block_size, loaded.kv_dtype, loaded.device).normal_()
+    kv = allocate_kv_cache(loaded.kv_cache, 1024, block_size, loaded.device).normal_()
     decode = loaded.forwards[Phase.DECODE]
     for name, (warm_each, raw) in VARIANTS.items():
         graphs = DecodeGraphs(decode, kv, tuple(result["sizes"]), -(-loaded.max_model_len // block_size))

@@ -135,11 +135,10 @@ def summarize(steps: list[dict], seconds: float, num_prompts: int, gc_pauses: Gc
 
 def memory(engine, config) -> dict:
     """The activation reserve this start used, and the bound it replaces: the KV blocks each leaves room for."""
-    from atom_aot.runtime.execution.kv_cache import bytes_per_block
-    from atom_aot.runtime.startup import activation_bound, activation_reserve
+    from atom_aot.runtime.execution.memory import activation_bound, activation_reserve
     loaded = engine.loaded
     config = config.for_target(loaded.manifest.target.arch)      # the step budget the engine ran with
-    per_block = bytes_per_block(loaded.rank_config, loaded.block_size, loaded.kv_dtype)
+    per_block = loaded.kv_cache.bytes_per_block(loaded.block_size)
     reserve, bound = activation_reserve(loaded, config), activation_bound(loaded, config)
     step_memory = loaded.graph_plan.step_memory
     return {"activation_reserve_bytes": reserve, "activation_bound_bytes": bound, "bytes_per_block": per_block,

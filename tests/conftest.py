@@ -29,7 +29,7 @@ from shipped_files import unpack  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def unfrozen_heap():
-    """Every engine start freezes the process's heap (startup.freeze_startup_heap); in one test process that would
+    """Every engine start freezes the process's heap (runtime/heap.py freeze_startup_heap); in one test process that would
     keep each test's leftover reference cycles (engines among them) for the rest of the session."""
     yield
     gc.unfreeze()

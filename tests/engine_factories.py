@@ -13,13 +13,13 @@ from typing import Callable
 
 import pytest
 
-from atom_aot.runtime.engine.block_manager import BlockManager
 from atom_aot.runtime.engine.engine_core import EngineCore
-from atom_aot.runtime.execution.model_runner import StepOutput
-from atom_aot.runtime.engine.outputs import TokenLogprobs
-from atom_aot.runtime.sampling.sampling_params import SamplingParams
-from atom_aot.runtime.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
-from atom_aot.runtime.engine.sequence import Sequence
+from atom_aot.runtime.outputs import StepOutput, TokenLogprobs
+from atom_aot.runtime.sampling_params import SamplingParams
+from atom_aot.runtime.scheduling.block_manager import BlockManager
+from atom_aot.runtime.scheduling.scheduled_batch import ScheduledBatch
+from atom_aot.runtime.scheduling.scheduler import Scheduler, SchedulerConfig, SpeculationShape
+from atom_aot.runtime.scheduling.sequence import Sequence
 
 BLOCK_SIZE = 4
 EOS = 2
@@ -51,10 +51,10 @@ def make_seq(tokens, request_id: str = "r", *, block_size: int = BLOCK_SIZE, arr
 def make_scheduler(num_blocks: int = 64, *, block_size: int = BLOCK_SIZE, max_num_seqs: int = 8,
                    max_num_batched_tokens: int = 64, max_model_len: int = 64, scheduler_delay_factor: float = 0.0,
                    enable_prefix_caching: bool = True, clock: Callable[[], float] | None = None,
-                   scheduling_policy: str = "fcfs") -> Scheduler:
+                   scheduling_policy: str = "fcfs", speculation: SpeculationShape | None = None) -> Scheduler:
     config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                              max_model_len=max_model_len, scheduler_delay_factor=scheduler_delay_factor,
-                             scheduling_policy=scheduling_policy)
+                             scheduling_policy=scheduling_policy, speculation=speculation)
     return Scheduler(config, BlockManager(num_blocks, block_size, enable_prefix_caching), clock=clock or FakeClock())
 
 
@@ -88,6 +88,9 @@ class FakeRunner:
 
     def run(self, batch: ScheduledBatch) -> StepOutput:
         return self.complete(self.launch(batch))
+
+    def new_request_generator(self, seed: int) -> random.Random:
+        return self.sampler.new_request_generator(seed)
 
     def launch(self, batch: ScheduledBatch) -> StepOutput:
         self.steps.append(StepRecord(tuple(s.request_id for s in batch.seqs), batch.num_new_tokens,

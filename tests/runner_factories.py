@@ -8,9 +8,9 @@ from atom_aot.models.step_inputs import StepInputs
 from atom_aot.runtime.execution.forwards import Forwards
 from atom_aot.runtime.execution.model_runner import ModelRunner
 from atom_aot.runtime.sampling.sampler import Sampler
-from atom_aot.runtime.sampling.sampling_params import SamplingParams
-from atom_aot.runtime.engine.scheduler import ScheduledBatch
-from atom_aot.runtime.engine.sequence import Sequence, SequenceStatus
+from atom_aot.runtime.sampling_params import SamplingParams
+from atom_aot.runtime.scheduling.scheduled_batch import ScheduledBatch
+from atom_aot.runtime.scheduling.sequence import Sequence, SequenceStatus
 
 BLOCK_SIZE = 4
 VOCAB = 32

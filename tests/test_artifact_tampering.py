@@ -19,6 +19,7 @@ from atom_aot.errors import ArtifactError
 from atom_aot.runtime.cli import main as atom_run
 from atom_aot.runtime.loading.loader import load_artifact
 from atom_aot.runtime.text.tokenizer import load_tokenizer
+from atom_aot.version import ARTIFACT_FORMAT_VERSION
 
 TEMPLATE = "tokenizer/chat_template.jinja"
 
@@ -238,7 +239,7 @@ class TestFormatAndTarget:
             m["format_version"] = 1
             m["build"] = m.pop("options")
         bad = forge_folder(eager_folder, tmp_path / "bad", as_v1)
-        assert_refused(bad, tmp_path, cache, "format 1, but this atom-aot reads format 2", capsys)
+        assert_refused(bad, tmp_path, cache, f"format 1, but this atom-aot reads format {ARTIFACT_FORMAT_VERSION}", capsys)
         with pytest.raises(ArtifactError, match="atom-build --model .* --arch cpu --compile none"):
             Artifact.open(bad)
 

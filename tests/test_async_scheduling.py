@@ -14,7 +14,7 @@ import pytest
 from atom_aot import LLMEngine, SamplingParams
 from atom_aot.runtime.engine.engine_core import EngineCore
 from atom_aot.runtime.execution.forwards import Forwards
-from atom_aot.runtime.engine.sequence import SequenceStatus
+from atom_aot.runtime.scheduling.sequence import SequenceStatus
 from engine_factories import EOS, FILLER, FakeRunner, make_core, make_scheduler, make_seq, run_to_end
 from factories import random_prompts
 from runner_factories import RecordingForward, make_batch, make_runner, make_sequence

@@ -276,7 +276,8 @@ def test_each_data_parallel_engine_writes_under_its_own_ranks(tmp_path):
     from types import SimpleNamespace
     from atom_aot.runtime.config import RuntimeConfig
     from atom_aot.runtime.profiler import TorchProfiler, TraceDir
-    from atom_aot.server.engine_client.data_parallel import attention_dp_client, engine_client
+    from atom_aot.runtime.processes.data_parallel import attention_dp_client
+    from atom_aot.server.args import engine_client
     root = str(tmp_path)
     manifest = SimpleNamespace(layout=SimpleNamespace(attention_data_parallel=False, world_size=2),
                                target=SimpleNamespace(arch="cpu"))

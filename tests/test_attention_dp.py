@@ -19,13 +19,13 @@ from test_server_support import ServerProcess
 from atom_aot.artifact.reader import Artifact
 from atom_aot.build.config import BuildConfig
 from atom_aot.build.pipeline import plan
-from atom_aot.weights.shard import shard_state_dict
 from atom_aot.entrypoints.llm import LLMEngine
 from atom_aot.errors import BuildError, StartupError
 from atom_aot.models import model_class
 from atom_aot.models.parallel import Split
 from atom_aot.runtime.parallel.attention_dp import pad_to, padding_only
-from atom_aot.runtime.sampling.sampling_params import SamplingParams
+from atom_aot.runtime.sampling_params import SamplingParams
+from atom_aot.weights.shard import shard_state_dict
 from factories import make_tiny_model, random_prompts
 from moe_checks import one_layer_qwen3_moe
 
@@ -116,9 +116,9 @@ def test_what_does_not_run_data_parallel_is_refused_by_name(moe_dir, tmp_path, d
     dense = make_tiny_model(tmp_path / "dense", "Qwen3ForCausalLM")
     with pytest.raises(BuildError, match="has no experts"):
         plan(str(dense), BuildConfig(arch="cpu", data_parallel_size=2, enable_expert_parallel=True))
-    from atom_aot.runtime.startup import load_and_start
+    from atom_aot.runtime.assembly import start_core
     with pytest.raises(StartupError, match="atom-run .* serve` and the offline LLMEngine start them"):
-        load_and_start(dp2_artifact, __import__("atom_aot.runtime.config", fromlist=["x"]).RuntimeConfig())
+        start_core(dp2_artifact, __import__("atom_aot.runtime.config", fromlist=["x"]).RuntimeConfig())
     with pytest.raises(ValueError, match="torch_profiler_dir: the ranks"):
         LLMEngine(str(dp2_artifact), torch_profiler_dir=str(tmp_path / "traces"), **ENGINE)
 

@@ -1,8 +1,8 @@
 """BlockManager: chained prefix hashes, reference counts, reuse order, and no leaked blocks."""
 import pytest
 
-from atom_aot.runtime.engine.block_manager import NO_HASH, BlockManager, chain_hash
-from atom_aot.runtime.engine.sequence import Sequence
+from atom_aot.runtime.scheduling.block_manager import NO_HASH, BlockManager, chain_hash
+from atom_aot.runtime.scheduling.sequence import Sequence
 from engine_factories import BLOCK_SIZE as BLOCK, make_seq
 
 

@@ -2,7 +2,7 @@
 carried on every output of the request, the last one (after its blocks are freed) included."""
 from __future__ import annotations
 
-from atom_aot.runtime.sampling.sampling_params import SamplingParams
+from atom_aot.runtime.sampling_params import SamplingParams
 from engine_factories import BLOCK_SIZE, make_core, run_to_end
 
 

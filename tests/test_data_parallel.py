@@ -11,10 +11,10 @@ import httpx
 import pytest
 from test_server_support import ServerProcess
 
-from atom_aot.runtime.engine.outputs import CoreOutput
-from atom_aot.runtime.sampling.sampling_params import SamplingParams
-from atom_aot.server.engine_client.data_parallel import DataParallelClient
-from atom_aot.server.engine_client.messages import Abort, AddRequests, NewRequest
+from atom_aot.runtime.outputs import CoreOutput
+from atom_aot.runtime.processes.data_parallel import DataParallelClient
+from atom_aot.runtime.processes.messages import Abort, AddRequests, NewRequest
+from atom_aot.runtime.sampling_params import SamplingParams
 
 
 class FakeReplica:
@@ -111,10 +111,10 @@ def test_two_replicas_answer_concurrent_requests_alike(dp2_server, tiny_llama_ea
 
 
 def test_replica_heartbeats_add_up_counts_and_speculation_counters():
-    from atom_aot.runtime.engine.outputs import CoreStats
-    from atom_aot.server.engine_client.data_parallel import _summed
-    from atom_aot.server.engine_client.messages import EngineStats, Heartbeat
-    from atom_aot.runtime.spec.stats import SpecCounters
+    from atom_aot.runtime.outputs import CoreStats
+    from atom_aot.runtime.processes.data_parallel import _summed
+    from atom_aot.runtime.processes.messages import EngineStats, Heartbeat
+    from atom_aot.runtime.outputs import SpecCounters
 
     def beat(steps, running, spec):
         core = CoreStats(num_running=running, num_waiting=1, kv_blocks_total=10, kv_blocks_free=4,
@@ -132,7 +132,7 @@ def test_replica_heartbeats_add_up_counts_and_speculation_counters():
 
 class TestPrefixRouting:
     def test_a_known_prefix_goes_back_to_its_engine(self):
-        from atom_aot.server.engine_client.prefix_routing import PrefixRouter
+        from atom_aot.runtime.processes.prefix_routing import PrefixRouter
         router = PrefixRouter(2, block_size=4)
         shared = list(range(10, 22))                               # three full blocks
         assert router.choose(shared + [1], [0, 0]) == 0
@@ -142,7 +142,7 @@ class TestPrefixRouting:
         assert router.routed_by_prefix == 2
 
     def test_an_engine_much_busier_than_the_least_loaded_is_passed_over(self):
-        from atom_aot.server.engine_client.prefix_routing import PrefixRouter
+        from atom_aot.runtime.processes.prefix_routing import PrefixRouter
         router = PrefixRouter(2, block_size=4, slack=2)
         prompt = list(range(16))
         assert router.choose(prompt, [0, 0]) == 0
@@ -151,7 +151,7 @@ class TestPrefixRouting:
         assert router.choose(prompt, [3, 3]) == 1                   # and the prefix now lives there too
 
     def test_memory_is_bounded_oldest_first(self):
-        from atom_aot.server.engine_client.prefix_routing import PrefixRouter
+        from atom_aot.runtime.processes.prefix_routing import PrefixRouter
         router = PrefixRouter(2, block_size=2, max_entries=4)
         router.choose([1, 2, 3, 4], [0, 0])
         router.choose([5, 6, 7, 8, 9, 10, 11, 12], [0, 1])            # 4 blocks: the first two go
@@ -159,7 +159,7 @@ class TestPrefixRouting:
         assert router.choose([1, 2, 3, 4], [1, 0]) == 1            # forgotten: least loaded
 
     def test_the_client_routes_a_call_by_its_first_prompt(self):
-        from atom_aot.server.engine_client.prefix_routing import PrefixRouter
+        from atom_aot.runtime.processes.prefix_routing import PrefixRouter
         replicas = [FakeReplica(), FakeReplica()]
         client = DataParallelClient(replicas)
         client.router = PrefixRouter(2, block_size=2)
@@ -213,8 +213,7 @@ def _hits(server, metric) -> float:
 def test_dp_routing_with_one_engine_is_refused_by_name(tiny_llama_eager_artifact):
     from atom_aot.artifact.reader import Artifact
     from atom_aot.errors import StartupError
-    from atom_aot.server.args import parse_args, runtime_config
-    from atom_aot.server.engine_client.data_parallel import engine_client
+    from atom_aot.server.args import engine_client, parse_args, runtime_config
     manifest = Artifact.open(tiny_llama_eager_artifact).manifest
     args = parse_args([str(tiny_llama_eager_artifact), "--dp-routing", "load"])
     with pytest.raises(StartupError, match="--dp-routing load: this server runs one engine"):

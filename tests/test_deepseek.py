@@ -5,10 +5,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from atom_aot.weights.convert import build_meta_model, convert_state_dict
+from atom_aot.artifact.kv_cache import KVCacheSpec
 from atom_aot.models import ModelConfig, model_class
+from atom_aot.models.registry import kv_cache_layout
 from atom_aot.models.step_inputs import StepInputs
-from atom_aot.runtime.execution.kv_cache import allocate_kv_cache, bytes_per_block
+from atom_aot.runtime.execution.kv_cache import allocate_kv_cache
+from atom_aot.weights.convert import build_meta_model, convert_state_dict
 from deepseek_factories import make_tiny_deepseek, mtp_reference
 from factories import hf_greedy, random_prompts
 from test_parity import MAX_NEW, check_shared_prefixes, engine_greedy
@@ -72,7 +74,7 @@ class TestMTP:
         tokens = random_prompts(1, 380, seed=31, lengths=(30, 30))[0]
         expected = mtp_reference(q_lora_dir, tokens)                      # [29, vocab]
         cfg, model = loaded_model(q_lora_dir)
-        kv = allocate_kv_cache(cfg, 4, 16, torch.float32, torch.device("cpu"))
+        kv = allocate_kv_cache(KVCacheSpec("float32", kv_cache_layout(cfg)), 4, 16, torch.device("cpu"))
         with torch.no_grad():
             hidden = model.hidden_states(one_sequence_step(tokens, torch.arange(30), kv))   # [30, hidden]
             head, _ = model.mtp_logits(hidden[:28], one_sequence_step(tokens[1:29], torch.arange(28), kv))
@@ -84,8 +86,8 @@ def test_latent_cache_bytes():
     """One [c_kv | k_pe] vector per token per layer (4 decoder + 1 MTP), against dense MHA's per-head k and v."""
     from deepseek_factories import TINY_DEEPSEEK
     cfg = ModelConfig.from_hf_dict({**TINY_DEEPSEEK, "architectures": ["DeepseekV3ForCausalLM"], "vocab_size": 64})
-    assert bytes_per_block(cfg, 16, torch.bfloat16) == 5 * (32 + 16) * 16 * 2
-    assert allocate_kv_cache(cfg, 3, 16, torch.bfloat16, torch.device("cpu")).shape == (5, 1, 3, 16, 1, 48)
+    assert KVCacheSpec("bfloat16", kv_cache_layout(cfg)).bytes_per_block(16) == 5 * (32 + 16) * 16 * 2
+    assert allocate_kv_cache(KVCacheSpec("bfloat16", kv_cache_layout(cfg)), 3, 16, torch.device("cpu")).shape == (5, 1, 3, 16, 1, 48)
 
 
 def test_checkpoint_without_its_mtp_layer_is_refused(q_lora_dir):
@@ -112,7 +114,7 @@ def test_compiled_artifact_serves_and_packages_the_mtp_step(q_lora_dir, q_lora, 
     assert isinstance(loaded.forwards[Phase.MTP], CompiledMTP)
     tokens = random_prompts(1, 380, seed=31, lengths=(30, 30))[0]
     cfg, model = loaded_model(q_lora_dir)
-    kv = allocate_kv_cache(cfg, 4, 16, torch.float32, torch.device("cpu"))
+    kv = allocate_kv_cache(KVCacheSpec("float32", kv_cache_layout(cfg)), 4, 16, torch.device("cpu"))
     with torch.no_grad():
         hidden = model.hidden_states(one_sequence_step(tokens, torch.arange(30), kv))
         logits, _ = loaded.forwards[Phase.MTP](one_sequence_step(tokens[1:30], torch.arange(29), kv), hidden[:29])
@@ -126,7 +128,7 @@ def test_an_fp8_latent_cache_is_calibrated_at_build_and_decodes_close_to_float32
     artifact, prompts, expected = q_lora
     fp8 = build_artifact(q_lora_dir, compile="none", kv_cache_dtype="fp8")
     manifest = Artifact.open(fp8).manifest
-    assert (manifest.quantization.kv_cache, manifest.quantization.kv_scales) == ("fp8", "calibrated")
+    assert (manifest.kv_cache.dtype, manifest.kv_cache.scales) == ("float8_e4m3fn", "calibrated")
     weights = load_file(str(Artifact.open(fp8).member_path("weights/rank0.safetensors")))
     scales = {n: t for n, t in weights.items() if n.endswith("self_attn.kv_scale")}
     assert len(scales) == 5 and "mtp.0.block.self_attn.kv_scale" in scales

@@ -14,12 +14,12 @@ from test_dummy_weights import CONFIG as TINY_MOE
 
 from atom_aot.artifact.layout import weights_member
 from atom_aot.artifact.reader import Artifact
-from atom_aot.weights.random_draw import DRAW_ORDER_KEY, draw_order_metadata, recorded_draw_order
 from atom_aot.errors import ArtifactError
-from atom_aot.runtime.loading.drawn_weights import draw_artifact_weights
-from atom_aot.runtime.loading.safetensors_view import metadata_of
 from atom_aot.runtime.inspect import describe
+from atom_aot.runtime.loading.drawn_weights import draw_artifact_weights
 from atom_aot.runtime.loading.loader import load_artifact
+from atom_aot.runtime.loading.safetensors_view import metadata_of
+from atom_aot.weights.random_draw import DRAW_ORDER_KEY, draw_order_metadata, recorded_draw_order
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16, 17]]
 

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from atom_aot.errors import ContextLengthError, RequestError
-from atom_aot.runtime.sampling.sampling_params import SamplingParams
+from atom_aot.runtime.sampling_params import SamplingParams
 from engine_factories import EOS, FILLER, FakeRunner, make_core, run_to_end
 
 

@@ -11,14 +11,14 @@ from factories import make_tokenizer
 
 from atom_aot.errors import ContextLengthError, RequestError
 from atom_aot.runtime.config import RuntimeConfig
-from atom_aot.runtime.engine.outputs import CoreOutput, CoreStats
-from atom_aot.runtime.sampling.sampling_params import SamplingParams
-from atom_aot.server.engine_client.async_engine import AsyncEngine
-from atom_aot.server.engine_client.client import CallRejected, EngineCallError, EngineClient
-from atom_aot.server.engine_client.process import EngineLoop
-from atom_aot.server.engine_client.messages import (Added, AddRequests, Call, EngineRequest, Heartbeat, NewRequest, Outputs,
+from atom_aot.runtime.outputs import CoreOutput, CoreStats
+from atom_aot.runtime.processes.client import CallRejected, EngineCallError, EngineClient
+from atom_aot.runtime.processes.engine_process import EngineLoop
+from atom_aot.runtime.processes.messages import (Added, AddRequests, Call, EngineRequest, Heartbeat, NewRequest, Outputs,
                                       StartProfile, StopProfile, decode, encode)
-from atom_aot.server.engine_client.profiler import TorchProfiler
+from atom_aot.runtime.processes.profiler import TorchProfiler
+from atom_aot.runtime.sampling_params import SamplingParams
+from atom_aot.server.serving.async_engine import AsyncEngine
 
 MAX_PROMPT = 8
 

@@ -73,7 +73,7 @@ def test_write_without_scales_keeps_the_model_dtype_path():
 class TestBuild:
     def test_fp8_cache_scales_are_calibrated_at_build(self, tiny_llama_dir, build_artifact):
         art = Artifact.open(build_artifact(tiny_llama_dir, compile="none", kv_cache_dtype="fp8"))
-        assert (art.manifest.quantization.kv_cache, art.manifest.quantization.kv_scales) == ("fp8", "calibrated")
+        assert (art.manifest.kv_cache.dtype, art.manifest.kv_cache.scales) == ("float8_e4m3fn", "calibrated")
         weights = load_file(str(art.member_path(art.manifest.layout.weights_member(0))))
         scales = torch.stack([weights[f"model.layers.{i}.self_attn.kv_scale"] for i in range(3)])   # [L, 2]
         assert (scales > 0).all() and not torch.allclose(scales, torch.ones_like(scales))
@@ -103,7 +103,7 @@ class TestBuild:
             tensors[f"model.layers.{i}.{names[1]}"] = torch.tensor(0.5)
         save_file(tensors, str(checkpoint / "model.safetensors"))
         art = Artifact.open(build_artifact(checkpoint, compile="none", kv_cache_dtype="fp8"))
-        assert art.manifest.quantization.kv_scales == "checkpoint"
+        assert art.manifest.kv_cache.scales == "checkpoint"
         weights = load_file(str(art.member_path(art.manifest.layout.weights_member(0))))
         for i in range(3):
             assert torch.equal(weights[f"model.layers.{i}.self_attn.kv_scale"], torch.tensor([0.01 * (i + 1), 0.5]))

@@ -9,10 +9,10 @@ the activations too adds little on top of that (W8A8 error < 1.6x the weight-onl
 import pytest
 import torch
 
-from atom_aot.weights.kv_scales import prefill_inputs
-from atom_aot.weights.convert import quantize_weights
 from atom_aot.models.quant_layers import Fp8Linear
 from atom_aot.ops.fp8 import dequantize_weight
+from atom_aot.weights.convert import quantize_weights
+from atom_aot.weights.kv_scales import prefill_inputs
 from model_factories import tiny_model
 
 LENGTHS = (48, 33, 20)

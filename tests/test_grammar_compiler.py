@@ -11,11 +11,11 @@ from factories import make_tokenizer
 from test_engine_messages import Loopback, request
 
 from atom_aot.errors import RequestError
+from atom_aot.runtime.processes.messages import Added, AddRequests, Call, Failure, Reply, decode, encode
 from atom_aot.runtime.sampling import structured_output
 from atom_aot.runtime.sampling.grammar_errors import compile_error_message
-from atom_aot.runtime.sampling.sampling_params import GrammarSpec, SamplingParams
 from atom_aot.runtime.sampling.structured_output import Grammars
-from atom_aot.server.engine_client.messages import Added, AddRequests, Call, Failure, Reply, decode, encode
+from atom_aot.runtime.sampling_params import GrammarSpec, SamplingParams
 
 LIMIT_S = 0.25
 # 5,000 choices sharing a long prefix: seconds to compile on any vocabulary (5 s on a busy 2-core host)

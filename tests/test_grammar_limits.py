@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from atom_aot.runtime.sampling.sampling_params import GrammarSpec
+from atom_aot.runtime.sampling_params import GrammarSpec
+from atom_aot.server.options import ServerOptions
 from atom_aot.server.protocol.errors import APIError
 from atom_aot.server.protocol.grammar_limits import check_structured_output, check_tools, json_depth, schema_alternatives
-from atom_aot.server.options import ServerOptions
 
 OPTIONS = ServerOptions()
 

@@ -6,8 +6,8 @@ reference differs from float64 only by the float32 matmul's rounding."""
 import pytest
 import torch
 
-from atom_aot.weights.int4_checkpoint import awq_to_runtime, gptq_to_runtime
 from atom_aot.ops.int4 import dequantize_int4, int4_linear, pack_nibbles, unpack_nibbles
+from atom_aot.weights.int4_checkpoint import awq_to_runtime, gptq_to_runtime
 from int4_factories import Int4Values, pack_awq, pack_gptq
 
 

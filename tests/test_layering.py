@@ -1,5 +1,5 @@
-"""The package's shape, read from its source (ast, so imports inside functions count too):
-which layer may import which, and the size limits of files and functions."""
+"""The package's shape, read from its source (ast, so imports inside functions count too): which layer and
+which runtime sub-package may import which, no import cycle anywhere, and the size limits of files and functions."""
 from __future__ import annotations
 
 import ast
@@ -20,14 +20,22 @@ FORBIDDEN = {
     "models": {"runtime", "build", "server", "entrypoints"},
     "ops": {"models", "runtime", "build", "server", "entrypoints"},
     "distributed": {"models", "runtime", "build", "server", "entrypoints"},
+    # checkpoint conversion and the random draw: below build and runtime, which both run it
+    "weights": {"runtime", "build", "server", "entrypoints"},
 }
 
 # module -> layers it may import against its layer's rule, and why (one entry per deliberate exception)
-EXCEPTIONS = {
-    # --load-format dummy-at-load: the runtime draws the weights at load with the build's own draw ->
-    # convert -> shard functions, so the numbers are the build's; no other runtime module imports build/
-    "runtime/loading/drawn_weights.py": {"build"},
+EXCEPTIONS: dict[str, set[str]] = {}
+
+# The runtime's rooms (its sub-packages), bottom to top: each imports only rooms before it. Its flat modules are
+# the contracts below them all (config, sampling_params, outputs, transfer) and the composition root above them all.
+RUNTIME_ROOMS = ("scheduling", "text", "loading", "sampling", "execution", "spec", "parallel", "engine", "processes")
+# room -> what it must not import although the order would allow it, and why
+RUNTIME_FORBIDDEN = {
+    "scheduling": {"torch"},      # plain Python: unit-tested on any machine
+    "engine": {"loading", "execution", "spec", "parallel"},   # the core reaches its runner through a protocol
 }
+MAX_FLAT_RUNTIME_MODULES = 15
 
 
 def modules() -> list[Path]:
@@ -69,6 +77,129 @@ def _absolute(node: ast.ImportFrom, path: Path) -> str:
 
 def parsed() -> list[tuple[Path, ast.Module]]:
     return [(path, ast.parse(path.read_text(), str(path))) for path in modules()]
+
+
+def runtime_room(path: Path) -> str | None:
+    """The runtime sub-package a module lives in (None: a flat module of runtime/, or not the runtime)."""
+    parts = path.relative_to(PACKAGE).parts
+    return parts[1] if parts[0] == "runtime" and len(parts) > 2 else None
+
+
+def imported_rooms(tree: ast.Module, path: Path) -> set[str]:
+    """The runtime sub-packages (and `torch`) a module imports, at any depth."""
+    rooms = set()
+    for name in imported_names(tree, path):
+        parts = name.split(".")
+        if parts[0] == "torch":
+            rooms.add("torch")
+        elif parts[:2] == ["atom_aot", "runtime"] and len(parts) > 2 and (PACKAGE / "runtime" / parts[2]).is_dir():
+            rooms.add(parts[2])
+    return rooms
+
+
+def imported_names(tree: ast.Module, path: Path) -> list[str]:
+    """Every dotted name a module imports (`from a.b import c` gives a.b and a.b.c), at any depth."""
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node, path)
+            names += [base] + [f"{base}.{alias.name}" for alias in node.names]
+    return names
+
+
+def module_graph() -> dict[str, set[str]]:
+    """atom_aot module -> the atom_aot modules it imports (lazy imports included)."""
+    def name_of(path: Path) -> str:
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    trees = {name_of(path): (path, tree) for path, tree in parsed()}
+    graph = {}
+    for module, (path, tree) in trees.items():
+        found = set()
+        for name in imported_names(tree, path):
+            parts = name.split(".")
+            while parts and ".".join(parts) not in trees:      # a name inside a module: the module
+                parts.pop()
+            if parts and ".".join(parts) != module:
+                found.add(".".join(parts))
+        graph[module] = found
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan's algorithm, iterative)."""
+    index, low, on_stack, stack, found, counter = {}, {}, set(), [], [], [0]
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root), on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter[0]
+                    counter[0] += 1
+                    stack.append(child), on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycle_between_modules():
+    assert not (found := cycles(module_graph())), "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_no_import_cycle_between_runtime_sub_packages():
+    rooms: dict[str, set[str]] = {}
+    for path, tree in parsed():
+        if (room := runtime_room(path)) is not None:
+            rooms.setdefault(room, set()).update(imported_rooms(tree, path) - {room, "torch"})
+    assert not (found := cycles(rooms)), "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_runtime_rooms_import_only_rooms_below_them():
+    violations = []
+    for path, tree in parsed():
+        room = runtime_room(path)
+        if room is None:
+            continue
+        above = set(RUNTIME_ROOMS[RUNTIME_ROOMS.index(room):]) - {room} if room in RUNTIME_ROOMS else set()
+        bad = imported_rooms(tree, path) & (above | RUNTIME_FORBIDDEN.get(room, set()))
+        violations += [f"{path.relative_to(PACKAGE.parent)} imports runtime/{name}" for name in sorted(bad)]
+    assert not violations, "\n".join(violations)
+
+
+def test_the_runtime_is_rooms_around_a_few_flat_modules():
+    rooms = [p for p in (PACKAGE / "runtime").iterdir() if p.is_dir() and (p / "__init__.py").exists()]
+    flat = list((PACKAGE / "runtime").glob("*.py"))
+    assert len(rooms) >= 3 and {p.name for p in rooms} == set(RUNTIME_ROOMS)
+    assert len(flat) <= MAX_FLAT_RUNTIME_MODULES, sorted(p.name for p in flat)
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
 
 
 def test_layers_import_only_what_they_may():

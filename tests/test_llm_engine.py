@@ -60,19 +60,19 @@ def test_engines_space_out_full_collections_and_the_last_close_restores_them(tin
     rarer while an engine of the process runs; the last close puts Python's default back; a threshold the process
     set itself is kept."""
     import gc
-    from atom_aot.runtime import startup
-    monkeypatch.setattr(startup._FullCollections, "engines", 0)      # engines other tests left open
-    monkeypatch.setattr(startup._FullCollections, "before", None)
+    from atom_aot.runtime import heap
+    monkeypatch.setattr(heap._FullCollections, "engines", 0)      # engines other tests left open
+    monkeypatch.setattr(heap._FullCollections, "before", None)
     before = gc.get_threshold()
     try:
-        gc.set_threshold(700, 10, startup.PYTHON_FULL_COLLECTION_AFTER)
+        gc.set_threshold(700, 10, heap.PYTHON_FULL_COLLECTION_AFTER)
         first = LLMEngine(str(tiny_llama_eager_artifact), num_kv_blocks=64)
         second = LLMEngine(str(tiny_llama_eager_artifact), num_kv_blocks=64)
-        assert gc.get_threshold() == (700, 10, startup.FULL_COLLECTION_AFTER)
+        assert gc.get_threshold() == (700, 10, heap.FULL_COLLECTION_AFTER)
         first.close()
-        assert gc.get_threshold() == (700, 10, startup.FULL_COLLECTION_AFTER)      # the second still runs
+        assert gc.get_threshold() == (700, 10, heap.FULL_COLLECTION_AFTER)      # the second still runs
         second.close()
-        assert gc.get_threshold() == (700, 10, startup.PYTHON_FULL_COLLECTION_AFTER)
+        assert gc.get_threshold() == (700, 10, heap.PYTHON_FULL_COLLECTION_AFTER)
         gc.set_threshold(700, 10, 50)
         third = LLMEngine(str(tiny_llama_eager_artifact), num_kv_blocks=64)
         assert gc.get_threshold() == (700, 10, 50)

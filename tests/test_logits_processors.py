@@ -10,8 +10,8 @@ from test_async_scheduling import both_ways, generate
 
 from atom_aot.runtime.sampling.logits_processors import LogitsProcessors, apply_penalties
 from atom_aot.runtime.sampling.sampler import Sampler
-from atom_aot.runtime.sampling.sampling_params import SamplingParams
-from atom_aot.runtime.engine.sequence import Sequence
+from atom_aot.runtime.sampling_params import SamplingParams
+from atom_aot.runtime.scheduling.sequence import Sequence
 
 EOS = 5
 

@@ -7,6 +7,7 @@ import pytest
 from atom_aot.artifact import manifest as manifest_module
 from atom_aot.artifact.build_options import BuildOptions
 from atom_aot.artifact.graph_plan import GraphPlan
+from atom_aot.artifact.kv_cache import KVCacheLayout, KVCacheSpec
 from atom_aot.artifact.layout import check_name
 from atom_aot.artifact.manifest import (CompiledPackages, Layout, Manifest, Member, ModelIdentity, Numerics,
                                         Quantization, Target, migrate)
@@ -30,8 +31,8 @@ def make_manifest(compiled: bool = True) -> Manifest:
         model=ModelIdentity("tiny", "/models/tiny", "LlamaForCausalLM", HEX64, HEX32, HEX32),
         target=Target("cpu", "2.13.0+cpu", None, None, None, "AVX2"), build_compiler="g++ 12",
         options=BuildOptions(arch="cpu", compile="aoti" if compiled else "none"),
-        numerics=Numerics("float32", "float32", 512, 16), layout=Layout(1, 1, 1),
-        quantization=Quantization("none", "none"),
+        numerics=Numerics("float32", 512, 16), kv_cache=KVCacheSpec("float32", KVCacheLayout(2, 2, 2, 8)),
+        layout=Layout(1, 1, 1), quantization=Quantization("none"),
         compiled=CompiledPackages("aotinductor", {Phase.MIXED: "compiled/mixed.pt2"}) if compiled
         else CompiledPackages("none"),
         signature_version=1, members={n: member() for n in names}, built_at="2026-01-01T00:00:00Z",
@@ -92,7 +93,10 @@ class TestFieldValidation:
         (["target", "arch"], "sm1", "target.arch must be one of"),
         (["target", "torch"], 2, "target.torch must be str"),
         (["numerics", "dtype"], "int8", "numerics.dtype must be one of"),
-        (["numerics", "kv_cache_dtype"], "float8", "numerics.kv_cache_dtype must be one of"),
+        (["kv_cache", "dtype"], "float8", "kv_cache.dtype must be one of"),
+        (["kv_cache", "dtype"], "float8_e4m3fn", "kv_cache.scales a float8_e4m3fn KV cache needs k/v scales"),
+        (["kv_cache", "scales"], "calibrated", "kv_cache.scales a float32 KV cache has no k/v scales"),
+        (["kv_cache", "layout", "parts"], 0, "kv_cache.layout.parts must be >= 1"),
         (["numerics", "max_model_len"], 3, "numerics.max_model_len must be >= 16"),
         (["numerics", "block_size"], True, "numerics.block_size must be int, got a boolean"),
         (["layout", "tensor_parallel_size"], 0, "layout.tensor_parallel_size must be >= 1"),
@@ -113,8 +117,7 @@ class TestFieldValidation:
         (["options", "block_size"], 32, "options.block_size disagrees"),
         (["options", "arch"], "sm90", "options.arch disagrees"),
         (["options", "compile"], "none", "options.compile disagrees"),
-        (["quantization", "kv_cache"], "fp8", "quantization.kv_cache disagrees"),
-        (["quantization", "kv_scales"], "calibrated", "quantization.kv_scales disagrees"),
+        (["kv_cache"], {"dtype": "float8_e4m3fn", "layout": None, "scales": "calibrated"}, "kv_cache.dtype disagrees"),
         (["quantization", "weights_origin"], "checkpoint", "quantization.weights_origin 'checkpoint' disagrees"),
         (["quantization", "weights"], "fp8-block", "quantization.weights_origin 'none' disagrees"),
         (["target"], DELETE, "target is missing"),
@@ -159,7 +162,7 @@ class TestFormatVersions:
     def test_version_1_is_refused_with_the_rebuild_command(self):
         v1 = {"format_version": 1, "model": {"source": "/models/tiny"},
               "build": {"arch": "cpu", "dtype": "float32", "block_size": 32, "compile": "none"}}
-        with pytest.raises(ArtifactError, match="format 1, but this atom-aot reads format 2") as info:
+        with pytest.raises(ArtifactError, match=f"format 1, but this atom-aot reads format {ARTIFACT_FORMAT_VERSION}") as info:
             Manifest.from_json(json.dumps(v1).encode())
         assert "atom-build --model /models/tiny --arch cpu --block-size 32 --compile none" in str(info.value)
 
@@ -180,3 +183,18 @@ class TestFormatVersions:
         monkeypatch.setitem(manifest_module.MIGRATIONS, ARTIFACT_FORMAT_VERSION - 1, rename)
         assert migrate(old) == json.loads(json.dumps(current))
         assert Manifest.from_json(json.dumps(old).encode()) == make_manifest()
+
+    def test_a_format_2_manifest_gets_its_kv_cache_spec_from_its_numerics_and_quantization(self):
+        """Format 2 named the KV cache three times (numerics.kv_cache_dtype, quantization.kv_cache and kv_scales)
+        and recorded no layout: it reads as one spec whose layout the loader derives from the model."""
+        data = make_manifest().to_dict()
+        del data["kv_cache"]
+        data["format_version"] = 2
+        data["options"]["kv_cache_dtype"] = "fp8"
+        data["numerics"]["kv_cache_dtype"] = "float8_e4m3fn"
+        data["quantization"].update(kv_cache="fp8", kv_scales="checkpoint")
+        read = Manifest.from_json(json.dumps(data).encode())
+        assert read.kv_cache == KVCacheSpec("float8_e4m3fn", None, "checkpoint") and read.kv_cache.quantized
+        assert read.kv_cache.with_layout(KVCacheLayout(2, 2, 2, 8)).bytes_per_block(16) == 2 * 2 * 2 * 8 * 16
+        with pytest.raises(ValueError, match="records a KV cache of"):
+            make_manifest().kv_cache.with_layout(KVCacheLayout(3, 2, 2, 8))

@@ -1,5 +1,6 @@
 """ModelRunner on the CPU with fake forwards: the step inputs it builds from a scheduled batch, the
 logits rows it samples and scores, and which forward (mixed or decode) runs each batch."""
+import numpy as np
 import pytest
 import torch
 
@@ -8,6 +9,8 @@ from runner_factories import VOCAB, RecordingForward, make_batch, make_runner, m
 from atom_aot.artifact.signature import INPUT_NAMES
 from atom_aot.models.step_inputs import input_dtype
 from atom_aot.runtime.execution.forwards import Forwards
+from atom_aot.runtime.sampling.sampling_rows import SamplingBatch
+from atom_aot.runtime.sampling_params import SamplingParams
 
 
 def as_lists(inputs):
@@ -135,6 +138,55 @@ class TestPersistentRows:
         tables = self.tables(runner, *((s, 1) for s in seqs))
         assert rows.block_tables.shape[0] >= len(seqs) and rows.block_tables.shape[1] >= 20
         assert tables == [s.block_table + [0] * (20 - len(s.block_table)) for s in seqs]
+
+
+def with_params(token_ids: list[int], request_id: str, params: SamplingParams):
+    """A sequence of `token_ids` (one block each of 4) sampling with `params`, none computed yet."""
+    seq = make_sequence(token_ids, block_table=list(range(-(-len(token_ids) // 4))), request_id=request_id)
+    seq.params = params
+    return seq
+
+
+class TestPersistentSamplingRows:
+    """Each row's sampling parameters are written when its sequence gets the row and cleared when the sequence
+    leaves; a step gathers the rows of its sampling sequences, in batch order."""
+
+    def test_a_step_gathers_its_sequences_parameters_in_batch_order(self):
+        runner = make_runner()
+        hot = with_params([1, 2, 3], "hot", SamplingParams(temperature=0.7, top_k=5))
+        greedy = with_params([4, 5], "greedy", SamplingParams(temperature=0))
+        runner.prepare_inputs(make_batch((hot, 3), (greedy, 2)))
+        batch = runner.inputs.sampling_batch()
+        assert batch.temperature.tolist() == pytest.approx([0.7, 1.0]) and batch.top_k.tolist() == [5, -1]
+        assert batch.greedy.tolist() == [False, True] and batch.masks.tolist() == [True, False]
+        assert same(batch, SamplingBatch.of([hot.params, greedy.params]))
+        runner.prepare_inputs(make_batch((greedy, 2), (hot, 3)))
+        assert runner.inputs.sampling_batch().greedy.tolist() == [True, False]
+
+    def test_a_row_a_sequence_left_is_cleared_for_the_next(self):
+        runner = make_runner()
+        rows = runner.inputs.rows
+        penalized = with_params([1, 2], "p", SamplingParams(repetition_penalty=1.2, top_p=0.5))
+        runner.prepare_inputs(make_batch((penalized, 2)))
+        row = int(rows.rows_for([penalized])[0][0])
+        assert rows.sampling.processes[row] and rows.sampling.masks[row]
+        rows.release([penalized])
+        assert not rows.sampling.processes[row] and rows.sampling.top_p[row] == 1.0
+        newcomer = with_params([3], "n", SamplingParams(temperature=0))
+        runner.prepare_inputs(make_batch((newcomer, 1)))
+        assert runner.inputs.sampling_batch().greedy.tolist() == [True]
+
+    def test_rows_added_past_the_first_ones_get_their_parameters(self):
+        runner = make_runner(num_blocks=200)
+        count = runner.inputs.rows.block_tables.shape[0] + 3
+        seqs = [with_params([i + 1], str(i), SamplingParams(temperature=0.1 * (i % 9 + 1))) for i in range(count)]
+        runner.prepare_inputs(make_batch(*((s, 1) for s in seqs)))
+        assert runner.inputs.sampling_batch().temperature.tolist() == pytest.approx(
+            [s.params.temperature for s in seqs])
+
+
+def same(a: SamplingBatch, b: SamplingBatch) -> bool:
+    return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__)
 
 
 class TestRun:

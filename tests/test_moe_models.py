@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from atom_aot import LLMEngine, SamplingParams
-from atom_aot.weights.experts import ExpertStacker
 from atom_aot.errors import BuildError
 from atom_aot.models import ModelConfig, model_class
+from atom_aot.weights.experts import ExpertStacker
 from factories import hf_greedy, make_tiny_model, random_prompts
 
 MAX_NEW = 24

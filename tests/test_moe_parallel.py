@@ -11,12 +11,12 @@ from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.reader import Artifact
 from atom_aot.build.config import BuildConfig
 from atom_aot.build.pipeline import plan
-from atom_aot.weights.shard import shard_state_dict
 from atom_aot.entrypoints.llm import LLMEngine
 from atom_aot.errors import BuildError
 from atom_aot.models import ModelConfig, model_class
 from atom_aot.models.parallel import Split, check_splittable, rank_shapes
-from atom_aot.runtime.sampling.sampling_params import SamplingParams
+from atom_aot.runtime.sampling_params import SamplingParams
+from atom_aot.weights.shard import shard_state_dict
 from factories import make_tiny_model, random_prompts
 from moe_checks import one_layer_qwen3_moe
 

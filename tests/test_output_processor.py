@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from factories import make_tokenizer
 
+from atom_aot.runtime.outputs import CoreOutput
+from atom_aot.runtime.sampling_params import SamplingParams
 from atom_aot.runtime.text.output_processor import OutputProcessor, RequestOutput
-from atom_aot.runtime.engine.outputs import CoreOutput
-from atom_aot.runtime.sampling.sampling_params import SamplingParams
 
 TEXT = "The quick brown fox jumps over the lazy dog."
 PROMPT = [5, 6, 7]

@@ -9,10 +9,10 @@ import torch
 from safetensors.torch import load_file
 
 from atom_aot.artifact.reader import Artifact
-from atom_aot.weights.quant_config import detect_checkpoint_quant
 from atom_aot.errors import BuildError
 from atom_aot.ops.fp8 import FP8_MAX, quantize_weight_blocks, quantize_weight_per_channel
 from atom_aot.runtime.inspect import describe
+from atom_aot.weights.quant_config import detect_checkpoint_quant
 from factories import make_tiny_model
 from prequantized_factories import FORMATS, INPUT_AMAX, quantize_per_tensor, write_prequantized
 
@@ -199,7 +199,7 @@ def test_a_block_scaled_moe_checkpoint_loads_its_experts_blocks_and_serves(tmp_p
     from factories import make_tiny_model
     from atom_aot.entrypoints.llm import LLMEngine
     from atom_aot.ops.fp8 import quantize_weight_blocks
-    from atom_aot.runtime.sampling.sampling_params import SamplingParams
+    from atom_aot.runtime.sampling_params import SamplingParams
     moe = make_tiny_model(tmp_path / "moe", "Qwen3MoeForCausalLM", num_experts=4, num_experts_per_tok=2,
                           moe_intermediate_size=128, hidden_size=128, num_attention_heads=4, num_key_value_heads=4,
                           head_dim=32, norm_topk_prob=True)
@@ -234,7 +234,7 @@ def test_a_block_scaled_dense_checkpoint_splits_over_tp_on_block_boundaries(tmp_
     from factories import make_tiny_model
     from atom_aot.entrypoints.llm import LLMEngine
     from atom_aot.errors import BuildError
-    from atom_aot.runtime.sampling.sampling_params import SamplingParams
+    from atom_aot.runtime.sampling_params import SamplingParams
     from factories import random_prompts
     model = make_tiny_model(tmp_path / "dense", hidden_size=256, intermediate_size=256, num_attention_heads=2,
                             num_key_value_heads=1, head_dim=128)

@@ -13,10 +13,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from atom_aot.artifact.reader import Artifact
-from atom_aot.weights.quant_config import detect_checkpoint_quant
 from atom_aot.errors import BuildError
 from atom_aot.ops.int4 import pack_nibbles
 from atom_aot.runtime.inspect import describe
+from atom_aot.weights.quant_config import detect_checkpoint_quant
 from factories import make_tiny_model
 from int4_factories import awq_config, gptq_config, quantize_rtn, write_int4
 from test_prequantized import FUSED, runtime_weights

@@ -11,10 +11,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from atom_aot.artifact.reader import Artifact
-from atom_aot.weights.quant_config import detect_checkpoint_quant
 from atom_aot.errors import BuildError
 from atom_aot.ops.int8 import quantize_weight_int8
 from atom_aot.runtime.inspect import describe
+from atom_aot.weights.quant_config import detect_checkpoint_quant
 from factories import make_tiny_model
 from int8_factories import (FORMATS, SCHEMES, STATIC_INPUT_SCALE, int8_config, quantize_int8_per_tensor,
                             write_int8)

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from atom_aot.runtime.sampling.sampler import Sampler, apply_top_k_top_p_min_p, compute_logprobs
-from atom_aot.runtime.sampling.sampling_params import SamplingParams
-from atom_aot.runtime.engine.sequence import Sequence
+from atom_aot.runtime.sampling_params import SamplingParams
+from atom_aot.runtime.scheduling.sequence import Sequence
 
 # The sampler runs where the logits are: CPU here, and the GPU too where there is one.
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -19,8 +19,8 @@ from atom_aot.ops.sampling import mask_below, sampling_threshold
 from atom_aot.ops.triton.sampling_threshold import (BLOCK, MAX_SPLITS, MIN_CHUNK, PASSES, launch_sampling_threshold,
                                                     split_rows)
 from atom_aot.runtime.sampling.sampler import KERNEL_MIN_ROWS, Sampler
-from atom_aot.runtime.sampling.sampling_params import SamplingParams
-from atom_aot.runtime.engine.sequence import Sequence
+from atom_aot.runtime.sampling_params import SamplingParams
+from atom_aot.runtime.scheduling.sequence import Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 # per row (top_k, top_p, min_p), the first rows the commonest: top-p alone, then everything at once

@@ -9,7 +9,7 @@ from engine_factories import BLOCK_SIZE, FakeRunner, make_core, make_scheduler, 
 
 from atom_aot.errors import RequestError
 from atom_aot.runtime.sampling.logits_processors import LogitsProcessors
-from atom_aot.runtime.sampling.sampling_params import GrammarSpec, SamplingParams
+from atom_aot.runtime.sampling_params import GrammarSpec, SamplingParams
 
 
 def _cached_tokens(core, prompt: list[int], request_id: str, salt: str | None) -> int:
@@ -51,7 +51,7 @@ def test_values_that_leave_nothing_to_do_are_refused(fields, says):
 
 
 def test_the_data_parallel_router_keeps_a_salt_with_the_engine_that_holds_its_blocks():
-    from atom_aot.server.engine_client.prefix_routing import PrefixRouter
+    from atom_aot.runtime.processes.prefix_routing import PrefixRouter
     router, prompt = PrefixRouter(2, BLOCK_SIZE), list(range(100, 100 + 4 * BLOCK_SIZE))
     assert router.choose(prompt, [0, 0], "tenant-a") == 0
     assert router.choose(prompt, [3, 0], "tenant-a") == 0          # its blocks are there

@@ -9,8 +9,8 @@ import pytest
 
 from atom_aot.errors import RequestError
 from atom_aot.runtime.config import DEFAULT_STEP_TOKENS_CPU, DEFAULT_STEP_TOKENS_GPU, RuntimeConfig
-from atom_aot.runtime.engine.scheduler import SchedulerConfig, SequenceQueue
-from atom_aot.runtime.engine.sequence import SequenceStatus
+from atom_aot.runtime.scheduling.scheduler import SchedulerConfig, SequenceQueue
+from atom_aot.runtime.scheduling.sequence import SequenceStatus
 from engine_factories import EOS, FILLER, FakeClock, FakeRunner, make_scheduler, make_seq, run_step
 
 
@@ -57,17 +57,14 @@ class TestSchedulerConfig:
         with pytest.raises(ValueError, match="step budget"):
             SchedulerConfig.from_runtime(RuntimeConfig(), max_model_len=64)
 
-    def test_checked_by_the_runtime_config_once(self, monkeypatch):
-        """A directly made SchedulerConfig goes through RuntimeConfig's checks, with its own values."""
-        checked = []
-
-        def check(runtime):
-            checked.append(runtime)
-            raise ValueError("max_num_seqs must be >= 1")
-        monkeypatch.setattr(RuntimeConfig, "__post_init__", check)
-        with pytest.raises(ValueError, match="max_num_seqs"):
-            SchedulerConfig(max_num_seqs=0, max_num_batched_tokens=5, max_model_len=64, scheduler_delay_factor=0.0)
-        assert (checked[0].max_num_seqs, checked[0].max_num_batched_tokens, checked[0].max_model_len) == (0, 5, 64)
+    @pytest.mark.parametrize("fields, named", [(dict(max_num_seqs=0), "max_num_seqs"),
+                                               (dict(max_model_len=0), "max_model_len"),
+                                               (dict(scheduling_policy="lifo"), "scheduling_policy")])
+    def test_a_directly_made_config_is_checked_for_what_the_scheduler_relies_on(self, fields, named):
+        """Made from a RuntimeConfig it was checked there (once); made directly, the scheduler's own needs."""
+        with pytest.raises(ValueError, match=named):
+            SchedulerConfig(**{**dict(max_num_seqs=2, max_num_batched_tokens=5, max_model_len=64,
+                                      scheduler_delay_factor=0.0), **fields})
 
 
 class TestMixedSteps:

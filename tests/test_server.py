@@ -17,7 +17,7 @@ import torch
 from test_server_support import API_KEY, RUNTIME, ServerProcess, metric
 
 from atom_aot.artifact.reader import Artifact
-from atom_aot.runtime.sampling.sampling_params import SamplingParams
+from atom_aot.runtime.sampling_params import SamplingParams
 
 
 # small limits, so that tests can reach them: (max n, sequences per request, queued sequences, stall seconds)

@@ -22,16 +22,16 @@ from fastapi.exceptions import RequestValidationError
 from test_server_flow import engine_of, tokenizer  # noqa: F401 (tokenizer: a fixture)
 from test_server_support import API_KEY, ServerProcess
 
-from atom_aot.runtime.engine.outputs import CoreOutput
-from atom_aot.runtime.sampling.sampling_params import SamplingParams
-from atom_aot.server.serving import chat as serving_chat
-from atom_aot.server.engine_client.messages import EngineInfo
-from atom_aot.server.lifecycle.metrics import ServerMetrics
+from atom_aot.runtime.outputs import CoreOutput
+from atom_aot.runtime.processes.messages import EngineInfo
+from atom_aot.runtime.sampling_params import SamplingParams
 from atom_aot.runtime.text.tokenizer import load_tokenizer
-from atom_aot.server.protocol.requests import ChatCompletionRequest, ChatMessage
+from atom_aot.server.lifecycle.metrics import ServerMetrics
 from atom_aot.server.lifecycle.request_ids import RequestId
-from atom_aot.server.serving.responses import envelope
+from atom_aot.server.protocol.requests import ChatCompletionRequest, ChatMessage
+from atom_aot.server.serving import chat as serving_chat
 from atom_aot.server.serving.chat import render_messages
+from atom_aot.server.serving.responses import envelope
 from atom_aot.server.serving.tokenization import tokenize
 from atom_aot.server.state import ServerState
 

@@ -9,15 +9,15 @@ import pytest
 from factories import make_tokenizer
 from fastapi.testclient import TestClient
 
-from atom_aot.runtime.engine.outputs import CoreOutput
-from atom_aot.runtime.sampling.sampling_params import SamplingParams
+from atom_aot.runtime.outputs import CoreOutput
+from atom_aot.runtime.processes.client import EngineStatus
+from atom_aot.runtime.processes.messages import Abort, Added, EngineInfo
+from atom_aot.runtime.sampling_params import SamplingParams
 from atom_aot.server.app import build_app
-from atom_aot.server.engine_client.async_engine import AsyncEngine
-from atom_aot.server.engine_client.client import EngineStatus
-from atom_aot.server.protocol.errors import APIError, shutting_down
-from atom_aot.server.engine_client.messages import Abort, Added, EngineInfo
 from atom_aot.server.lifecycle.metrics import ServerMetrics
 from atom_aot.server.options import ServerOptions
+from atom_aot.server.protocol.errors import APIError, shutting_down
+from atom_aot.server.serving.async_engine import AsyncEngine
 from atom_aot.server.state import ServerState
 
 

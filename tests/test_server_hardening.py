@@ -19,11 +19,11 @@ import pytest
 from test_server_flow import engine_of, tokenizer  # noqa: F401 (tokenizer: a fixture)
 from test_server_support import ServerProcess
 
-from atom_aot.runtime.sampling.sampling_params import SamplingParams
-from atom_aot.server.protocol.errors import MAX_LOGGED_CHARS, bounded_traceback
-from atom_aot.server.engine_client.messages import EngineInfo
+from atom_aot.runtime.processes.messages import EngineInfo
+from atom_aot.runtime.sampling_params import SamplingParams
 from atom_aot.server.lifecycle.metrics import ServerMetrics
 from atom_aot.server.options import ServerOptions
+from atom_aot.server.protocol.errors import MAX_LOGGED_CHARS, bounded_traceback
 from atom_aot.server.protocol.requests import NOT_IMPLEMENTED, ChatCompletionRequest, CompletionRequest
 from atom_aot.server.serving.tokenization import tokenize
 from atom_aot.server.state import ServerState

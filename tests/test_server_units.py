@@ -9,11 +9,11 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from atom_aot.runtime.engine.outputs import TokenLogprobs
-from atom_aot.server.protocol.errors import install_error_handlers
+from atom_aot.runtime.outputs import TokenLogprobs
 from atom_aot.server.lifecycle.guards import BodySizeLimit
-from atom_aot.server.serving.logprobs import TokenRenderer, chat_logprobs, completion_logprobs
+from atom_aot.server.protocol.errors import install_error_handlers
 from atom_aot.server.protocol.requests import NOT_IMPLEMENTED, ChatCompletionRequest, CompletionRequest, normalize_prompt
+from atom_aot.server.serving.logprobs import TokenRenderer, chat_logprobs, completion_logprobs
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,12 @@ import pytest
 from fastapi.testclient import TestClient
 from test_server_flow import FakeClient, tokenizer  # noqa: F401 (tokenizer: a fixture)
 
-from atom_aot.runtime.engine.outputs import CoreOutput, TokenLogprobs
+from atom_aot.runtime.outputs import CoreOutput, TokenLogprobs
+from atom_aot.runtime.processes.messages import Added, EngineInfo
 from atom_aot.server.app import build_app
-from atom_aot.server.engine_client.async_engine import AsyncEngine
-from atom_aot.server.engine_client.messages import Added, EngineInfo
 from atom_aot.server.lifecycle.metrics import ServerMetrics
 from atom_aot.server.options import ServerOptions
+from atom_aot.server.serving.async_engine import AsyncEngine
 from atom_aot.server.state import ServerState
 
 ANSWER = "Hello world! How are you today?"

@@ -6,7 +6,7 @@ import pytest
 def test_the_gpu_kv_budget_holds_the_target_and_draft_pools(block_size, draft_block_size):
     # a draft as big as the target (same per-token bytes) leaves about half the budget to each pool; the
     # largest target pool whose draft pool (as start_draft sizes it) still fits is chosen
-    from atom_aot.runtime.startup import split_kv_budget
+    from atom_aot.runtime.execution.memory import split_kv_budget
     from atom_aot.runtime.spec.setup import draft_kv_blocks
     per_token = 1024
     per_block, draft_per_block = per_token * block_size, per_token * draft_block_size

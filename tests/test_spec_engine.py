@@ -11,10 +11,10 @@ import torch
 
 from atom_aot import LLMEngine, SamplingParams
 from atom_aot.errors import StartupError
-from atom_aot.server.engine_client.client import EngineStatus
-from atom_aot.server.engine_client.messages import EngineStats, Heartbeat
-from atom_aot.server.lifecycle.metrics import ServerMetrics
+from atom_aot.runtime.processes.client import EngineStatus
+from atom_aot.runtime.processes.messages import EngineStats, Heartbeat
 from atom_aot.runtime.spec.setup import check_draft
+from atom_aot.server.lifecycle.metrics import ServerMetrics
 from factories import make_tiny_model, random_prompts
 from test_spec_rejection import chi_square_p_value
 

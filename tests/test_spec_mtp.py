@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from atom_aot import LLMEngine, SamplingParams
+from atom_aot.artifact.kv_cache import KVCacheSpec
 from atom_aot.artifact.phase import Phase
 from atom_aot.errors import StartupError
+from atom_aot.models.registry import kv_cache_layout
 from atom_aot.runtime.execution.kv_cache import allocate_kv_cache
 from atom_aot.runtime.spec.mtp_graphs import MTPGraphs
 from atom_aot.runtime.spec.setup import check_mtp
@@ -51,7 +53,7 @@ def mtp_engine(artifact, k: int, **options) -> LLMEngine:
 def recorded_drafts(engine) -> list[tuple[list[int], list[int], torch.Tensor]]:
     """Every (known tokens, drafts, the MTP layer's cache rows [computed, latent] of the sequence)
     the engine's MTP proposer returns, from now on."""
-    proposer, seen = engine.core.scheduler.proposer, []
+    proposer, seen = engine.core.runner.proposer, []
     propose, layer = proposer.propose, engine.loaded.model_config.num_hidden_layers
 
     def recording(seqs, limits):
@@ -86,7 +88,7 @@ def test_drafts_equal_the_mtp_layer_run_eagerly(artifact, model_dir):
     assert known[:-1] == prompt and len(drafts) == 2
     n = len(prompt)
     cfg, model = loaded_model(model_dir)
-    kv = allocate_kv_cache(cfg, 4, 16, torch.float32, torch.device("cpu"))
+    kv = allocate_kv_cache(KVCacheSpec("float32", kv_cache_layout(cfg)), 4, 16, torch.device("cpu"))
     with torch.no_grad():
         hidden = model.hidden_states(one_sequence_step(prompt, torch.arange(n), kv))              # [P, hidden]
         logits, mtp_hidden = model.mtp_logits(hidden, one_sequence_step(known[1:], torch.arange(n), kv))
@@ -101,7 +103,7 @@ def eager_drafts(model, cfg, known: list[int], k: int) -> tuple[list[int], torch
     every position with the next tokens, then chained k - 1 times on its own output; and the MTP
     layer's cache rows [len(known) - 1, latent] of the computed positions."""
     n = len(known) - 1
-    kv = allocate_kv_cache(cfg, 8, 16, torch.float32, torch.device("cpu"))
+    kv = allocate_kv_cache(KVCacheSpec("float32", kv_cache_layout(cfg)), 8, 16, torch.device("cpu"))
     with torch.no_grad():
         hidden = model.hidden_states(one_sequence_step(known[:-1], torch.arange(n), kv))         # [n, hidden]
         logits, mtp_hidden = model.mtp_logits(hidden, one_sequence_step(known[1:], torch.arange(n), kv))
@@ -123,7 +125,7 @@ def copying(tmp_path_factory, build_artifact):
 def with_mtp_graphs(engine, sizes=(1, 2, 4)) -> None:
     """The engine's MTP step through MTPGraphs (runtime/spec/mtp_graphs.py) replayed as plain calls: steps of up to 4
     rows padded to a capture size, larger ones through the package as it is."""
-    proposer, loaded = engine.core.scheduler.proposer, engine.loaded
+    proposer, loaded = engine.core.runner.proposer, engine.loaded
     graphs = MTPGraphs(proposer.mtp, proposer.kv_cache, sizes, -(-engine.core.scheduler.config.max_model_len //
                                                                   loaded.block_size),
                        loaded.model_config.hidden_size, loaded.dtype)
@@ -257,7 +259,7 @@ def test_sampled_tokens_follow_the_targets_distribution(copying, prompts):
 
 def test_each_mtp_position_is_a_decode_row_of_its_own():
     """The MTP layer's step feeds the decode package, one query row per sequence: a sequence's positions become
-    rows of their own, each with its sequence's block table and the context up to itself (runtime/execution/verify_rows.py)."""
+    rows of their own, each with its sequence's block table and the context up to itself (runtime/spec/verify_rows.py)."""
     from atom_aot.runtime.spec.mtp import MTPProposer
     proposer = MTPProposer(None, None, torch.zeros(1, 2, 4, 16, 1, 8), 16, torch.device("cpu"), 2)
     seqs = [SimpleNamespace(block_table=[3, 5]), SimpleNamespace(block_table=[7])]

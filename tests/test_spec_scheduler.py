@@ -1,11 +1,11 @@
-"""Speculative decoding in the scheduler (plain Python, no model): the n-gram proposer, slots for
-the drafts, the accepted run appended up to its first stop, and the block accounting after it."""
+"""Speculative decoding in the scheduler (plain Python, no model): the n-gram proposer, the drafts the runner
+hands over read into verify steps, slots for them and past them, the accepted run appended up to its first stop,
+and the block accounting after it."""
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import pytest
 
+from atom_aot.runtime.scheduling.scheduler import SpeculationShape, draft_limit
 from atom_aot.runtime.spec.ngram import NgramProposer, propose_ngram
 from engine_factories import EOS, make_scheduler, make_seq
 
@@ -36,39 +36,29 @@ class TestNgram:
             NgramProposer(2, min_n=3, max_n=2)
 
 
-@dataclass
-class FixedProposer:
-    """Proposes `drafts` (capped by each sequence's limit) and records the limits it was given."""
-    drafts: list[int]
-    num_speculative_tokens: int = 4
-    decodes_without_drafts: bool = False
-
-    def __post_init__(self):
-        self.limits: list[list[int]] = []
-
-    def propose(self, seqs, limits):
-        self.limits.append(list(limits))
-        return [self.drafts[:limit] for limit in limits]
+K4 = SpeculationShape(num_speculative_tokens=4)
 
 
-def decoding(prompt_len: int = 5, proposer=None, **params):
-    """A scheduler with one sequence whose prefill ran and sampled token 50."""
-    scheduler = make_scheduler(max_model_len=32)
-    scheduler.proposer = proposer or FixedProposer([60, 61, 62])
+def decoding(prompt_len: int = 5, drafts=(60, 61, 62), shape: SpeculationShape = K4, **params):
+    """A scheduler with one sequence whose prefill ran and sampled token 50, and `drafts` handed over for it
+    (as the speculative runner hands them after a step)."""
+    scheduler = make_scheduler(max_model_len=32, speculation=shape)
     seq = make_seq(range(10, 10 + prompt_len), **params)
     scheduler.add(seq)
     scheduler.update(scheduler.schedule(), [50])
+    scheduler.update_draft_token_ids({seq.request_id: list(drafts)} if drafts else {})
     return scheduler, seq
 
 
 class TestVerifyBatch:
     @pytest.mark.parametrize("plain", [True, False])
-    def test_a_step_without_drafts_is_a_plain_decode_step_where_the_proposer_allows(self, plain):
-        scheduler, seq = decoding(prompt_len=6, proposer=FixedProposer([], decodes_without_drafts=plain))
+    def test_a_step_without_drafts_is_a_plain_decode_step_unless_every_decode_verifies(self, plain):
+        shape = SpeculationShape(4, verify_every_decode=not plain)
+        scheduler, seq = decoding(prompt_len=6, drafts=(), shape=shape)
         batch = scheduler.schedule()
         assert batch.num_new_tokens == (1,) and not batch.is_prefill
         assert batch.is_verify != plain and (plain or batch.draft_token_ids == ((),))
-        assert NgramProposer(3).decodes_without_drafts
+        assert NgramProposer(3).decodes_without_drafts and NgramProposer(3).lookahead_slots == 0
 
     def test_drafts_get_slots_but_only_the_newest_token_counts_as_computed(self):
         scheduler, seq = decoding(prompt_len=6)                        # 7 tokens, 2 blocks of 4
@@ -77,6 +67,19 @@ class TestVerifyBatch:
         assert batch.num_new_tokens == (4,) and batch.num_computed_tokens == (6,) and batch.sampling == (True,)
         assert len(seq.block_table) == 3                              # slots for positions 6..9
         assert (seq.num_computed_tokens, seq.num_pending_tokens) == (7, 1)
+        assert seq.draft_token_ids == []                              # taken by the step
+
+    def test_lookahead_slots_are_reserved_past_the_drafts_and_past_a_finished_prompt(self):
+        shape = SpeculationShape(4, lookahead_slots=3, verify_every_decode=True)
+        scheduler = make_scheduler(max_model_len=32, speculation=shape)
+        seq = make_seq(range(10, 16))                                  # 6 prompt tokens: 2 blocks, 3 with 3 more
+        scheduler.add(seq)
+        prefill = scheduler.schedule()
+        assert prefill.is_prefill and len(seq.block_table) == 3       # slots up to position 8
+        scheduler.update(prefill, [50])
+        scheduler.update_draft_token_ids({"r": [60, 61]})
+        batch = scheduler.schedule()                                   # positions 6..8, and 3 past them
+        assert batch.draft_token_ids == ((60, 61),) and len(seq.block_table) == 3
 
     def test_the_accepted_run_is_appended_and_the_kv_of_the_rest_is_not_counted(self):
         scheduler, seq = decoding(prompt_len=6)
@@ -94,27 +97,32 @@ class TestVerifyBatch:
         assert scheduler.block_manager.num_free_blocks == scheduler.block_manager.num_blocks
 
     def test_drafts_never_reach_past_max_tokens_or_max_model_len(self):
-        proposer = FixedProposer([60, 61, 62, 63])
-        scheduler, seq = decoding(prompt_len=5, proposer=proposer, max_tokens=3)
+        scheduler, seq = decoding(prompt_len=5, drafts=(60, 61, 62, 63), max_tokens=3)
+        assert draft_limit(seq, 4, 32) == 1                            # 1 output so far, 1 draft + 1 more
         batch = scheduler.schedule()
-        assert proposer.limits == [[1]] and batch.draft_token_ids == ((60,),)   # 1 output so far, 1 + 1 more
+        assert batch.draft_token_ids == ((60,),)
         scheduler.update_verified(batch, [[60, 70]])
         assert seq.output_token_ids == [50, 60, 70] and seq.finish_reason == "length"
-        scheduler, seq = decoding(prompt_len=28, proposer=proposer, max_tokens=None)
-        scheduler.schedule()
-        assert proposer.limits[-1] == [2]                             # 29 tokens, 32 at most: 2 drafts + 1
+        scheduler, seq = decoding(prompt_len=28, drafts=(60, 61, 62, 63), max_tokens=None)
+        assert draft_limit(seq, 4, 32) == 2                            # 29 tokens, 32 at most: 2 drafts + 1
+        assert scheduler.schedule().draft_token_ids == ((60, 61),)
 
-    def test_preemption_frees_the_draft_slots_too(self):
-        scheduler = make_scheduler(num_blocks=6, max_model_len=32)
-        scheduler.proposer = FixedProposer([60, 61, 62])
+    def test_drafts_of_a_sequence_that_finished_or_was_preempted_are_dropped(self):
+        scheduler = make_scheduler(num_blocks=6, max_model_len=32, speculation=K4)
         old, young = make_seq(range(10, 17), "old"), make_seq(range(20, 27), "young")
         for seq in (old, young):
             scheduler.add(seq)
         scheduler.update(scheduler.schedule(), [50, 51])              # 8 tokens each: 2 blocks each
+        scheduler.update_draft_token_ids({"old": [60, 61, 62], "young": [60, 61, 62], "gone": [1]})
         batch = scheduler.schedule()                                 # a 3rd block each: the last 2 free
         assert batch.seqs == (old, young) and scheduler.num_preemptions == 0
         scheduler.update_verified(batch, [[60, 61, 62, 70], [60, 61, 62, 71]])   # 12 tokens each, 3 blocks each
+        scheduler.update_draft_token_ids({"old": [80], "young": [81]})
         batch = scheduler.schedule()                                 # each needs a 4th: the young one goes
         assert batch.seqs == (old,) and scheduler.num_preemptions == 1 and young.block_table == []
-        scheduler.update_verified(batch, [[60, 70]])
+        assert young.draft_token_ids == [] and batch.draft_token_ids == ((80,),)
+        scheduler.update_verified(batch, [[80, 70]])
         assert old.num_tokens == 14 and len(old.block_table) == 4
+        scheduler.abort("old")
+        scheduler.update_draft_token_ids({"old": [1, 2]})
+        assert old.draft_token_ids == []

@@ -9,7 +9,7 @@ import torch
 from atom_aot.artifact.graph_plan import GraphPlan, StepMemory
 from atom_aot.errors import ArtifactError
 from atom_aot.runtime.config import RuntimeConfig, max_scored_prompt_rows
-from atom_aot.runtime.startup import (RESERVE_SLACK_BYTES, activation_bound, activation_reserve, measured_reserve)
+from atom_aot.runtime.execution.memory import (RESERVE_SLACK_BYTES, activation_bound, activation_reserve, measured_reserve)
 
 MEASURED = StepMemory(bytes_per_token=90_000, bytes_per_logits_row=4_000_000, tokens=8192, rows=256)
 
@@ -75,7 +75,7 @@ class TestProbeInputs:
         mixed = loaded.forwards[Phase.MIXED]
         block_size, vocab = loaded.block_size, loaded.model_config.vocab_size
         torch.manual_seed(0)
-        kv_cache = allocate_kv_cache(loaded.rank_config, 16, block_size, loaded.kv_dtype, loaded.device)
+        kv_cache = allocate_kv_cache(loaded.kv_cache, 16, block_size, loaded.device)
         inputs = prefill_step_inputs(3 * 24, 24, kv_cache, block_size, vocab)
         assert inputs.seq_lens.tolist() == [24] * 3 and inputs.logits_indices.tolist() == [23, 47, 71]
         batched = mixed(inputs).clone()
@@ -102,7 +102,7 @@ class TestProbeInputs:
             ran.append(out)
             return 1000
         measured = graph_probe.measure_step_memory(loaded.forwards[Phase.MIXED], loaded.rank_config,
-                                                   loaded.block_size, loaded.kv_dtype, 512, 8, loaded.device, peak)
+                                                   loaded.block_size, loaded.kv_cache, 512, 8, loaded.device, peak)
         step_logits, sampled = ran
         assert step_logits.shape == (graph_probe.MEASURED_STEP_TOKENS // 512, loaded.model_config.vocab_size)
         assert sampled.top_ids.shape == (8, graph_probe.MEASURED_SAMPLING["logprobs"])

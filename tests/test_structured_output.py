@@ -11,9 +11,9 @@ import xgrammar as xgr
 from factories import random_prompts
 from test_async_scheduling import both_ways, generate
 
-from atom_aot.runtime.sampling.sampling_params import GrammarSpec, SamplingParams
 from atom_aot.runtime.sampling.grammar_worker import choice_grammar
 from atom_aot.runtime.sampling.structured_output import apply_grammar_bitmask
+from atom_aot.runtime.sampling_params import GrammarSpec, SamplingParams
 
 SCHEMA = {"type": "object", "required": ["n", "ok"], "additionalProperties": False,
           "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}, "ok": {"type": "boolean"}}}

@@ -18,22 +18,21 @@ from pathlib import Path
 import pytest
 import torch
 
+from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.reader import Artifact
 from atom_aot.build.config import BuildConfig
 from atom_aot.build.export import export_model
 from atom_aot.build.pipeline import plan
-from atom_aot.weights.shard import shard_state_dict
 from atom_aot.distributed.group import RankPlace
-from atom_aot.artifact.phase import Phase
 from atom_aot.entrypoints.llm import LLMEngine
-from atom_aot.errors import BuildError
+from atom_aot.errors import BuildError, RankFailure
 from atom_aot.models import model_class
-from atom_aot.models.step_inputs import StepInputs
 from atom_aot.models.parallel import Split
+from atom_aot.models.step_inputs import StepInputs
 from atom_aot.runtime.loading.placement import placement_problem
-from atom_aot.runtime.sampling.sampling_params import SamplingParams
 from atom_aot.runtime.parallel.step_broadcast import SENT
-from atom_aot.runtime.parallel.tp_lead import RankFailure
+from atom_aot.runtime.sampling_params import SamplingParams
+from atom_aot.weights.shard import shard_state_dict
 from model_factories import tiny_model
 
 PROMPTS = ["Hello world! How are", "The quick brown fox", "0123456789 + - * / ="]
@@ -253,10 +252,10 @@ def test_leaving_the_process_group_frees_the_captured_cuda_graphs_first(monkeypa
 FAILING_START = """
 import json, sys, time
 from atom_aot import LLMEngine
-from atom_aot.runtime import startup
+from atom_aot.runtime import assembly
 def fail_on_rank_0(*args, **kwargs):
     raise RuntimeError("rank 0 could not start its engine core")
-startup.start_engine_core = fail_on_rank_0     # rank 1 (another process) goes on with its start
+assembly.start_engine_core = fail_on_rank_0     # rank 1 (another process) goes on with its start
 start = time.monotonic()
 try:
     LLMEngine(sys.argv[1], num_kv_blocks=64, num_threads=1)

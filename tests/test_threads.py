@@ -60,7 +60,7 @@ def test_the_engine_process_prefers_passive_waiting_unless_the_user_chose(monkey
 
 def test_the_engine_process_module_leaves_torch_unloaded():
     """Otherwise OpenMP would read its wait policy before the engine process sets it."""
-    code = "import sys, atom_aot.server.engine_client.process; print('torch' in sys.modules)"
+    code = "import sys, atom_aot.runtime.processes.engine_process; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"
 

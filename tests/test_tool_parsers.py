@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from atom_aot.server.protocol.errors import APIError
 from atom_aot.server.options import ServerOptions
+from atom_aot.server.protocol.errors import APIError
 from atom_aot.server.protocol.requests import ChatCompletionRequest
 from atom_aot.server.serving.tool_calls import ToolCallStream, ToolPlan, tool_plan
 from atom_aot.server.serving.tool_parsers import HermesParser, Llama3JsonParser

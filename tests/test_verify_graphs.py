@@ -1,4 +1,4 @@
-"""VerifyGraphs (runtime/execution/verify_graphs.py) on the CPU: a verify batch of n sequences with 1..K+1 query
+"""VerifyGraphs (runtime/spec/verify_graphs.py) on the CPU: a verify batch of n sequences with 1..K+1 query
 tokens each is laid out K+1 rows per sequence in the static buffers of the smallest capture size >= n
 (padding rows write nothing, and attention of the real rows is unchanged), and the outputs come back at
 the real rows. The "graphs" replay as plain calls; the GPU capture itself is not run here. End to end:
@@ -14,9 +14,9 @@ from runner_factories import make_batch, make_runner, make_sequence
 
 from atom_aot import LLMEngine, SamplingParams
 from atom_aot.models.step_inputs import StepInputs
-from atom_aot.runtime.engine.scheduler import ScheduledBatch
-from atom_aot.runtime.engine.sequence import Sequence, SequenceStatus
-from atom_aot.runtime.execution.verify_graphs import VerifyGraphs, verify_capture_sizes
+from atom_aot.runtime.scheduling.scheduled_batch import ScheduledBatch
+from atom_aot.runtime.scheduling.sequence import Sequence, SequenceStatus
+from atom_aot.runtime.spec.verify_graphs import VerifyGraphs, verify_capture_sizes
 import atom_aot.runtime.execution.cuda_graphs as cuda_graphs_module
 import atom_aot.runtime.spec.setup as spec_setup
 from factories import random_prompts

@@ -1,4 +1,4 @@
-"""Verify steps as decode rows (runtime/execution/verify_rows.py) on the CPU: each query row of a verify batch becomes a
+"""Verify steps as decode rows (runtime/spec/verify_rows.py) on the CPU: each query row of a verify batch becomes a
 one-token sequence over its owner's block table with seq_len = its position + 1; through the real tiny Llama
 and DeepSeek models (eager, and through decode graphs replayed as plain calls) the rows' logits, hidden states
 and written KV equal the mixed forward's over the batch as it is; greedy outputs with speculation through
@@ -16,8 +16,8 @@ from runner_factories import make_runner
 from atom_aot import LLMEngine, SamplingParams
 from atom_aot.errors import StartupError
 from atom_aot.runtime.execution.cuda_graphs import DecodeGraphs
-from atom_aot.runtime.execution.verify_rows import DecodeRowsVerify, as_decode_rows
 from atom_aot.runtime.spec.setup import VERIFY_ROUTE_VARIABLE
+from atom_aot.runtime.spec.verify_rows import DecodeRowsVerify, as_decode_rows
 from deepseek_factories import make_tiny_deepseek
 from factories import random_prompts
 from test_verify_graphs import outputs_and_written_kv, real_verify_inputs, verify_batch

@@ -12,6 +12,7 @@ from typing import Callable
 
 from atom_aot.artifact.build_options import ARCHES, BuildOptions
 from atom_aot.artifact.fields import Reader
+from atom_aot.artifact.kv_cache import KVCacheSpec
 from atom_aot.artifact.layout import MANIFEST, REBUILD, check_members, package_member, weights_member
 from atom_aot.artifact.phase import Phase
 from atom_aot.errors import ArtifactError
@@ -19,7 +20,6 @@ from atom_aot.version import ARTIFACT_FORMAT_VERSION
 
 SHA256_HEX, XXH3_HEX = 64, 32
 DTYPE_NAMES = ("float32", "bfloat16", "float16")              # torch dtype names
-KV_DTYPE_NAMES = DTYPE_NAMES + ("float8_e4m3fn",)
 COMPILED_KINDS = ("aotinductor", "none")
 STORED_FORMS = ("raw", "zstd")
 
@@ -66,14 +66,12 @@ class Target:
 @dataclass(frozen=True)
 class Numerics:
     dtype: str                # activations and unquantized weights, a torch dtype name
-    kv_cache_dtype: str       # e.g. "bfloat16", "float8_e4m3fn"
     max_model_len: int        # resolved (the model's max_position_embeddings unless set)
     block_size: int           # tokens per KV-cache block
 
     @classmethod
     def from_reader(cls, r: Reader) -> "Numerics":
-        return cls(r.str("dtype", choices=DTYPE_NAMES), r.str("kv_cache_dtype", choices=KV_DTYPE_NAMES),
-                   r.int("max_model_len", minimum=16), r.int("block_size", minimum=1))
+        return cls(r.str("dtype", choices=DTYPE_NAMES), r.int("max_model_len", minimum=16), r.int("block_size", minimum=1))
 
 
 @dataclass(frozen=True)
@@ -116,9 +114,7 @@ class Layout:
 # models/quant_layers.py describes each layout
 LINEAR_SCHEMES = ("none", "fp8", "fp8-static", "fp8-block", "fp8-ub", "int8", "int8-static", "int4-w4a16",
                   "int4-w4a16-channel")
-KV_CACHE_QUANT = ("none", "fp8")
 WEIGHT_ORIGINS = ("none", "build", "checkpoint")           # who quantized: nobody, atom-build --quant, the checkpoint
-KV_SCALE_ORIGINS = ("none", "checkpoint", "calibrated")    # where an fp8 KV cache's k/v scales come from
 DECODER_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 # linear scheme -> how a MoE model of that scheme stores its experts (e4m3, weight-only; models/moe.py)
 EXPERT_SCALES = {"fp8": "row", "fp8-ub": "row", "fp8-block": "block"}
@@ -126,13 +122,11 @@ EXPERT_SCALES = {"fp8": "row", "fp8-ub": "row", "fp8-block": "block"}
 
 @dataclass(frozen=True)
 class Quantization:
-    """What is stored quantized, in which scheme, and where the scales come from."""
+    """Which weights are stored quantized, in which scheme (the KV cache's are its spec's: KVCacheSpec)."""
     weights: str                       # scheme of every decoder linear (LINEAR_SCHEMES)
-    kv_cache: str                      # "none" | "fp8": the KV cache
     weights_origin: str = "none"       # WEIGHT_ORIGINS
     checkpoint_format: str = ""        # the pre-quantized checkpoint's format as detected ("" if none)
     ignored: tuple[str, ...] = ()      # the checkpoint's ignore list (modules it left unquantized)
-    kv_scales: str = "none"            # KV_SCALE_ORIGINS ("none" unless kv_cache is fp8)
 
     @property
     def groups(self) -> dict[str, str]:
@@ -147,20 +141,14 @@ class Quantization:
             return "in the model dtype"
         return f"e4m3, one scale per {'row' if scales == 'row' else '128x128 block'}, weight-only (bf16 activations)"
 
-    @classmethod
-    def of(cls, weights: str, kv_cache_dtype: str, **details) -> "Quantization":
-        return cls(weights, "fp8" if kv_cache_dtype.startswith("float8") else "none", **details)
-
     def to_dict(self) -> dict:
         return {**asdict(self), "ignored": list(self.ignored), "groups": self.groups}
 
     @classmethod
     def from_reader(cls, r: Reader) -> "Quantization":
         weights = r.str("weights", choices=LINEAR_SCHEMES)
-        q = cls(weights, r.str("kv_cache", choices=KV_CACHE_QUANT),
-                r.str("weights_origin", "none" if weights == "none" else "build", choices=WEIGHT_ORIGINS),
-                r.str("checkpoint_format", ""),
-                tuple(r.typed("ignored", list, [])), r.str("kv_scales", "none", choices=KV_SCALE_ORIGINS))
+        q = cls(weights, r.str("weights_origin", "none" if weights == "none" else "build", choices=WEIGHT_ORIGINS),
+                r.str("checkpoint_format", ""), tuple(r.typed("ignored", list, [])))
         if (q.weights == "none") != (q.weights_origin == "none"):
             raise r.error("weights_origin", f"{q.weights_origin!r} disagrees with weights {q.weights!r}")
         return q
@@ -220,6 +208,7 @@ class Manifest:
     build_compiler: str | None            # C++ compiler of the AOTInductor wrapper (None: nothing compiled)
     options: BuildOptions                 # the build options as given (rebuild_command reproduces them)
     numerics: Numerics
+    kv_cache: KVCacheSpec
     layout: Layout
     quantization: Quantization
     compiled: CompiledPackages
@@ -237,6 +226,7 @@ class Manifest:
         for name in ("model", "target", "numerics", "layout"):
             d[name] = asdict(d[name])
         d["quantization"] = self.quantization.to_dict()
+        d["kv_cache"] = self.kv_cache.to_dict()
         d["options"] = self.options.to_dict()
         d["compiled"] = self.compiled.to_dict()
         d["members"] = {name: asdict(m) for name, m in self.members.items()}
@@ -257,6 +247,7 @@ class Manifest:
             engine_version=_nonempty(r, "engine_version"), model=ModelIdentity.from_reader(r.obj("model")),
             target=Target.from_reader(r.obj("target")), build_compiler=r.str("build_compiler", optional=True),
             options=BuildOptions.from_reader(r.obj("options")), numerics=Numerics.from_reader(r.obj("numerics")),
+            kv_cache=KVCacheSpec.from_reader(r.obj("kv_cache")),
             layout=Layout.from_reader(r.obj("layout")), quantization=Quantization.from_reader(r.obj("quantization")),
             compiled=CompiledPackages.from_reader(r.obj("compiled")), signature_version=r.int("signature_version"),
             members=r.mapping("members", Member.from_reader), built_at=r.str("built_at"),
@@ -269,20 +260,17 @@ class Manifest:
 
 def _check_consistent(m: Manifest, r: Reader) -> None:
     """Fields that say the same thing twice must agree (a forged or hand-edited manifest)."""
-    implied = Quantization.of(m.options.quant, m.numerics.kv_cache_dtype)
     pairs = [("options.arch", m.options.arch, m.target.arch),
              ("options.block_size", m.options.block_size, m.numerics.block_size),
              ("options.tensor_parallel_size", m.options.tensor_parallel_size, m.layout.tensor_parallel_size),
              ("options.data_parallel_size", m.options.data_parallel_size, m.layout.data_parallel_size),
              ("options.quant", m.options.quant != "none", m.quantization.weights_origin == "build"),
-             ("quantization.kv_cache", m.quantization.kv_cache, implied.kv_cache),
+             ("kv_cache.dtype", m.kv_cache.quantized, m.options.kv_cache_dtype == "fp8"),
              ("options.compile", m.options.compile == "aoti", m.compiled.kind == "aotinductor")]
     if m.quantization.weights_origin == "build":    # --quant fp8 | int8 builds the scheme of its name
         pairs.append(("quantization.weights", m.quantization.weights, m.options.quant))
     if m.options.max_model_len is not None:
         pairs.append(("options.max_model_len", m.options.max_model_len, m.numerics.max_model_len))
-    if r.obj("quantization").has("kv_scales"):   # manifests before kv scales have none
-        pairs.append(("quantization.kv_scales", m.quantization.kv_scales != "none", implied.kv_cache == "fp8"))
     for name, value, expected in pairs:
         if value != expected:
             raise r.error(name, f"disagrees with the rest of the manifest ({value!r:.40} vs {expected!r:.40})")
@@ -298,7 +286,20 @@ def _nonempty(r: Reader, key: str) -> str:
 # Format migrations: version v -> a function turning a v manifest into a v + 1 one. A version with
 # no path to ARTIFACT_FORMAT_VERSION is refused with the command that rebuilds it. Version 1
 # (untyped `build` section, no layout, numerics or signature version) has none: it is rebuilt.
-MIGRATIONS: dict[int, Callable[[dict], dict]] = {}
+
+
+def _kv_cache_section(data: dict) -> dict:
+    """Format 2 -> 3: the KV cache's dtype (numerics.kv_cache_dtype), its fp8 marker (quantization.kv_cache) and
+    its scales (quantization.kv_scales) become one `kv_cache` section; the layout, which format 2 does not record,
+    is the model's, derived at load."""
+    numerics, quantization = dict(data.get("numerics") or {}), dict(data.get("quantization") or {})
+    kv_cache = {"dtype": numerics.pop("kv_cache_dtype", None), "layout": None,
+                "scales": quantization.pop("kv_scales", "none")}
+    quantization.pop("kv_cache", None)
+    return {**data, "format_version": 3, "numerics": numerics, "quantization": quantization, "kv_cache": kv_cache}
+
+
+MIGRATIONS: dict[int, Callable[[dict], dict]] = {2: _kv_cache_section}
 
 
 def migrate(data: object, where: str = MANIFEST) -> dict:

@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from atom_aot.artifact.phase import Phase
-from atom_aot.weights.kv_scales import prefill_inputs
+from atom_aot.dtypes import torch_dtype
 from atom_aot.runtime.loading.loader import load_artifact
+from atom_aot.weights.kv_scales import prefill_inputs
 
 # Plain English prose written for this benchmark (no dataset download); ~420 tokens for SmolLM2's tokenizer.
 TEXT = (
@@ -43,7 +44,7 @@ def perplexity(artifact: str | Path, max_tokens: int | None = None) -> tuple[flo
     from transformers import AutoTokenizer
     loaded = load_artifact(artifact)
     ids = AutoTokenizer.from_pretrained(str(loaded.tokenizer_dir)).encode(TEXT)[:max_tokens]
-    inputs = prefill_inputs(loaded.model_config, [ids], loaded.kv_dtype, loaded.device, loaded.block_size,
+    inputs = prefill_inputs(loaded.model_config, [ids], torch_dtype(loaded.kv_cache.dtype), loaded.device, loaded.block_size,
                             logits="all")
     with torch.no_grad():
         logits = loaded.forwards[Phase.MIXED](inputs)                    # [N, vocab] float32

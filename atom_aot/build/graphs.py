@@ -18,16 +18,19 @@ from pathlib import Path
 
 from atom_aot.artifact.build_options import drawn_at_load
 from atom_aot.artifact.graph_plan import GraphPlan
+from atom_aot.artifact.kv_cache import KVCacheSpec
 from atom_aot.artifact.layout import package_member
 from atom_aot.artifact.phase import Phase
 from atom_aot.build.config import BuildConfig
+from atom_aot.dtypes import dtype_name
 from atom_aot.errors import BuildError
 
 PROBE_MODULE = "atom_aot.entrypoints.graph_probe"
 log = logging.getLogger("atom_aot")
 
 
-def probe_capture_sizes(config: BuildConfig, staging: Path, max_model_len: int, quant_scheme: str) -> GraphPlan:
+def probe_capture_sizes(config: BuildConfig, staging: Path, max_model_len: int, quant_scheme: str,
+                        kv_cache: KVCacheSpec) -> GraphPlan:
     """`quant_scheme`: the linears' resolved scheme, which the child needs to draw weights the staged tree
     does not store (--load-format dummy-at-load)."""
     if config.arch == "cpu" or not (staging / package_member(Phase.DECODE)).exists():
@@ -35,9 +38,8 @@ def probe_capture_sizes(config: BuildConfig, staging: Path, max_model_len: int, 
     if not config.graph_capture_sizes:
         return GraphPlan.none("built with --capture-sizes none: no CUDA graphs")
     args = {"staging": str(staging), "sizes": list(config.graph_capture_sizes), "block_size": config.block_size,
-            "kv_dtype": str(config.kv_torch_dtype).removeprefix("torch."), "max_model_len": max_model_len,
-            "split": dataclasses.asdict(config.split),
-            "draw": ({"dtype": str(config.torch_dtype).removeprefix("torch."), "quant": quant_scheme}
+            "kv_cache": kv_cache.to_dict(), "max_model_len": max_model_len, "split": dataclasses.asdict(config.split),
+            "draw": ({"dtype": dtype_name(config.torch_dtype), "quant": quant_scheme}
                      if drawn_at_load(config.load_format) else None)}
     out = subprocess.run([sys.executable, "-m", PROBE_MODULE, json.dumps(args)], capture_output=True, text=True)
     if out.returncode != 0:

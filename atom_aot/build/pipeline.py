@@ -24,6 +24,7 @@ from safetensors.torch import save_file
 from atom_aot.arch import FP8_UNSUPPORTED, device_for_arch, detect_arch, toolchain
 from atom_aot.artifact.build_options import BuildOptions, drawn_at_load
 from atom_aot.artifact.graph_plan import GRAPHS
+from atom_aot.artifact.kv_cache import FP8_KV_CACHE_DTYPE, KVCacheSpec
 from atom_aot.artifact.layout import CONFIG, GENERATION_CONFIG, TOKENIZER, package_member
 from atom_aot.artifact.manifest import (CompiledPackages, Layout, Manifest, ModelIdentity, Numerics, Quantization,
                                         Target)
@@ -34,26 +35,28 @@ from atom_aot.artifact.tuning import TUNING, Tuning
 from atom_aot.artifact.writer import write_artifact
 from atom_aot.build.cache import artifact_name, default_cache_dir, find_cached
 from atom_aot.build.config import BuildConfig
-from atom_aot.weights.random_draw import draw_order_metadata, stored_at_load
 from atom_aot.build.export import compile_package, export_model
 from atom_aot.build.export_mtp import export_mtp
 from atom_aot.build.export_sampler import export_sampler
 from atom_aot.build.graphs import probe_capture_sizes
-from atom_aot.weights.int4_checkpoint import check_int4_model
 from atom_aot.build.key import build_key, key_inputs
-from atom_aot.weights.kv_scales import calibrate_kv_scales, calibration_prompts, checkpoint_has_kv_scales
 from atom_aot.build.progress import StageProgress
-from atom_aot.weights.quant_config import QuantPlan, resolve_quant_plan
+from atom_aot.build.resume import StageCheckpoints, build_device_name
 from atom_aot.build.source import ModelSource, resolve_model
 from atom_aot.build.tune import tune_kernels
-from atom_aot.weights.shard import check_like, shard_state_dict
-from atom_aot.weights.convert import build_meta_model, convert_state_dict
-from atom_aot.build.resume import StageCheckpoints, build_device_name
+from atom_aot.dtypes import dtype_name, torch_dtype
 from atom_aot.errors import ArtifactError, BuildError
 from atom_aot.models import ModelConfig, model_class
 from atom_aot.models.parallel import Split, block_split_problem, check_splittable, rank_shapes
 from atom_aot.models.quant_layers import FP8_SCHEMES, INT4_SCHEMES
+from atom_aot.models.registry import kv_cache_layout
 from atom_aot.version import ARTIFACT_FORMAT_VERSION, __version__
+from atom_aot.weights.convert import build_meta_model, convert_state_dict
+from atom_aot.weights.int4_checkpoint import check_int4_model
+from atom_aot.weights.kv_scales import calibrate_kv_scales, calibration_prompts, checkpoint_has_kv_scales
+from atom_aot.weights.quant_config import QuantPlan, resolve_quant_plan
+from atom_aot.weights.random_draw import draw_order_metadata, stored_at_load
+from atom_aot.weights.shard import check_like, shard_state_dict
 
 if TYPE_CHECKING:
     from atom_aot.artifact.signing import SigningKey
@@ -137,15 +140,17 @@ def build(model: str | None, config: BuildConfig, cache_dir: Path | None = None,
         checkpoints.discard()
     max_len = config.max_model_len or model_config.max_position_embeddings
     layout = _layout(config)
-    fp8_kv = config.kv_torch_dtype.itemsize == 1
+    fp8_kv = config.kv_cache_element_dtype == FP8_KV_CACHE_DTYPE
     kv_scales_given = fp8_kv and checkpoint_has_kv_scales(source.weight_files)
     quant = resolve_quant_plan(source.config, config.quant, fp8_kv, kv_scales_given)
+    kv_cache = config.kv_cache_spec(kv_cache_layout(rank_shapes(model_config, config.split)), quant.kv_scales)
     staging = Path(tempfile.mkdtemp(prefix="atom-build-"))
     try:
-        phases = _stage_all(staging, source, model_config, config, quant, layout, max_len, progress, checkpoints)
+        phases = _stage_all(staging, source, model_config, config, quant, kv_cache, layout, max_len, progress,
+                            checkpoints)
         with progress.stage("pack"):
-            manifest = _manifest(source, model_config, config, quant, key, inputs, progress.seconds, phases,
-                                 layout, max_len)
+            manifest = _manifest(source, model_config, config, quant, kv_cache, key, inputs, progress.seconds,
+                                 phases, layout, max_len)
             write_artifact(staging, manifest, target, signing_key)
         checkpoints.discard()
     finally:
@@ -176,7 +181,7 @@ def _existing(target: Path, cache_dir: Path, key: str, explicit_out: bool) -> Pa
 
 
 def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, config: BuildConfig,
-               quant: QuantPlan, layout: Layout, max_len: int, progress: StageProgress,
+               quant: QuantPlan, kv_cache: KVCacheSpec, layout: Layout, max_len: int, progress: StageProgress,
                checkpoints: StageCheckpoints) -> list[Phase]:
     """Writes every member but the manifest; returns the phases compiled. Tuning and packages that an
     earlier, unfinished run of this build kept are reused (resume.py); what this run finishes is kept."""
@@ -210,7 +215,7 @@ def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, co
     if config.compile == "aoti":
         device = device_for_arch(config.arch)
         model.load_state_dict({k: v.to(device) for k, v in state.items()}, assign=True)
-        phases = _compile(staging, model.eval(), tuning, config, max_len, progress, checkpoints)
+        phases = _compile(staging, model.eval(), tuning, config, kv_cache, max_len, progress, checkpoints)
         model.to("meta")                 # the probe's child process loads the weights on the device again
         del state
         _release_weights(device)
@@ -218,7 +223,7 @@ def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, co
     (staging / CONFIG).write_text(json.dumps(source.config, indent=1, sort_keys=True))
     (staging / GENERATION_CONFIG).write_text(json.dumps(source.generation_config, indent=1))
     with progress.stage("capture-size probe"):
-        (staging / GRAPHS).write_text(probe_capture_sizes(config, staging, max_len, quant.scheme).to_json())
+        (staging / GRAPHS).write_text(probe_capture_sizes(config, staging, max_len, quant.scheme, kv_cache).to_json())
     return phases
 
 
@@ -256,17 +261,17 @@ def _calibrate_kv_scales(model_cls, model_config: ModelConfig, config: BuildConf
     return calibrate_kv_scales(model.eval(), calibration_prompts(staging / TOKENIZER, max_len))
 
 
-def _compile(staging: Path, model, tuning: Tuning, config: BuildConfig, max_len: int,
+def _compile(staging: Path, model, tuning: Tuning, config: BuildConfig, kv_cache: KVCacheSpec, max_len: int,
              progress: StageProgress, checkpoints: StageCheckpoints) -> list[Phase]:
     """One AOTInductor package per phase: `mixed` everywhere, plus `decode` where graphs replay it, `mtp` for a
     model with MTP layers, and on GPUs `sample` (the sampler's thresholds, build/export_sampler.py)."""
     phases = [Phase.MIXED] if config.arch == "cpu" else [Phase.MIXED, Phase.DECODE]
-    device = device_for_arch(config.arch)
+    device, kv_dtype = device_for_arch(config.arch), torch_dtype(kv_cache.dtype)
     for phase in phases:
         if not _resumed_package(checkpoints, phase, staging, progress):
             model.use_kernels(tuning.for_phase(phase))
             with progress.stage(f"export ({phase})"):
-                exported = export_model(model, config.kv_torch_dtype, config.block_size, max_len, device, phase)
+                exported = export_model(model, kv_dtype, config.block_size, max_len, device, phase)
             with progress.stage(f"compile ({phase})"):
                 checkpoints.keep_package(phase, compile_package(exported, staging / package_member(phase)))
     mtp_step = model.mtp_step()
@@ -274,7 +279,7 @@ def _compile(staging: Path, model, tuning: Tuning, config: BuildConfig, max_len:
         if not _resumed_package(checkpoints, Phase.MTP, staging, progress):
             model.use_kernels(tuning.for_phase(Phase.DECODE))
             with progress.stage("export (mtp)"):
-                exported = export_mtp(model, mtp_step, config.kv_torch_dtype, config.block_size, max_len, device)
+                exported = export_mtp(model, mtp_step, kv_dtype, config.block_size, max_len, device)
             with progress.stage("compile (mtp)"):
                 checkpoints.keep_package(Phase.MTP, compile_package(exported, staging / package_member(Phase.MTP)))
         phases.append(Phase.MTP)
@@ -311,14 +316,10 @@ def _options(config: BuildConfig) -> BuildOptions:
     return BuildOptions(**{f.name: getattr(config, f.name) for f in dataclasses.fields(BuildOptions)})
 
 
-def _dtype_name(dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _manifest(source: ModelSource, model_config: ModelConfig, config: BuildConfig, quant: QuantPlan, key: str,
-              inputs: dict, seconds: dict, phases: list[Phase], layout: Layout, max_len: int) -> Manifest:
+def _manifest(source: ModelSource, model_config: ModelConfig, config: BuildConfig, quant: QuantPlan,
+              kv_cache: KVCacheSpec, key: str, inputs: dict, seconds: dict, phases: list[Phase], layout: Layout,
+              max_len: int) -> Manifest:
     """Everything but the member table, which the writer fills in."""
-    kv_dtype = _dtype_name(config.kv_torch_dtype)
     compiled = (CompiledPackages("aotinductor", {p: package_member(p) for p in phases}) if phases
                 else CompiledPackages("none"))
     return Manifest(
@@ -327,9 +328,8 @@ def _manifest(source: ModelSource, model_config: ModelConfig, config: BuildConfi
                             config_hash=build_key({"config": source.config}), weights_hash=inputs["weights"],
                             tokenizer_hash=inputs["tokenizer"]),
         target=Target(arch=config.arch, **toolchain()), build_compiler=inputs["cxx"], options=_options(config),
-        numerics=Numerics(_dtype_name(config.torch_dtype), kv_dtype, max_len, config.block_size),
-        layout=layout, compiled=compiled,
-        quantization=Quantization.of(quant.scheme, kv_dtype, **quant.manifest_details()),
+        numerics=Numerics(dtype_name(config.torch_dtype), max_len, config.block_size), kv_cache=kv_cache,
+        layout=layout, compiled=compiled, quantization=Quantization(quant.scheme, **quant.manifest_details()),
         signature_version=SIGNATURE_VERSION, members={},
         built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), build_host=socket.gethostname(),
         build_seconds=dict(seconds))

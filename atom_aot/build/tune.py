@@ -22,6 +22,7 @@ from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning, Tuning, timings_json
 from atom_aot.build.config import BuildConfig
 from atom_aot.build.measure import best_config, ms_unless_too_big
+from atom_aot.dtypes import torch_dtype
 from atom_aot.models import ModelConfig, model_class
 from atom_aot.models.quant_layers import linear_op
 from atom_aot.ops.fp8 import fits_one_program
@@ -169,7 +170,7 @@ def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int, line
 def _batch(cfg: ModelConfig, config: BuildConfig, context: list[int], new: list[int]):
     from atom_aot.ops.triton.batch_inputs import make_paged_batch
     return make_paged_batch(context, new, cfg.num_key_value_heads, cfg.head_dim, block_size=config.block_size,
-                            num_layers=1, dtype=config.kv_torch_dtype, device="cuda")
+                            num_layers=1, dtype=torch_dtype(config.kv_cache_element_dtype), device="cuda")
 
 
 def _time_attention(cfg, config: BuildConfig, candidates, context: list[int], new: list[int]) -> dict:

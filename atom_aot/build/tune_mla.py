@@ -10,6 +10,7 @@ from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning, Tuning, timings_json
 from atom_aot.build.config import BuildConfig
 from atom_aot.build.measure import best_config, ms_unless_too_big
+from atom_aot.dtypes import torch_dtype
 from atom_aot.models import ModelConfig
 
 DECODE_BATCHES = (1, 8, 32, 128, 256)
@@ -43,7 +44,7 @@ def _time_decode(cfg: ModelConfig, config: BuildConfig, candidates, context: lis
     from atom_aot.ops.triton.batch_inputs import make_paged_batch
     ds = cfg.deepseek
     b = make_paged_batch([c - 1 for c in context], [1] * len(context), 1, ds.latent_dim,
-                         block_size=config.block_size, num_layers=1, dtype=config.kv_torch_dtype, device="cuda")
+                         block_size=config.block_size, num_layers=1, dtype=torch_dtype(config.kv_cache_element_dtype), device="cuda")
     kv_cache = b.kv_cache[:, :1]                 # the latent layout [1, 1, num_blocks, block_size, 1, r + rope]
     q = torch.randn(len(context), cfg.num_attention_heads, ds.latent_dim, device="cuda", dtype=config.torch_dtype)
     op, scale = torch.ops.atom_triton.mla_decode, ds.qk_head_dim ** -0.5

@@ -12,9 +12,12 @@ import json
 import sys
 from pathlib import Path
 
+from atom_aot.artifact.fields import Reader
 from atom_aot.artifact.graph_plan import GraphPlan, StepMemory
+from atom_aot.artifact.kv_cache import KVCacheSpec
 from atom_aot.artifact.layout import CONFIG, package_member, weights_member
 from atom_aot.artifact.phase import Phase
+from atom_aot.dtypes import torch_dtype
 from atom_aot.models.parallel import Split, rank_shapes
 
 
@@ -26,7 +29,7 @@ MEASURED_SAMPLING = dict(temperature=0.8, top_p=0.9, min_p=0.05, repetition_pena
                          frequency_penalty=0.5, logprobs=20)
 
 
-def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_model_len: int,
+def probe(staging: Path, sizes: list[int], block_size: int, kv_cache: KVCacheSpec, max_model_len: int,
           split: Split, draw: dict | None = None) -> GraphPlan:
     """`draw` ({dtype, quant}): the staged weights member holds only what a draw cannot reproduce
     (--load-format dummy-at-load), so rank 0's weights are drawn here as the loader draws them."""
@@ -49,11 +52,11 @@ def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_m
         from atom_aot.runtime.loading.drawn_weights import draw_weights, recorded_draw_order
         with safe_open(str(staging / weights_member(0)), "pt") as stored:
             shapes = recorded_draw_order(stored.metadata() or {})
-        weights = draw_weights(staging / Path(CONFIG).parent, getattr(torch, draw["dtype"]), draw["quant"],
+        weights = draw_weights(staging / Path(CONFIG).parent, torch_dtype(draw["dtype"]), draw["quant"],
                                max_model_len, split, 0, device, weights, shapes)
     decode = CompiledModel(staging / package_member(Phase.DECODE), device).bind(weights)
     mixed = CompiledModel(staging / package_member(Phase.MIXED), device).bind(weights)
-    kv_cache = allocate_kv_cache(cfg, sizes[-1] + 1, block_size, getattr(torch, kv_dtype), device)
+    cache = allocate_kv_cache(kv_cache, sizes[-1] + 1, block_size, device)
     del weights                       # bound into the packages: the loader's dict of them is not needed
     torch.cuda.synchronize()
     # Cached free blocks (the load's, the draw's) are given back first: the capture could reuse them (the pool
@@ -61,17 +64,17 @@ def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_m
     # with another process), making the difference negative (seen on a shared H100).
     torch.cuda.empty_cache()
     before = torch.cuda.memory_reserved()
-    graphs = DecodeGraphs(decode, kv_cache, tuple(sizes), -(-max_model_len // block_size))
+    graphs = DecodeGraphs(decode, cache, tuple(sizes), -(-max_model_len // block_size))
     graphs.capture()
     grown = torch.cuda.memory_reserved() - before
     if grown < 0:
         raise RuntimeError(f"the graph pool measured {grown} bytes: this process's reserved GPU memory shrank during "
                            f"the capture (the allocator freed cached memory under pressure: is another process using "
                            f"this GPU?); build on an idle GPU")
-    del kv_cache
+    del cache
     note = "pool_bytes: memory reserved by capturing every size into one pool (static inputs included); "
     try:
-        step_memory = measure_step_memory(mixed, cfg, block_size, getattr(torch, kv_dtype), max_model_len, sizes[-1],
+        step_memory = measure_step_memory(mixed, cfg, block_size, kv_cache, max_model_len, sizes[-1],
                                           device)
         note += "step_memory: peak bytes of the largest mixed step and of the sampler at the largest size"
     except RuntimeError as e:          # out of memory included: the runtime then reserves a bound, and says so
@@ -107,14 +110,14 @@ def measured_sequences(rows: int, vocab_size: int, block_size: int) -> list:
     """`rows` requests with MEASURED_SAMPLING and a 64-token prompt each (penalties count over it)."""
     import torch
 
-    from atom_aot.runtime.sampling.sampling_params import SamplingParams
-    from atom_aot.runtime.engine.sequence import Sequence
+    from atom_aot.runtime.sampling_params import SamplingParams
+    from atom_aot.runtime.scheduling.sequence import Sequence
     params = SamplingParams(**MEASURED_SAMPLING)
     return [Sequence(request_id=str(i), token_ids=torch.randint(0, vocab_size, (64,)).tolist(), num_prompt_tokens=64,
                      params=params, block_size=block_size) for i in range(rows)]
 
 
-def measure_step_memory(mixed, cfg, block_size: int, kv_dtype, max_model_len: int, rows: int, device,
+def measure_step_memory(mixed, cfg, block_size: int, kv_cache: KVCacheSpec, max_model_len: int, rows: int, device,
                         peak=None) -> StepMemory:
     """Peak bytes allocated by the largest mixed step (MEASURED_STEP_TOKENS tokens in prompts of up to
     max_model_len tokens: one long prompt is the worst case of any attention that is not tiled) and by sampling
@@ -128,10 +131,10 @@ def measure_step_memory(mixed, cfg, block_size: int, kv_dtype, max_model_len: in
     peak = peak or peak_allocated
     seq_len = min(max_model_len, MEASURED_STEP_TOKENS)
     tokens = MEASURED_STEP_TOKENS // seq_len * seq_len
-    kv_cache = allocate_kv_cache(cfg, tokens // block_size + tokens // seq_len, block_size, kv_dtype, device)
-    inputs = prefill_step_inputs(tokens, seq_len, kv_cache, block_size, cfg.vocab_size)
+    cache = allocate_kv_cache(kv_cache, tokens // block_size + tokens // seq_len, block_size, device)
+    inputs = prefill_step_inputs(tokens, seq_len, cache, block_size, cfg.vocab_size)
     step_bytes = peak(functools.partial(mixed, inputs), device)
-    del inputs, kv_cache
+    del inputs, cache
     sampler = Sampler(device)
     seqs = measured_sequences(rows, cfg.vocab_size, block_size)
 
@@ -158,6 +161,6 @@ def peak_allocated(run, device) -> int:
 
 if __name__ == "__main__":
     a = json.loads(sys.argv[1])
-    plan = probe(Path(a["staging"]), a["sizes"], a["block_size"], a["kv_dtype"], a["max_model_len"], Split(**a["split"]),
-                 a["draw"])
+    spec = KVCacheSpec.from_reader(Reader(a["kv_cache"], "the probe's kv_cache"))
+    plan = probe(Path(a["staging"]), a["sizes"], a["block_size"], spec, a["max_model_len"], Split(**a["split"]), a["draw"])
     print(plan.to_json(indent=None))

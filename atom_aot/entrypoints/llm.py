@@ -11,17 +11,15 @@ from __future__ import annotations
 import logging
 from dataclasses import fields
 from pathlib import Path
-from typing import Callable
 
 from atom_aot.arch import detect_arch
 from atom_aot.artifact.build_options import DECIDED_AT_SERVE_TIME, BuildOptions
+from atom_aot.artifact.reader import Artifact
 from atom_aot.config_flags import to_argv
 from atom_aot.logging_setup import show_engine_logs
 from atom_aot.runtime import profiler
 from atom_aot.runtime.config import RuntimeConfig
-from atom_aot.artifact.reader import Artifact
 from atom_aot.runtime.llm_engine import ArtifactEngine
-from atom_aot.runtime.startup import alongside, load_and_start
 
 log = logging.getLogger("atom_aot")
 
@@ -51,12 +49,12 @@ class LLMEngine(ArtifactEngine):
             log.info("artifact %s (%s)", result["path"], "cached" if result["cached"] else "built")
             artifact = result["path"]
         traces = torch_profiler_dir or profiler.dir_from_env()
-        start = engine_start(artifact, config.trusted_keys)
-        if traces and start is start_remote_ranks:
+        layout = Artifact.open(artifact, config.trusted_keys).manifest.layout
+        if traces and layout.attention_data_parallel:
             raise ValueError("torch_profiler_dir: the ranks of a data-parallel-attention artifact run in their own "
                              "processes, which the offline engine does not profile; profile them through "
                              "`atom-run ART serve --torch-profiler-dir`")
-        super().__init__(artifact, config, profiler.TorchProfiler(traces, more=profiler.more_from_env()), start)
+        super().__init__(artifact, config, profiler.TorchProfiler(traces, more=profiler.more_from_env()))
 
 
 def refuse_build_options(artifact: str | Path, build: dict) -> None:
@@ -79,18 +77,3 @@ def build_into_cache(model: str | None, build: dict, max_model_len: int | None) 
     cache_dir = Path(build.pop("cache_dir", None) or default_cache_dir())
     config = BuildConfig(arch=detect_arch(), max_model_len=max_model_len, **build)
     return build_cached(model, config, cache_dir)
-
-
-def engine_start(artifact: str | Path, trusted_keys: str | Path | None = None):
-    """How an offline engine's core starts on `artifact`: in this process, or (a data-parallel-attention
-    artifact) as its ranks' engine processes. `trusted_keys`: refused first unless one of them signed it."""
-    layout = Artifact.open(artifact, trusted_keys).manifest.layout
-    return start_remote_ranks if layout.attention_data_parallel else load_and_start
-
-
-def start_remote_ranks(artifact_path, config: RuntimeConfig, beside: Callable[[], None] | None = None):
-    """The offline engine's core on a data-parallel-attention artifact: its ranks' engine processes (started as
-    new processes: `beside` runs in a thread while they start)."""
-    from atom_aot.entrypoints.dp_offline import RemoteRanks
-    ranks = alongside(beside, lambda: RemoteRanks(artifact_path, config))
-    return ranks.loaded, ranks

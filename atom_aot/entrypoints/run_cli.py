@@ -22,12 +22,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from atom_aot.server.__main__ import main as serve_main
         return serve_main([args.artifact] + args.rest)
-    if args.command == "generate":     # a data-parallel-attention artifact's ranks start as LLMEngine's do
-        from atom_aot.cli_util import run_cli
-        from atom_aot.entrypoints.llm import engine_start
-        def start(path, config, beside=None):      # decided at start, after generate has checked its flags
-            return engine_start(path, config.trusted_keys)(path, config, beside)
-        return run_cli(lambda: runtime_cli.generate(args.artifact, args.rest, start))
     return runtime_cli.run_command(args.artifact, args.command, args.rest)
 
 

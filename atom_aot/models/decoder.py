@@ -11,9 +11,9 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from atom_aot.artifact.kv_cache import KVCacheLayout
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
 from atom_aot.models.config import ModelConfig
-from atom_aot.models.kv_layout import KVCacheLayout
 from atom_aot.models.layers import RMSNorm, RotaryEmbedding, make_linear
 from atom_aot.models.parallel import (ONE_RANK, PEER_TABLE_BUFFER, PartialSums, Split, attach_peer_table,
                                       check_splittable, defer_reduction, local_kv_heads, make_embedding,

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.deepseek_layer import DeepseekDecoderLayer
 from atom_aot.models.layers import RMSNorm, RotaryEmbedding, make_linear
-from atom_aot.models.step_inputs import StepInputs
 from atom_aot.models.parallel import ONE_RANK, Split
+from atom_aot.models.step_inputs import StepInputs
 
 
 class SharedHead(nn.Module):

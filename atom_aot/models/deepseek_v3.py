@@ -13,16 +13,16 @@ from typing import Iterable, Iterator
 import torch
 from torch import nn
 
+from atom_aot.artifact.kv_cache import KVCacheLayout
 from atom_aot.artifact.tuning import PhaseTuning
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.decoder import DecoderForCausalLM, DecoderModel
 from atom_aot.models.deepseek_layer import DeepseekDecoderLayer
 from atom_aot.models.deepseek_mtp import LogitsAndHidden, MTPLayer, MTPStep
-from atom_aot.models.kv_layout import KVCacheLayout
 from atom_aot.models.layers import RMSNorm, RotaryEmbedding, make_linear
 from atom_aot.models.mla import split_kv_b_proj
-from atom_aot.models.parallel import ONE_RANK, Split, check_splittable, make_embedding
 from atom_aot.models.moe import MoEForCausalLM, use_moe_kernels
+from atom_aot.models.parallel import ONE_RANK, Split, check_splittable, make_embedding
 from atom_aot.models.step_inputs import StepInputs
 from atom_aot.ops.backends import make_backend
 

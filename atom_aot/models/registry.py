@@ -1,7 +1,9 @@
 """Model classes keyed by the Hugging Face `architectures` name: the one place a new family registers."""
 from __future__ import annotations
 
+from atom_aot.artifact.kv_cache import KVCacheLayout
 from atom_aot.errors import UnsupportedArchitectureError
+from atom_aot.models.config import ModelConfig
 from atom_aot.models.decoder import DecoderForCausalLM
 from atom_aot.models.deepseek_v3 import DeepseekV3ForCausalLM
 from atom_aot.models.llama import LlamaForCausalLM
@@ -25,3 +27,8 @@ def model_class(architecture: str) -> type[DecoderForCausalLM]:
         raise UnsupportedArchitectureError(
             f"architecture {architecture!r} is not supported; supported: {', '.join(sorted(MODEL_REGISTRY))}"
         ) from None
+
+
+def kv_cache_layout(cfg: ModelConfig) -> KVCacheLayout:
+    """The KV cache's shape for `cfg`'s sizes (one rank's, given a rank's config), as its model class decides it."""
+    return model_class(cfg.architecture).kv_cache_layout(cfg)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Callable
 
 from atom_aot.config_flags import add_arguments, from_namespace
 from atom_aot.logging_setup import seconds_listed
@@ -50,18 +49,15 @@ def run_command(artifact: str, command: str, argv: list[str]) -> int:
     return run_cli(lambda: COMMANDS[command](artifact, argv))
 
 
-def generate(artifact: str, argv: list[str], start_core: Callable | None = None) -> int:
-    """`start_core`: how the engine core starts (default: in this process; `atom-run` passes the one that
-    runs a data-parallel-attention artifact's ranks as engine processes, entrypoints/llm.py engine_start)."""
+def generate(artifact: str, argv: list[str]) -> int:
     from atom_aot.runtime.llm_engine import ArtifactEngine
-    from atom_aot.runtime.sampling.sampling_params import SamplingParams
-    from atom_aot.runtime.startup import load_and_start
+    from atom_aot.runtime.sampling_params import SamplingParams
     args = parse_generate_args(argv)
     config = from_namespace(RuntimeConfig, args)       # a bad engine flag fails here, before any load
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.prompt_seed, ignore_eos=args.ignore_eos)
     t0 = time.perf_counter()
-    engine = ArtifactEngine(artifact, config, start=start_core or load_and_start)
+    engine = ArtifactEngine(artifact, config)
     try:
         timings = dict(engine.loaded.timings)
         timings["engine ready"] = time.perf_counter() - t0

@@ -9,7 +9,8 @@ from dataclasses import dataclass, fields, replace
 
 from atom_aot.config_flags import flag
 from atom_aot.errors import StartupError
-from atom_aot.runtime.spec.proposer import METHODS
+
+SPECULATIVE_METHODS = ("mtp", "ngram", "draft")     # --method: the proposers of runtime/spec/
 
 DEFAULT_CPU_KV_BYTES = 1 << 30
 # The token budget of one step unless one is asked for. Every other request waits on the step in flight (its
@@ -52,7 +53,7 @@ class RuntimeConfig:
                                        "tokens are read, not while the device computes it")
     num_threads: int | None = flag(None, "--num-threads", help="torch threads for CPU work (default: "
                                    "OMP_NUM_THREADS if set, else the CPUs this process may run on)")
-    method: str | None = flag(None, "--method", choices=METHODS,
+    method: str | None = flag(None, "--method", choices=SPECULATIVE_METHODS,
                               help="speculative decoding: the proposer of draft tokens (docs/speculative.md)")
     num_speculative_tokens: int | None = flag(None, "--num-speculative-tokens",
                                               help="speculative decoding: draft tokens verified per step (K)")
@@ -92,8 +93,8 @@ class RuntimeConfig:
                  "gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization!r}")
 
     def _check_speculation(self) -> None:
-        _require(self.method is None or self.method in METHODS, "method",
-                 f"must be one of {', '.join(METHODS)}, got {self.method!r}")
+        _require(self.method is None or self.method in SPECULATIVE_METHODS, "method",
+                 f"must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.method!r}")
         _check_int(self, "num_speculative_tokens", minimum=1, optional=self.method is None)
         _require(self.method is not None or self.num_speculative_tokens is None, "num_speculative_tokens",
                  "needs a speculative method (--method ngram|draft|mtp)")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from atom_aot.artifact.build_options import drawn_at_load, random_weights
+from atom_aot.artifact.kv_cache import KVCacheSpec
 from atom_aot.artifact.layout import CONFIG
 from atom_aot.artifact.manifest import Quantization
 from atom_aot.artifact.phase import Phase
@@ -12,19 +13,19 @@ from atom_aot.runtime.sampling.sampler import masks_path
 WEIGHT_ORIGINS = {"none": "not quantized", "build": "quantized by atom-build --quant",
                   "checkpoint": "from the checkpoint"}
 DRAWN_MEMBER_NOTE = "  (no model weights: only what a draw at load cannot reproduce, e.g. calibrated kv scales)"
-KV_SCALE_ORIGINS = {"none": "no scales (1.0)", "checkpoint": "per-layer k/v scales from the checkpoint",
-                    "calibrated": "per-layer k/v scales calibrated at build"}
 
 
 EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")     # config.json's, by family
 
 
-def quantization_rows(q: Quantization, kv_cache_dtype: str) -> list[tuple[str, str]]:
-    """The weights' scheme with its origin, per layer group, and the KV cache's dtype with its scales' origin."""
+def quantization_rows(q: Quantization, kv_cache: KVCacheSpec) -> list[tuple[str, str]]:
+    """The weights' scheme with its origin, per layer group, and the KV cache's dtype, scales and layout."""
     origin = WEIGHT_ORIGINS[q.weights_origin] + (f" {q.weights}" if q.weights_origin == "build" else "")
     if q.checkpoint_format:
         origin += f": {q.checkpoint_format}" + (f"; ignored {', '.join(q.ignored)}" if q.ignored else "")
-    kv = f"{kv_cache_dtype}, {KV_SCALE_ORIGINS[q.kv_scales]}" if q.kv_cache == "fp8" else kv_cache_dtype
+    layout = kv_cache.layout
+    kv = kv_cache.describe() + (f"; per rank {layout.num_layers} layers x {layout.parts} x {layout.heads} heads x "
+                                f"{layout.dim}" if layout else "")
     return [("weights", f"{q.weights} ({origin})"),
             ("groups", ", ".join(f"{group} {scheme}" for group, scheme in q.groups.items())),
             ("kv cache", kv)]
@@ -56,8 +57,8 @@ def describe(art: Artifact) -> str:
         ("layout", f"tp {layout.tensor_parallel_size}, ep {layout.expert_parallel_size}, "
                    f"dp {layout.data_parallel_size} (world {layout.world_size})"),
         *([("all-reduce", describe_plan(layout.world_size))] if layout.world_size > 1 else []),
-        ("numerics", f"dtype {numerics.dtype}, kv cache {numerics.kv_cache_dtype}"),
-        *quantization_rows(m.quantization, numerics.kv_cache_dtype),
+        ("numerics", f"dtype {numerics.dtype}, kv cache {m.kv_cache.dtype}"),
+        *quantization_rows(m.quantization, m.kv_cache),
         *([("experts", m.quantization.experts)] if any(config.get(k) for k in EXPERT_COUNTS) else []),
         ("limits", f"max model len {numerics.max_model_len}, block size {numerics.block_size}"),
         ("compiled", "AOTInductor packages " + ", ".join(f"{p}: {v}" for p, v in m.compiled.packages.items())

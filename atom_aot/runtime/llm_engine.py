@@ -8,31 +8,29 @@ from __future__ import annotations
 import gc
 import itertools
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from atom_aot.runtime.config import RuntimeConfig
-from atom_aot.runtime.text.output_processor import OutputProcessor, RequestOutput, StreamCallback
+from atom_aot.runtime.heap import restore_full_collections
+from atom_aot.runtime.launch import launch
 from atom_aot.runtime.profiler import TorchProfiler
-from atom_aot.runtime.sampling.sampling_params import SamplingParams
-from atom_aot.runtime.startup import load_and_start, restore_full_collections
+from atom_aot.runtime.sampling_params import SamplingParams
+from atom_aot.runtime.text.output_processor import OutputProcessor, RequestOutput, StreamCallback
 from atom_aot.runtime.text.tokenizer import apply_chat_template, encode_prompt, load_artifact_tokenizer
 
 
 class ArtifactEngine:
-    def __init__(self, artifact_path: str | Path, config: RuntimeConfig,
-                 profiler: TorchProfiler | None = None, start: Callable = load_and_start):
-        """`start(artifact_path, config, beside) -> (loaded, core)`: the in-process engine core (default), or
-        another with its interface (the ranks of a data-parallel-attention artifact: entrypoints/dp_offline.py);
-        `beside` runs in a thread beside the load, once the start has forked what it forks."""
+    def __init__(self, artifact_path: str | Path, config: RuntimeConfig, profiler: TorchProfiler | None = None):
+        """The core comes from the composition root (runtime/launch.py `launch`): this process's engine core, or
+        the ranks of a data-parallel-attention artifact behind a client with its interface."""
         self.config = config
         self.profiler = profiler or TorchProfiler(None)
         self.artifact_path = Path(artifact_path)
         # The tokenizer (parsing tokenizer.json, ~0.5 s for large vocabularies) loads beside the model.
         tokenizer: list = []          # [tokenizer, seconds], filled beside the load
-        self.loaded, self.core = start(self.artifact_path, self.config,
-                                       beside=lambda: tokenizer.extend(load_artifact_tokenizer(self.artifact_path)))
+        self.loaded, self.core = launch(self.artifact_path, self.config,
+                                        beside=lambda: tokenizer.extend(load_artifact_tokenizer(self.artifact_path)))
         self.tokenizer, self.loaded.timings["tokenizer (overlapped)"] = tokenizer
         self.output_processor = OutputProcessor(self.tokenizer, self._abort_stopped)
         self._request_ids = itertools.count()
@@ -65,7 +63,7 @@ class ArtifactEngine:
         ids = []
         for token_ids, p in zip(encoded, params):
             request_id = str(next(self._request_ids))
-            self.core.add_request(token_ids, p, request_id)
+            self.core.add_checked(token_ids, p, request_id)
             self.output_processor.add_request(request_id, token_ids, p, stream_callback)
             ids.append(request_id)
         return ids
@@ -131,7 +129,7 @@ def release_device_memory() -> None:
     """Free what the closed engine held on the GPU: its objects (reference cycles included) and the blocks
     torch's allocator keeps cached for reuse, which other engines and processes would otherwise see as used
     (a second engine in one process found 29 of 150 GB free on an H200). The start froze its heap
-    (startup.freeze_startup_heap): unfrozen first, or the collection would not see the engine's cycles."""
+    (runtime/heap.py freeze_startup_heap): unfrozen first, or the collection would not see the engine's cycles."""
     gc.unfreeze()
     restore_full_collections()
     gc.collect()

@@ -24,13 +24,12 @@ def main(argv=None) -> int:
 
 async def serve(args) -> int:
     from atom_aot.artifact.reader import Artifact
-    from atom_aot.server.args import runtime_config, server_options
+    from atom_aot.server.args import engine_client, runtime_config, server_options
     config, options = runtime_config(args), server_options(args)   # a bad flag fails first, with its reason
     # before the heavy imports: a wrong path, or one no trusted key signed, fails at once
     artifact = Artifact.open(args.artifact, config.trusted_keys)
     config.served_max_model_len(artifact.manifest.numerics.max_model_len)   # before the engine loads
     from atom_aot.runtime.text.tokenizer import load_tokenizer
-    from atom_aot.server.engine_client.data_parallel import engine_client
 
     logging.getLogger("atom_aot").setLevel(args.log_level.upper())
     listener = _listen(args.host, args.port)    # a taken port fails now, not after loading the model
@@ -48,7 +47,7 @@ async def _serve_http(args, options, artifact, client, info, tokenizer, listener
     """Serve until a signal's drain ends or the engine dies; returns the exit status."""
     from atom_aot.server.app import build_app
     from atom_aot.server.args import served_model_name
-    from atom_aot.server.engine_client.async_engine import AsyncEngine
+    from atom_aot.server.serving.async_engine import AsyncEngine
     from atom_aot.server.lifecycle.shutdown import Lifecycle, QuietServer, uvicorn_config
     from atom_aot.server.lifecycle.metrics import ServerMetrics
     from atom_aot.server.state import ServerState

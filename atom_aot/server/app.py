@@ -7,14 +7,14 @@ from typing import TypeVar
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from atom_aot.server.engine_client.client import CallRejected, EngineCallError, EngineDeadError
-from atom_aot.server.protocol.errors import APIError, bad_request, engine_unavailable, install_error_handlers, shutting_down
+from atom_aot.runtime.processes.client import CallRejected, EngineCallError, EngineDeadError
+from atom_aot.runtime.processes.messages import EngineRequest, StartProfile, StopProfile
 from atom_aot.server.lifecycle.guards import DEFAULT_MAX_BODY_BYTES, BodySizeLimit, api_key_check
-from atom_aot.server.engine_client.messages import EngineRequest, StartProfile, StopProfile
 from atom_aot.server.lifecycle.metrics import CONTENT_TYPE
-from atom_aot.server.protocol.requests import ChatCompletionRequest, CompletionRequest
-from atom_aot.server.protocol.request_body import read_request
 from atom_aot.server.lifecycle.request_ids import RequestIdHeader
+from atom_aot.server.protocol.errors import APIError, bad_request, engine_unavailable, install_error_handlers, shutting_down
+from atom_aot.server.protocol.request_body import read_request
+from atom_aot.server.protocol.requests import ChatCompletionRequest, CompletionRequest
 from atom_aot.server.serving.chat import create_chat_completion
 from atom_aot.server.serving.completions import create_completion
 from atom_aot.server.serving.tokenization import detokenize, tokenize, tokenizer_info

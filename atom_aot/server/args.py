@@ -7,10 +7,10 @@ import argparse
 from atom_aot.artifact.manifest import Manifest
 from atom_aot.config_flags import add_arguments, from_namespace
 from atom_aot.runtime.config import RuntimeConfig
+from atom_aot.runtime.processes.prefix_routing import ROUTINGS
 from atom_aot.runtime.profiler import dir_from_env
 from atom_aot.server.lifecycle.guards import DEFAULT_MAX_BODY_BYTES
 from atom_aot.server.options import ServerOptions
-from atom_aot.server.engine_client.prefix_routing import ROUTINGS
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -80,3 +80,10 @@ def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
 def server_options(args: argparse.Namespace) -> ServerOptions:
     """The server's limits and timeouts from the flags (raises ValueError with the reason)."""
     return from_namespace(ServerOptions, args)
+
+
+def engine_client(args: argparse.Namespace, config: RuntimeConfig, manifest: Manifest):
+    """The server's engine client, not started, from the composition root (runtime/launch.py launch_served)."""
+    from atom_aot.runtime.launch import Topology, launch_served
+    return launch_served(args.artifact, config, manifest, Topology(args.data_parallel_size, args.dp_routing),
+                         args.torch_profiler_dir, args.log_level)

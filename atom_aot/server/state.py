@@ -5,11 +5,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from atom_aot.server.engine_client.async_engine import AsyncEngine
-from atom_aot.server.serving.logprobs import TokenRenderer
-from atom_aot.server.engine_client.messages import EngineInfo
+from atom_aot.runtime.processes.messages import EngineInfo
 from atom_aot.server.lifecycle.metrics import ServerMetrics
 from atom_aot.server.options import ServerOptions
+from atom_aot.server.serving.async_engine import AsyncEngine
+from atom_aot.server.serving.logprobs import TokenRenderer
 from atom_aot.server.serving.tokenizer_pool import tokenizer_pool
 
 

@@ -11,16 +11,16 @@ from typing import Iterable, Iterator
 
 import torch
 
-from atom_aot.weights.experts import ExpertStacker
-from atom_aot.weights.kv_scales import kv_scale_target
-from atom_aot.weights.prequantized import finish_fused, normalize_checkpoint
-from atom_aot.weights.quant_config import CheckpointQuant
 from atom_aot.models.config import ModelConfig
 from atom_aot.models.decoder import DecoderForCausalLM
 from atom_aot.models.parallel import ONE_RANK, Split
 from atom_aot.ops.fp8 import quantize_expert_stack, quantize_weight_per_channel
 from atom_aot.ops.int8 import quantize_weight_int8
 from atom_aot.ops.rope import rope_cos_sin_cache
+from atom_aot.weights.experts import ExpertStacker
+from atom_aot.weights.kv_scales import kv_scale_target
+from atom_aot.weights.prequantized import finish_fused, normalize_checkpoint
+from atom_aot.weights.quant_config import CheckpointQuant
 
 log = logging.getLogger("atom_aot")
 

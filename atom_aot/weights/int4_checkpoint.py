@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import torch
 
-from atom_aot.weights.quant_config import CheckpointQuant
 from atom_aot.errors import BuildError
 from atom_aot.models.config import ModelConfig
 from atom_aot.ops.int4 import pack_nibbles
+from atom_aot.weights.quant_config import CheckpointQuant
 
 INT4_LEAVES = ("qweight", "qzeros", "scales", "g_idx")
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)       # nibble p of a word holds column 8i + AWQ_ORDER[p]

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
+from atom_aot.artifact.kv_cache import KVCacheLayout
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
 from atom_aot.models import ModelConfig
-from atom_aot.models.kv_layout import KVCacheLayout
 from atom_aot.models.step_inputs import StepInputs
 from atom_aot.ops.fp8 import FP8_MAX
 

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import torch
 
-from atom_aot.weights.int4_checkpoint import normalize_int4_checkpoint
-from atom_aot.weights.quant_config import CheckpointQuant
 from atom_aot.errors import BuildError
 from atom_aot.models.quant_layers import INT4_SCHEMES, INT8_SCHEMES
 from atom_aot.ops.fp8 import dequantize_weight
+from atom_aot.weights.int4_checkpoint import normalize_int4_checkpoint
+from atom_aot.weights.quant_config import CheckpointQuant
 
 WEIGHT_SCALE_NAMES = ("weight_scale", "weight_scale_inv")
 ZERO_POINT_NAMES = ("weight_zero_point", "input_zero_point")

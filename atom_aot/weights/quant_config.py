@@ -210,8 +210,7 @@ class QuantPlan:
     def manifest_details(self) -> dict:
         """The Quantization fields (artifact/manifest.py) this decides."""
         return {"weights_origin": self.origin, "ignored": self.checkpoint.ignored if self.checkpoint else (),
-                "checkpoint_format": self.checkpoint.description if self.checkpoint else "",
-                "kv_scales": self.kv_scales}
+                "checkpoint_format": self.checkpoint.description if self.checkpoint else ""}
 
 
 def resolve_quant_plan(hf_config: dict, quant_flag: str, fp8_kv_cache: bool = False,

@@ -27,11 +27,12 @@ import torch
 import xxhash
 
 from atom_aot.artifact.build_options import LOAD_FORMATS  # noqa: F401  (the one list; random_weights() tests it)
-from atom_aot.weights.shard import shard_tensors
-from atom_aot.weights.convert import build_meta_model, converted_tensors
+from atom_aot.dtypes import torch_dtype
 from atom_aot.errors import ArtifactError
 from atom_aot.models import ModelConfig, model_class
 from atom_aot.models.parallel import Split
+from atom_aot.weights.convert import build_meta_model, converted_tensors
+from atom_aot.weights.shard import shard_tensors
 
 KV_SCALE = "self_attn.kv_scale"
 DRAW_ORDER_KEY = "atom_draw_order"
@@ -154,7 +155,7 @@ def draw_rank_state(config_dir: Path, dtype: torch.dtype, quant: str, max_positi
 
 def config_dtype(config: dict) -> torch.dtype:
     name = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
-    return getattr(torch, name)
+    return torch_dtype(name)
 
 
 def dummy_weights_hash(config: dict, device: str, seed: int = DEFAULT_SEED, std: float = DEFAULT_STD) -> str:

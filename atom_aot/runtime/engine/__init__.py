@@ -1,2 +1,2 @@
-"""The engine's decisions at the level of token ids: the core loop (intake -> schedule -> launch -> read ->
-update), the scheduler, the KV block manager and the per-request Sequence. No torch below engine_core."""
+"""The engine core's loop at the level of token ids: intake -> schedule -> launch -> read -> update. It drives
+the scheduler and a model runner through typed contracts (runtime/outputs.py), and knows nothing of text."""

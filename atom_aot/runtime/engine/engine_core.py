@@ -9,7 +9,8 @@ while the device computes N+1. Without it, a step reads the batch it launched. A
 last tokens on the host (a grammar, a bad word of several tokens: `SamplingParams.needs_last_tokens`)
 makes the steps run synchronously while it is unfinished: its next step is launched only after its
 last one is read. Speculative
-decoding (a runner that verifies draft tokens, atom_aot/runtime/spec/) runs synchronously.
+decoding (a runner that verifies draft tokens, atom_aot/runtime/spec/) runs synchronously: after each step
+the runner proposes the next drafts of the sequences that got tokens, and the core hands them to the scheduler.
 
 A request with a grammar is not handed to the scheduler until its grammar compiled: it waits in a map of
 compiling requests, polled each step, while a pool of worker processes compiles (grammar_compiler.py), so
@@ -23,24 +24,44 @@ import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
-from atom_aot.runtime.parallel.attention_dp import Lockstep
-from atom_aot.runtime.engine.block_manager import BlockManager
-from atom_aot.runtime.execution.model_runner import LaunchedStep, ModelRunner
 from atom_aot.errors import ContextLengthError, RequestError
-from atom_aot.runtime.engine.outputs import CoreOutput, CoreStats, TokenLogprobs
-from atom_aot.runtime.sampling.sampling_params import SamplingParams
-from atom_aot.runtime.engine.scheduler import ScheduledBatch, Scheduler
-from atom_aot.runtime.engine.sequence import Sequence
+from atom_aot.runtime.outputs import CoreOutput, CoreStats, SpecCounters, StepOutput, TokenLogprobs, VerifiedOutput
 from atom_aot.runtime.sampling.structured_output import Grammars, accept_sampled
-from atom_aot.runtime.spec.stats import SpecCounters
-from atom_aot.runtime.spec.verifier import VerifiedOutput
+from atom_aot.runtime.sampling_params import SamplingParams
+from atom_aot.runtime.scheduling.block_manager import BlockManager
+from atom_aot.runtime.scheduling.scheduled_batch import ScheduledBatch
+from atom_aot.runtime.scheduling.scheduler import Scheduler
+from atom_aot.runtime.scheduling.sequence import Sequence
 
 log = logging.getLogger("atom_aot")
 
 COMPILE_POLL_S = 0.05       # how long an engine with nothing but compiling requests waits for a compile per step
 Admitted = Callable[[str | None], None]     # told once a request is queued (None) or refused (why)
+
+
+class Runner(Protocol):
+    """What the engine core needs of a model runner (runtime/execution/model_runner.py; the speculative one,
+    runtime/spec/verifier.py): `launch` queues a batch's work on the device, `complete` reads its results."""
+
+    def launch(self, batch: ScheduledBatch) -> object: ...
+
+    def complete(self, launched) -> StepOutput | VerifiedOutput: ...
+
+    def new_request_generator(self, seed: int):
+        """A random generator of a request's own (its `seed`), on the runner's device."""
+
+    def take_draft_token_ids(self, seqs: list[Sequence]) -> dict[str, list[int]]:
+        """Speculative runners only: drafts for the next verify step of these sequences, after their step."""
+
+
+class Pace(Protocol):
+    """How a data-parallel-attention rank's loop steps with the others (runtime/parallel/attention_dp.py Lockstep)."""
+
+    def agree(self, busy: bool, stop: bool) -> tuple[bool, bool]: ...
+
+    def step(self, step: Callable[[], list], has_work: bool) -> list: ...
 
 
 @dataclass(frozen=True)
@@ -79,10 +100,10 @@ def _check_token_ids(prompt_token_ids: list[int], params: SamplingParams, vocab_
 
 
 class EngineCore:
-    def __init__(self, scheduler: Scheduler, runner: ModelRunner, eos_token_ids: frozenset[int], block_size: int,
+    def __init__(self, scheduler: Scheduler, runner: Runner, eos_token_ids: frozenset[int], block_size: int,
                  async_scheduling: bool = False, grammars: Grammars | None = None,
                  on_close: Callable[[], None] = lambda: None, spec_counters: SpecCounters | None = None,
-                 lockstep: Lockstep | None = None, vocab_size: int | None = None):
+                 lockstep: Pace | None = None, vocab_size: int | None = None):
         """`on_close`: what `close` releases besides this object (the other tensor-parallel ranks).
         `vocab_size`: the model's embedding rows; a prompt token at or above it is refused (on a GPU the
         embedding lookup would fault and take the engine down; a tokenizer can hold more ids than the model).
@@ -97,7 +118,7 @@ class EngineCore:
         self.async_scheduling = async_scheduling and spec_counters is None
         self.spec_counters = spec_counters      # speculative decoding's acceptance, when it runs
         self.vocab_size = vocab_size
-        self._in_flight: deque[tuple[ScheduledBatch, LaunchedStep]] = deque()   # launched, not read yet
+        self._in_flight: deque[tuple[ScheduledBatch, object]] = deque()   # launched, not read yet
         self._ids = itertools.count()
         self._prompt_logprobs: dict[str, list[TokenLogprobs]] = {}
         self.grammars = grammars                   # None: structured outputs are refused
@@ -113,10 +134,17 @@ class EngineCore:
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
                     arrival_time: float | None = None, on_admitted: Admitted | None = None) -> str:
-        """Queue a request; one whose grammar is not compiled yet waits for it (the engine steps meanwhile).
-        `on_admitted` is told once, for every request: None when it is queued, or why it was refused (its
-        grammar does not compile). Without it, a grammar already known not to compile raises RequestError."""
+        """Check a request (`check`), then queue it (`add_checked`)."""
         self.check(prompt_token_ids, params)
+        return self.add_checked(prompt_token_ids, params, request_id, arrival_time, on_admitted)
+
+    def add_checked(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                    arrival_time: float | None = None, on_admitted: Admitted | None = None) -> str:
+        """Queue a request that `check` (or `validate`) passed: callers that take several requests all or none
+        check every one first, then queue each, so each is checked once. One whose grammar is not compiled yet
+        waits for it (the engine steps meanwhile). `on_admitted` is told once, for every request: None when it is
+        queued, or why it was refused (its grammar does not compile). Without it, a grammar already known not to
+        compile raises RequestError."""
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self._compiling:
             raise RequestError(f"request id {request_id!r} is already in the engine; give each request its own id")
@@ -124,7 +152,7 @@ class EngineCore:
                        num_prompt_tokens=len(prompt_token_ids), params=params, block_size=self.block_size,
                        eos_token_ids=self.eos_token_ids, arrival_time=arrival_time or time.perf_counter())
         if params.seed is not None:
-            seq.generator = self.runner.sampler.new_request_generator(params.seed)
+            seq.generator = self.runner.new_request_generator(params.seed)
         if params.grammar is None:
             self._queue(seq)
             if on_admitted is not None:
@@ -247,7 +275,7 @@ class EngineCore:
             del self._host_bound[seq]
         return bool(self._host_bound)
 
-    def _complete(self, batch: ScheduledBatch, launched: LaunchedStep) -> list[CoreOutput]:
+    def _complete(self, batch: ScheduledBatch, launched) -> list[CoreOutput]:
         result = self.runner.complete(launched)
         if batch.is_verify:
             return self._complete_verified(batch, result)
@@ -257,6 +285,7 @@ class EngineCore:
         for seq in advanced:
             if seq.grammar_matcher is not None:
                 self._advance_grammar(seq)
+        self._take_drafts(advanced)
         logprobs = {seq.request_id: [lp] if lp is not None else [] for seq, lp in zip(batch.seqs, result.logprobs)}
         return [self._output(seq, logprobs[seq.request_id]) for seq in advanced]
 
@@ -272,11 +301,17 @@ class EngineCore:
     def _complete_verified(self, batch: ScheduledBatch, result: VerifiedOutput) -> list[CoreOutput]:
         """A verify step: each sequence's run of tokens (see SpeculativeRunner), cut at its first stop."""
         logprobs = {seq.request_id: lp for seq, lp in zip(batch.seqs, result.logprobs)}
-        outputs = []
-        for seq, count in self.scheduler.update_verified(batch, result.runs):
+        outputs, advanced = [], self.scheduler.update_verified(batch, result.runs)
+        for seq, count in advanced:
             self.num_generation_tokens_total += count
             outputs.append(self._output(seq, (logprobs[seq.request_id] or [])[:count], count))
+        self._take_drafts([seq for seq, _ in advanced])
         return outputs
+
+    def _take_drafts(self, advanced: list[Sequence]) -> None:
+        """Speculative decoding: the runner's drafts for the sequences that just got tokens, to the scheduler."""
+        if self.spec_counters is not None:
+            self.scheduler.update_draft_token_ids(self.runner.take_draft_token_ids(advanced))
 
     def _collect_prompt_logprobs(self, batch: ScheduledBatch, prompt_logprobs) -> None:
         for seq, start, scored in zip(batch.seqs, batch.num_computed_tokens, prompt_logprobs):

@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from atom_aot.models.step_inputs import StepInputs
-from atom_aot.runtime.engine.scheduler import ScheduledBatch
+from atom_aot.runtime.scheduling.scheduled_batch import ScheduledBatch
 
 Forward = Callable[[StepInputs], torch.Tensor]    # -> float32 logits [N, vocab]
 

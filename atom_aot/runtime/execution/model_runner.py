@@ -11,19 +11,12 @@ import torch
 
 from atom_aot.models.step_inputs import StepInputs
 from atom_aot.runtime.execution.forwards import Forwards
-from atom_aot.runtime.engine.outputs import TokenLogprobs
-from atom_aot.runtime.sampling.sampler import LogprobTensors, Sampler, logprob_tensors, token_logprobs
-from atom_aot.runtime.engine.scheduler import ScheduledBatch
-from atom_aot.runtime.engine.sequence import Sequence
 from atom_aot.runtime.execution.step_inputs_builder import LogitsRows, StepInputsBuilder
-from atom_aot.runtime.execution.transfer import Readback, to_device
-
-
-@dataclass
-class StepOutput:
-    sampled: list[int | None]                      # per batch sequence; None: still in its prompt
-    logprobs: list[TokenLogprobs | None]
-    prompt_logprobs: list[list[TokenLogprobs] | None]
+from atom_aot.runtime.outputs import StepOutput
+from atom_aot.runtime.sampling.sampler import LogprobTensors, Sampler, logprob_tensors, token_logprobs
+from atom_aot.runtime.scheduling.scheduled_batch import ScheduledBatch
+from atom_aot.runtime.scheduling.sequence import Sequence
+from atom_aot.runtime.transfer import Readback, to_device
 
 
 class StepResults(NamedTuple):
@@ -62,6 +55,9 @@ class ModelRunner:
             logits = self.forwards.for_batch(batch)(inputs)
             return LaunchedStep(batch, Readback(self._sample(batch, rows, logits), self.device))
 
+    def new_request_generator(self, seed: int) -> torch.Generator:
+        return self.sampler.new_request_generator(seed)
+
     def prepare_inputs(self, batch: ScheduledBatch) -> tuple[StepInputs, LogitsRows]:
         """The step's flat tensors (on the device) and which logits rows sample or score the prompt."""
         return self.inputs.build(batch)
@@ -89,7 +85,7 @@ class ModelRunner:
         seqs = [seq for seq, samples in zip(batch.seqs, batch.sampling) if samples]
         # without prompt rows, every logits row samples, in batch order
         logits_to_sample = logits[to_device(rows.sample_rows, torch.int64, self.device)] if rows.prompt_rows else logits
-        tokens = (self.sampler(logits_to_sample, seqs) if seqs
+        tokens = (self.sampler(logits_to_sample, seqs, self.inputs.sampling_batch()) if seqs
                   else torch.empty(0, dtype=torch.int64, device=logits.device))
         self.inputs.remember_sampled(tokens)
         return StepResults(tokens, self._sampled_logprobs(logits_to_sample, tokens, seqs),

@@ -1,4 +1,5 @@
-"""The model runner's host state kept between steps: one row per sequence that holds KV blocks.
+"""The model runner's host state kept between steps: one row per sequence that holds KV blocks, with its
+block table and its sampling parameters (runtime/sampling/sampling_rows.py, written when it gets the row).
 
 Building every block table from scratch took O(batch x blocks) Python work each step (most of the
 5.4 ms `prepare_inputs` of a batch-256 decode step on an H100 host). While a sequence runs its
@@ -13,13 +14,15 @@ from typing import Iterable
 
 import numpy as np
 
-from atom_aot.runtime.engine.sequence import Sequence
+from atom_aot.runtime.sampling.sampling_rows import SamplingBatch, SamplingColumns
+from atom_aot.runtime.scheduling.sequence import Sequence
 
 
 class PersistentRows:
     def __init__(self, num_rows: int = 64, width: int = 16):
         self.block_tables = np.zeros((num_rows, width), dtype=np.int32)   # [rows, width], 0 past a table's end
         self.last_sample = np.full(num_rows, -1, dtype=np.int64)         # [rows] row in the last step's samples
+        self.sampling = SamplingColumns(num_rows)                          # each row's sampling parameters
         self._num_blocks = [0] * num_rows                                  # block ids copied into each row
         self._row_of: dict[Sequence, int] = {}
         self._free_rows = list(range(num_rows - 1, -1, -1))
@@ -33,7 +36,12 @@ class PersistentRows:
             self.block_tables[row, :self._num_blocks[row]] = 0
             self._num_blocks[row] = 0
             self.last_sample[row] = -1
+            self.sampling.clear(row)
             self._free_rows.append(row)
+
+    def sampling_batch(self, rows: np.ndarray) -> SamplingBatch:
+        """The sampling parameters of these rows (a step's sampling sequences), in their order."""
+        return self.sampling.gather(rows)
 
     def rows_for(self, seqs: Iterable[Sequence]) -> tuple[np.ndarray, int]:
         """Each sequence's row [B] (a new one on first sight), with its block table brought up to
@@ -65,6 +73,7 @@ class PersistentRows:
         if not self._free_rows:
             self._add_rows()
         row = self._row_of[seq] = self._free_rows.pop()
+        self.sampling.write(row, seq.params)
         return row
 
     def _add_rows(self) -> None:
@@ -72,6 +81,7 @@ class PersistentRows:
         num_rows = len(self._num_blocks)
         self.block_tables = np.concatenate([self.block_tables, np.zeros_like(self.block_tables)])
         self.last_sample = np.concatenate([self.last_sample, np.full(num_rows, -1, dtype=np.int64)])
+        self.sampling.grow(2 * num_rows)
         self._num_blocks += [0] * num_rows
         self._free_rows += range(2 * num_rows - 1, num_rows - 1, -1)
 

@@ -18,8 +18,9 @@ import torch
 
 from atom_aot.models.step_inputs import StepInputs, input_dtype
 from atom_aot.runtime.execution.persistent_rows import PersistentRows
-from atom_aot.runtime.engine.scheduler import ScheduledBatch
-from atom_aot.runtime.execution.transfer import to_device
+from atom_aot.runtime.sampling.sampling_rows import SamplingBatch
+from atom_aot.runtime.scheduling.scheduled_batch import ScheduledBatch
+from atom_aot.runtime.transfer import to_device
 
 PENDING = (-1,)   # the host's stand-in for a token sampled on the device and not read yet
 
@@ -61,6 +62,10 @@ class StepInputsBuilder:
         if pending.size:
             self._gather_pending(inputs.input_ids, pending, seq_of_token[pending], rows, batch)
         return inputs, logits_rows
+
+    def sampling_batch(self) -> SamplingBatch:
+        """The sampling parameters of the last built batch's sampling sequences, from their persistent rows."""
+        return self.rows.sampling_batch(self._sample_rows)
 
     def remember_sampled(self, sampled: torch.Tensor) -> None:
         """The tokens the last built batch samples ([n], on the device): the next batch's pending inputs."""

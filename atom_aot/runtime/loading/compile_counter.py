@@ -3,7 +3,7 @@ compilations and Triton JIT compilations.
 
 The runtime must keep all three at zero. A compiler that was never imported compiled nothing,
 so the counts are read only from modules already loaded; reading them never imports one.
-Every runtime load installs the Triton counter (`load_and_start`), so whoever loads an artifact
+Every runtime load installs the Triton counter (runtime/assembly.py `start_core`), so whoever loads an artifact
 (LLMEngine, the engine process, atom-run) counts Triton compilations without asking.
 """
 from __future__ import annotations

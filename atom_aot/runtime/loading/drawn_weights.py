@@ -16,9 +16,10 @@ import torch
 
 from atom_aot.artifact.layout import CONFIG
 from atom_aot.artifact.reader import Artifact
-from atom_aot.weights.random_draw import draw_rank_state, recorded_draw_order
+from atom_aot.dtypes import torch_dtype
 from atom_aot.errors import ArtifactError
 from atom_aot.models.parallel import Split
+from atom_aot.weights.random_draw import draw_rank_state, recorded_draw_order
 
 log = logging.getLogger("atom_aot")
 
@@ -33,7 +34,7 @@ def draw_artifact_weights(artifact: Artifact, rank: int, device: torch.device, s
     if shapes is None:
         log.info("weights drawn at load: this artifact does not record its draw order (built by an older atom-build), "
                  "so transformers lists the parameters (seconds of import and a meta model)")
-    return draw_weights(config_dir, getattr(torch, m.numerics.dtype), m.quantization.weights,
+    return draw_weights(config_dir, torch_dtype(m.numerics.dtype), m.quantization.weights,
                         m.numerics.max_model_len, Split.of(m.layout), rank, device, stored, shapes)
 
 

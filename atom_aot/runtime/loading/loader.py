@@ -19,15 +19,18 @@ import torch
 from atom_aot.arch import detect_arch, device_for_arch, toolchain
 from atom_aot.artifact.build_options import drawn_at_load, random_weights
 from atom_aot.artifact.graph_plan import GraphPlan
+from atom_aot.artifact.kv_cache import KVCacheSpec
 from atom_aot.artifact.layout import CONFIG, GENERATION_CONFIG, TOKENIZER
 from atom_aot.artifact.manifest import Manifest, Target
 from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.reader import Artifact
 from atom_aot.artifact.signature import SIGNATURE_VERSION
 from atom_aot.artifact.tuning import Tuning
+from atom_aot.dtypes import torch_dtype
 from atom_aot.errors import ArtifactError
 from atom_aot.models import ModelConfig, model_class
 from atom_aot.models.parallel import Split, rank_shapes
+from atom_aot.models.registry import kv_cache_layout
 from atom_aot.runtime.loading.placement import placement_problem
 from atom_aot.runtime.loading.safetensors_view import metadata_of, tensors_from_buffer, tensors_on_device
 
@@ -50,7 +53,7 @@ class LoadedArtifact:
     execution: str                      # which path runs: "aotinductor" or "eager"
     device: torch.device
     dtype: torch.dtype
-    kv_dtype: torch.dtype
+    kv_cache: KVCacheSpec               # this rank's cache: dtype, layout, scales
     block_size: int
     max_model_len: int
     generation_config: dict
@@ -123,10 +126,19 @@ def load_artifact(path: str | Path, enforce_eager: bool = False, rank: int = 0,
         path=artifact.path, manifest=manifest, tuning=tuning, graph_plan=artifact.read_graph_plan(),
         model_config=model_config, hf_config=hf_config, rank=rank, weights=weights, forwards=forwards,
         execution=execution,
-        device=device, dtype=getattr(torch, numerics.dtype), kv_dtype=getattr(torch, numerics.kv_cache_dtype),
+        device=device, dtype=torch_dtype(numerics.dtype), kv_cache=_kv_cache_spec(manifest, model_config),
         block_size=numerics.block_size, max_model_len=numerics.max_model_len,
         generation_config=artifact.read_json(GENERATION_CONFIG), tokenizer_dir=artifact.member_dir(TOKENIZER),
         timings=timings)
+
+
+def _kv_cache_spec(manifest: Manifest, model_config: ModelConfig) -> KVCacheSpec:
+    """The manifest's KV cache spec with this rank's layout as the model class makes it, which must be the one the
+    build recorded (an artifact of format 2 records none: it is derived here)."""
+    try:
+        return manifest.kv_cache.with_layout(kv_cache_layout(rank_shapes(model_config, Split.of(manifest.layout))))
+    except ValueError as e:
+        raise ArtifactError(f"{e}: rebuild it with this atom-aot ({manifest.rebuild_command()})") from None
 
 
 def _this_rank_device(arch: str) -> torch.device:
@@ -238,7 +250,7 @@ def _load_eager(manifest: Manifest, model_config: ModelConfig, tuning: Tuning,
     start = time.perf_counter()
     numerics = manifest.numerics
     with torch.device("meta"):
-        model = model_class(model_config.architecture)(model_config, getattr(torch, numerics.dtype),
+        model = model_class(model_config.architecture)(model_config, torch_dtype(numerics.dtype),
                                                        manifest.quantization.weights, numerics.max_model_len,
                                                        Split.of(manifest.layout))
     model.load_state_dict(weights, assign=True)

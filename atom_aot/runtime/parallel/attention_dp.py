@@ -9,7 +9,7 @@ together, and every step's forward must have the same token count on every rank:
   any of them runs, and each pads its batch to it with one-token sequences whose KV slot is -1
   (written nowhere, logits not asked for), as CUDA-graph padding does.
 
-The front end starts the N engine processes with torchrun's variables (server/engine_client/data_parallel.py); vLLM's
+The front end starts the N engine processes with torchrun's variables (runtime/processes/data_parallel.py); vLLM's
 DP engines do the same per-step token-count exchange and dummy batches.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from atom_aot.distributed.group import RankGroup, RankPlace, leave, rank_device
 from atom_aot.errors import RankStopped, StartupError
 from atom_aot.models.step_inputs import StepInputs, input_dtype
 from atom_aot.runtime.execution.forwards import Forward, Forwards
-from atom_aot.runtime.engine.scheduler import ScheduledBatch
+from atom_aot.runtime.scheduling.scheduled_batch import ScheduledBatch
 
 log = logging.getLogger("atom_aot")
 

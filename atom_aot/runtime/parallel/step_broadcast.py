@@ -15,16 +15,13 @@ every rank answers each of them with whether it did it (an all_gather on the con
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import torch
 import torch.distributed as dist
 
 from atom_aot.distributed.group import RankGroup
 from atom_aot.models.step_inputs import SPECS, StepInputs, input_dtype
-
-if TYPE_CHECKING:
-    from atom_aot.runtime.parallel.tp_lead import LeadRank
 
 STEP, STOP, PROFILE_START, PROFILE_STOP = 0, 1, 2, 3
 SENT = tuple(name for name in StepInputs._fields if name != "kv_cache")
@@ -143,12 +140,20 @@ def _numel(dims: tuple[str, ...], sizes: dict[str, int]) -> int:
     return int(torch.Size([sizes[d] for d in dims]).numel())
 
 
+class StepLead(Protocol):
+    """What a leading forward needs of rank 0's link to the others (runtime/parallel/tp_lead.py LeadRank)."""
+    sender: StepSender
+
+    def check(self, error: BaseException | None) -> None:
+        """Raise, naming the rank, if one is known dead or `error` (a failed collective) says so."""
+
+
 class LeadingForward:
     """Rank 0's forward: sends the inputs to the other ranks, then runs the forward itself.
 
-    `lead` (runtime/parallel/tp_lead.py) sends, and says which rank failed when a collective fails."""
+    `lead` sends, and says which rank failed when a collective fails."""
 
-    def __init__(self, forward: Callable[[StepInputs], torch.Tensor], index: int, lead: "LeadRank"):
+    def __init__(self, forward: Callable[[StepInputs], torch.Tensor], index: int, lead: StepLead):
         self.forward, self.index, self.lead = forward, index, lead
 
     def __call__(self, inputs: StepInputs) -> torch.Tensor:

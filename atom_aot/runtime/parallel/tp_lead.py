@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from atom_aot.artifact.reader import Artifact
 from atom_aot.distributed.group import RankGroup, RankPlace, agree_min, join, leave, rank_device
+from atom_aot.errors import RankFailure
 from atom_aot.runtime import profiler
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.execution.forwards import Forwards
@@ -43,10 +44,6 @@ log = logging.getLogger("atom_aot")
 WATCH_INTERVAL_S = 0.2
 DEATH_NOTICE_S = 2.0        # how long a failed collective waits for the watcher to name the rank that died
 STOP_GRACE_S = 10.0
-
-
-class RankFailure(RuntimeError):
-    """Another tensor-parallel rank died or stopped answering: the engine cannot go on."""
 
 
 def start_other_ranks(artifact: Artifact, config: RuntimeConfig) -> "StartingRanks | None":

@@ -16,17 +16,18 @@ import torch
 
 import torch.distributed as dist
 
-from atom_aot.distributed.group import RankPlace, agree_min, join, leave, rank_device
 from atom_aot.artifact.reader import Artifact
+from atom_aot.distributed.group import RankPlace, agree_min, join, leave, rank_device
+from atom_aot.errors import RankFailure
 from atom_aot.logging_setup import seconds_listed
 from atom_aot.runtime.config import RuntimeConfig
+from atom_aot.runtime.execution.memory import kv_block_count
+from atom_aot.runtime.execution.model_setup import prepare_model
 from atom_aot.runtime.loading.loader import load_artifact
-from atom_aot.runtime.profiler import TorchProfiler
 from atom_aot.runtime.parallel.rank_load import meet_beside_load
-from atom_aot.runtime.startup import kv_block_count, prepare_model
 from atom_aot.runtime.parallel.step_broadcast import ProfileCommand, StepReceiver
+from atom_aot.runtime.profiler import TorchProfiler
 from atom_aot.runtime.threads import set_torch_threads
-from atom_aot.runtime.parallel.tp_lead import RankFailure
 
 log = logging.getLogger("atom_aot")
 

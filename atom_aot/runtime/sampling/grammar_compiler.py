@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from atom_aot.errors import RequestError
 from atom_aot.runtime.sampling.grammar_errors import SPEC_NAMES
-from atom_aot.runtime.sampling.sampling_params import GrammarSpec
+from atom_aot.runtime.sampling_params import GrammarSpec
 
 log = logging.getLogger("atom_aot")
 

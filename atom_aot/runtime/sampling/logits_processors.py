@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from atom_aot.runtime.engine.sequence import Sequence
 from atom_aot.runtime.sampling.structured_output import grammar_bitmask, apply_grammar_bitmask
-from atom_aot.runtime.execution.transfer import to_device
+from atom_aot.runtime.scheduling.sequence import Sequence
+from atom_aot.runtime.transfer import to_device
 
 
 class TokenCounts:

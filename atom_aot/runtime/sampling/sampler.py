@@ -11,14 +11,16 @@ import logging
 import os
 from typing import Callable, NamedTuple
 
+import numpy as np
 import torch
 
 from atom_aot.errors import StartupError
 from atom_aot.ops.sampling import mask_below, sampling_threshold
+from atom_aot.runtime.outputs import TokenLogprobs
 from atom_aot.runtime.sampling.logits_processors import LogitsProcessors
-from atom_aot.runtime.engine.outputs import TokenLogprobs
-from atom_aot.runtime.engine.sequence import Sequence
-from atom_aot.runtime.execution.transfer import to_device
+from atom_aot.runtime.sampling.sampling_rows import SamplingBatch
+from atom_aot.runtime.scheduling.sequence import Sequence
+from atom_aot.runtime.transfer import to_device
 
 log = logging.getLogger("atom_aot")
 
@@ -59,41 +61,36 @@ def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: to
     return mask_below(logits, threshold(logits, top_k, top_p, min_p))
 
 
-def _masks(seq: Sequence) -> bool:
-    return seq.params.top_k > 0 or seq.params.top_p < 1.0 or seq.params.min_p > 0
+def _mask_params(batch: SamplingBatch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (to_device(batch.top_k, torch.int64, device), to_device(batch.top_p, torch.float32, device),
+            to_device(batch.min_p, torch.float32, device))
 
 
-def _mask_params(seqs: list[Sequence], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return (to_device([seq.params.top_k for seq in seqs], torch.int64, device),
-            to_device([seq.params.top_p for seq in seqs], torch.float32, device),
-            to_device([seq.params.min_p for seq in seqs], torch.float32, device))
-
-
-def _sample_among_top_k(scaled: torch.Tensor, noise: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+def _sample_among_top_k(scaled: torch.Tensor, noise: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Every sampled row has a top-k: mask and draw among the batch's largest-k candidates instead of
     sorting the whole vocabulary (a full sort of a 150k vocabulary per row cost 28% of decode
     throughput on an H100). Each candidate keeps its own noise variate, so the draw equals the
     full path's, except that a tie with the k-th logit is not kept."""
-    k = min(max(seq.params.top_k for seq in seqs), scaled.shape[-1])    # rows without one are greedy
+    k = min(int(batch.top_k.max()), scaled.shape[-1])    # rows without one are greedy
     values, ids = scaled.topk(k, dim=-1)
-    masked = apply_top_k_top_p_min_p(values, *_mask_params(seqs, scaled.device))
+    masked = apply_top_k_top_p_min_p(values, *_mask_params(batch, scaled.device))
     choice = (masked.softmax(dim=-1) / noise.gather(-1, ids)).argmax(dim=-1, keepdim=True)
     return ids.gather(-1, choice).squeeze(-1)
 
 
-def scale_by_temperature(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+def scale_by_temperature(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """logits [N, V] / each row's temperature (greedy rows by 1: their draw is the argmax anyway)."""
-    temperature = to_device([seq.params.temperature or 1.0 for seq in seqs], torch.float32, logits.device)
-    return logits / temperature.unsqueeze(-1)
+    return logits / to_device(batch.temperature, torch.float32, logits.device).unsqueeze(-1)
 
 
 def sampling_probs(logits: torch.Tensor, seqs: list[Sequence],
                    threshold: ThresholdFn = sampling_threshold) -> torch.Tensor:
     """The distribution [N, V] the sampler draws row i of `logits` from: temperature, then the
     top-k / top-p / min-p mask (speculative verification needs it whole)."""
-    scaled = scale_by_temperature(logits, seqs)
-    if any(_masks(seq) for seq in seqs):
-        scaled = apply_top_k_top_p_min_p(scaled, *_mask_params(seqs, logits.device), threshold)
+    batch = SamplingBatch.of([seq.params for seq in seqs])
+    scaled = scale_by_temperature(logits, batch)
+    if batch.masks.any():
+        scaled = apply_top_k_top_p_min_p(scaled, *_mask_params(batch, logits.device), threshold)
     return scaled.softmax(dim=-1)
 
 
@@ -137,42 +134,39 @@ class Sampler:
         g.manual_seed(seed)
         return g
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """logits: [N, V] float32, one row per sequence -> next token ids [N]."""
-        tokens = self.draw(self.apply_logits_processors(logits, seqs), seqs)
-        self.logits_processors.record(seqs, tokens)
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence], batch: SamplingBatch | None = None) -> torch.Tensor:
+        """logits: [N, V] float32, one row per sequence -> next token ids [N]. `batch`: the sequences' sampling
+        parameters as the runner's persistent rows hold them (read from `seqs` when not given)."""
+        batch = batch if batch is not None else SamplingBatch.of([seq.params for seq in seqs])
+        processed = self.logits_processors.apply(logits, seqs) if batch.any_processes else logits
+        tokens = self.draw(processed, seqs, batch)
+        if batch.any_processes:
+            self.logits_processors.record(seqs, tokens)
         return tokens
 
-    def apply_logits_processors(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """logits [N, V] as the requests' penalties, bias, bad words, min_tokens and grammars change
-        them (the same tensor when no request uses any)."""
-        return self.logits_processors.apply(logits, seqs)
-
-    def draw(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    def draw(self, logits: torch.Tensor, seqs: list[Sequence], batch: SamplingBatch) -> torch.Tensor:
         """Next token ids [N] from processed logits [N, V]: greedy or drawn, masked by top-k/p, min-p."""
         greedy = logits.argmax(dim=-1)
-        if all(seq.params.greedy for seq in seqs):
+        if batch.all_greedy:
             return greedy
-        scaled = scale_by_temperature(logits, seqs)
-        noise = self._exponential_noise(scaled, seqs)
-        drawn = [seq for seq in seqs if not seq.params.greedy]      # greedy rows take `greedy` below
-        if not any(_masks(seq) for seq in drawn):
+        scaled = scale_by_temperature(logits, batch)
+        noise = self._exponential_noise(scaled, seqs, batch)
+        if not batch.drawn_masks:                  # greedy rows take `greedy` below
             sampled = (scaled.softmax(dim=-1) / noise).argmax(dim=-1)
-        elif all(seq.params.top_k > 0 for seq in drawn):
-            sampled = _sample_among_top_k(scaled, noise, seqs)
+        elif batch.drawn_all_top_k:
+            sampled = _sample_among_top_k(scaled, noise, batch)
         else:                                      # some row masks the whole vocabulary: one threshold per row
-            masked = apply_top_k_top_p_min_p(scaled, *_mask_params(seqs, scaled.device), self.threshold)
+            masked = apply_top_k_top_p_min_p(scaled, *_mask_params(batch, scaled.device), self.threshold)
             sampled = (masked.softmax(dim=-1) / noise).argmax(dim=-1)
-        is_greedy = to_device([seq.params.greedy for seq in seqs], torch.bool, logits.device)
-        return torch.where(is_greedy, greedy, sampled)
+        return torch.where(to_device(batch.greedy, torch.bool, logits.device), greedy, sampled)
 
-    def _exponential_noise(self, like: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    def _exponential_noise(self, like: torch.Tensor, seqs: list[Sequence], batch: SamplingBatch) -> torch.Tensor:
         """One variate per vocabulary entry and row, whatever path samples the row, so that a
         seeded row draws the same numbers in any batch."""
         noise = torch.empty_like(like).exponential_(generator=self.generator)
-        for row, seq in enumerate(seqs):
-            if seq.generator is not None and not seq.params.greedy:
-                noise[row].exponential_(generator=seq.generator)
+        for row in np.flatnonzero(~batch.greedy):
+            if seqs[row].generator is not None:
+                noise[row].exponential_(generator=seqs[row].generator)
         return noise
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from atom_aot.runtime.sampling.grammar_compiler import GrammarCompilePool
-from atom_aot.runtime.sampling.sampling_params import GrammarSpec
+from atom_aot.runtime.sampling_params import GrammarSpec
 
 log = logging.getLogger("atom_aot")
 

@@ -10,17 +10,18 @@ or were preempted are freed at the next proposal.
 """
 from __future__ import annotations
 
-from atom_aot.runtime.engine.block_manager import BlockManager
 from atom_aot.runtime.execution.model_runner import ModelRunner
-from atom_aot.runtime.sampling.sampling_params import SamplingParams
-from atom_aot.runtime.engine.scheduler import ScheduledBatch
-from atom_aot.runtime.engine.sequence import Sequence, SequenceStatus
+from atom_aot.runtime.sampling_params import SamplingParams
+from atom_aot.runtime.scheduling.block_manager import BlockManager
+from atom_aot.runtime.scheduling.scheduled_batch import ScheduledBatch
+from atom_aot.runtime.scheduling.sequence import Sequence, SequenceStatus
 
 GREEDY = SamplingParams(temperature=0, max_tokens=None)
 
 
 class DraftModelProposer:
     decodes_without_drafts = True       # its shadows catch up from token ids (runtime/spec/proposer.py)
+    lookahead_slots = 0                 # its KV lives in a pool of its own
 
     def __init__(self, runner: ModelRunner, block_manager: BlockManager, num_speculative_tokens: int):
         self.runner = runner

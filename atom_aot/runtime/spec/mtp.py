@@ -11,10 +11,11 @@ in position p's slot.
   hidden states (the tap on the target's forward keeps them), which writes its KV for them, and
   its prediction after the last one is the sequence's first draft. So its KV is exact for every
   computed position before the step's blocks enter the prefix cache.
-- `propose` returns that draft and, for K > 1, chains the same layer on its own output hidden
-  state and draft (DeepSeek's reuse of its one MTP layer), one position further each time. Those
-  chained positions are the ones the verify step computes: the scheduler reserves their slots
-  before proposing, and the next `observe` overwrites them with the target's hidden states.
+- `propose` (after the step, once the scheduler has the step's tokens) returns that draft and, for K > 1,
+  chains the same layer on its own output hidden state and draft (DeepSeek's reuse of its one MTP layer), one
+  position further each time. Those chained positions are the ones the next verify step computes: the
+  scheduler reserved their slots with the step just run (`lookahead_slots`), a chain stops where a sequence's
+  slots end, and the next `observe` overwrites them with the target's hidden states.
 """
 from __future__ import annotations
 
@@ -25,11 +26,11 @@ import numpy as np
 import torch
 
 from atom_aot.models.step_inputs import StepInputs, input_dtype
-from atom_aot.runtime.engine.scheduler import ScheduledBatch
-from atom_aot.runtime.engine.sequence import Sequence, SequenceStatus
 from atom_aot.runtime.execution.step_inputs_builder import token_layout
-from atom_aot.runtime.execution.transfer import to_device
-from atom_aot.runtime.execution.verify_rows import as_decode_rows
+from atom_aot.runtime.scheduling.scheduled_batch import ScheduledBatch
+from atom_aot.runtime.scheduling.sequence import Sequence, SequenceStatus
+from atom_aot.runtime.spec.verify_rows import as_decode_rows
+from atom_aot.runtime.transfer import to_device
 
 # (step inputs, previous hidden [T, hidden]) -> (float32 logits [N, vocab], hidden [T, hidden])
 MTPForward = Callable[[StepInputs, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -64,6 +65,7 @@ class MTPProposer:
         self.mtp, self.tap = mtp, tap
         self.kv_cache, self.block_size, self.device = kv_cache, block_size, device
         self.num_speculative_tokens = num_speculative_tokens
+        self.lookahead_slots = num_speculative_tokens - 1      # the chained steps' positions past the first draft
         self._guesses: dict[Sequence, Guess] = {}
 
     @torch.inference_mode()
@@ -89,6 +91,9 @@ class MTPProposer:
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], limits: list[int]) -> list[list[int]]:
         self._forget_gone()
+        # a chained step at position p writes p's slot: a chain stops at the last slot the sequence holds
+        limits = [min(limit, len(seq.block_table) * self.block_size - seq.num_computed_tokens + 1)
+                  for seq, limit in zip(seqs, limits)]
         drafts: list[list[int]] = [[] for _ in seqs]
         active = [i for i, limit in enumerate(limits) if limit > 0]
         for i in active:
@@ -122,7 +127,7 @@ class MTPProposer:
     def _inputs(self, seqs: list[Sequence], starts: list[int], tokens: list[list[int]]) -> tuple[StepInputs, np.ndarray]:
         """A step of the MTP layer: sequence i computes len(tokens[i]) positions from starts[i] (tokens[i]
         its input ids) in its own slots, each position a decode row of its own (the package's one query row
-        per sequence: `as_decode_rows`, runtime/execution/verify_rows.py, says why that is exact); and the rows of each
+        per sequence: `as_decode_rows`, runtime/spec/verify_rows.py, says why that is exact); and the rows of each
         sequence's last position."""
         tables = np.zeros((len(seqs), max(len(seq.block_table) for seq in seqs)), dtype=np.int32)   # [B, widest]
         for row, seq in zip(tables, seqs):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from atom_aot.runtime.engine.sequence import Sequence
+from atom_aot.runtime.scheduling.sequence import Sequence
 
 
 @dataclass(frozen=True)
@@ -14,6 +14,7 @@ class NgramProposer:
     min_n: int = 2                  # shortest suffix worth matching
     max_n: int = 4                  # longest suffix tried (first)
     decodes_without_drafts: ClassVar[bool] = True     # reads token ids only (runtime/spec/proposer.py)
+    lookahead_slots: ClassVar[int] = 0
 
     def __post_init__(self):
         if not 1 <= self.min_n <= self.max_n:

@@ -9,27 +9,29 @@ from dataclasses import dataclass, replace
 
 from atom_aot.artifact.phase import Phase
 from atom_aot.errors import StartupError
-from atom_aot.runtime.engine.block_manager import BlockManager
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.execution.forwards import Forwards
 from atom_aot.runtime.execution.kv_cache import allocate_kv_cache
-from atom_aot.runtime.loading.loader import LoadedArtifact, load_artifact
+from atom_aot.runtime.execution.memory import draft_kv_blocks, uses_graphs, widest_row_bytes
 from atom_aot.runtime.execution.model_runner import ModelRunner
+from atom_aot.runtime.loading.loader import LoadedArtifact, load_artifact
+from atom_aot.runtime.outputs import SpecCounters
 from atom_aot.runtime.sampling.sampler import Sampler
-from atom_aot.runtime.execution.verify_graphs import VerifyGraphs, verify_capture_sizes
-from atom_aot.runtime.execution.verify_rows import DecodeRowsVerify
+from atom_aot.runtime.scheduling.block_manager import BlockManager
+from atom_aot.runtime.scheduling.scheduler import SpeculationShape
 from atom_aot.runtime.spec.draft import DraftModelProposer
 from atom_aot.runtime.spec.mtp import HiddenTap, MTPProposer
 from atom_aot.runtime.spec.mtp_graphs import MTPGraphs
 from atom_aot.runtime.spec.ngram import NgramProposer
 from atom_aot.runtime.spec.proposer import Proposer
-from atom_aot.runtime.spec.stats import SpecCounters
 from atom_aot.runtime.spec.verifier import SpeculativeRunner, VerifyForward
+from atom_aot.runtime.spec.verify_graphs import MAX_GRAPH_TOKENS, VerifyGraphs, verify_capture_sizes
+from atom_aot.runtime.spec.verify_rows import DecodeRowsVerify
 
 log = logging.getLogger("atom_aot")
 
-# Which route verify steps take: decode rows (runtime/execution/verify_rows.py) or the mixed package (with its own
-# verify graphs, runtime/execution/verify_graphs.py); `auto` (default) picks by the artifact (verify_route).
+# Which route verify steps take: decode rows (runtime/spec/verify_rows.py) or the mixed package (with its own
+# verify graphs, runtime/spec/verify_graphs.py); `auto` (default) picks by the artifact (verify_route).
 VERIFY_ROUTE_VARIABLE = "ATOM_VERIFY_ROUTE"
 DECODE_ROWS, MIXED_ROUTE = "decode-rows", "mixed"
 VERIFY_ROUTES = (DECODE_ROWS, MIXED_ROUTE)
@@ -39,6 +41,12 @@ VERIFY_ROUTES = (DECODE_ROWS, MIXED_ROUTE)
 class Speculation:
     proposer: Proposer
     runner: SpeculativeRunner
+
+    @property
+    def shape(self) -> SpeculationShape:
+        """What the scheduler needs to know of it."""
+        return SpeculationShape(self.proposer.num_speculative_tokens, self.proposer.lookahead_slots,
+                                verify_every_decode=not self.proposer.decodes_without_drafts)
 
 
 def start_speculation(loaded: LoadedArtifact, config: RuntimeConfig, runner: ModelRunner, max_model_len: int,
@@ -60,11 +68,12 @@ def start_speculation(loaded: LoadedArtifact, config: RuntimeConfig, runner: Mod
     route, why = verify_route(loaded)
     verify = (start_decode_rows(runner, tap, why) if route == DECODE_ROWS
               else start_verify_graphs(loaded, config, runner, max_model_len, tap))
-    return Speculation(proposer, SpeculativeRunner(runner, SpecCounters(config.method, k), observer, verify))
+    return Speculation(proposer, SpeculativeRunner(runner, SpecCounters(config.method, k), proposer, max_model_len,
+                                                   observer, verify))
 
 
 def verify_route(loaded: LoadedArtifact) -> tuple[str, str]:
-    """How verify steps run, and why: DECODE_ROWS (runtime/execution/verify_rows.py) where the mixed package cannot be
+    """How verify steps run, and why: DECODE_ROWS (runtime/spec/verify_rows.py) where the mixed package cannot be
     captured, else MIXED (the mixed package, as CUDA graphs where it can be); ATOM_VERIFY_ROUTE decides instead."""
     forced = os.environ.get(VERIFY_ROUTE_VARIABLE, "auto")
     if forced not in (*VERIFY_ROUTES, "auto"):
@@ -203,17 +212,11 @@ def load_draft(target: LoadedArtifact, config: RuntimeConfig, max_model_len: int
     return draft
 
 
-def draft_kv_blocks(draft_block_size: int, target_tokens: int, max_num_seqs: int) -> int:
-    """Blocks of a draft pool that holds every token the target's does (plus one block per sequence
-    for a different block size's rounding)."""
-    return -(-target_tokens // draft_block_size) + max_num_seqs
-
-
 def start_draft(draft: LoadedArtifact, config: RuntimeConfig, target_tokens: int,
                 max_num_seqs: int) -> DraftModelProposer:
     """The loaded draft model with a KV pool of its own (draft_kv_blocks)."""
     num_blocks = draft_kv_blocks(draft.block_size, target_tokens, max_num_seqs)
-    kv_cache = allocate_kv_cache(draft.model_config, num_blocks, draft.block_size, draft.kv_dtype, draft.device)
+    kv_cache = allocate_kv_cache(draft.kv_cache, num_blocks, draft.block_size, draft.device)
     forwards = Forwards(draft.forwards[Phase.MIXED], draft.forwards.get(Phase.DECODE))
     sampler = Sampler.for_artifact(draft.forwards, draft.device, config.seed)
     runner = ModelRunner(forwards, kv_cache, draft.block_size, draft.device, sampler)
@@ -236,3 +239,16 @@ def check_draft(target: LoadedArtifact, draft: LoadedArtifact, max_model_len: in
     if draft.device != target.device:
         raise StartupError(f"the draft model {draft.path} runs on {draft.device} but {ours.name} on "
                            f"{target.device}: build both for the same arch")
+
+
+def verify_graph_reserve(loaded: LoadedArtifact, config: RuntimeConfig) -> int:
+    """Bytes the speculative CUDA graphs' pools keep, each bounded like activation_reserve's at its largest
+    token count: the mixed package's verify graphs (runtime/spec/verify_graphs.py) and the MTP step's
+    (runtime/spec/mtp_graphs.py), where they are captured; 0 without them."""
+    if config.method is None or not uses_graphs(loaded, config):
+        return 0
+    mtp = max(loaded.graph_plan.capture_sizes) * widest_row_bytes(loaded) if config.method == "mtp" else 0
+    sizes = verify_capture_sizes(loaded.graph_plan.capture_sizes, config.num_speculative_tokens)
+    if no_verify_graphs_reason(loaded, config, sizes) is not None:     # the same decision start_speculation makes
+        return mtp
+    return MAX_GRAPH_TOKENS * widest_row_bytes(loaded) + mtp

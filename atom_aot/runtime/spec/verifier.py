@@ -1,29 +1,23 @@
 """The model runner of a speculative engine: ordinary steps run as they are; a verify step runs the
 mixed forward over each sequence's newest token and its drafts (several query tokens per
-sequence: the mixed package itself, or its verify CUDA graphs, runtime/execution/verify_graphs.py) and turns
+sequence: the mixed package itself, or its verify CUDA graphs, runtime/spec/verify_graphs.py) and turns
 the logits into each sequence's run of tokens with the rejection sampler. Verification reads its
 results back at once: speculative engines schedule synchronously."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence as Seq
 
 import torch
 
 from atom_aot.models.step_inputs import StepInputs
-from atom_aot.runtime.execution.model_runner import LaunchedStep, ModelRunner, StepOutput
-from atom_aot.runtime.engine.outputs import TokenLogprobs
+from atom_aot.runtime.execution.model_runner import LaunchedStep, ModelRunner
+from atom_aot.runtime.outputs import SpecCounters, StepOutput, TokenLogprobs, VerifiedOutput
 from atom_aot.runtime.sampling.sampler import logprob_tensors, sampling_probs, token_logprobs
-from atom_aot.runtime.engine.scheduler import ScheduledBatch
-from atom_aot.runtime.engine.sequence import Sequence
+from atom_aot.runtime.scheduling.scheduled_batch import ScheduledBatch
+from atom_aot.runtime.scheduling.scheduler import draft_limit
+from atom_aot.runtime.scheduling.sequence import Sequence
+from atom_aot.runtime.spec.proposer import Proposer
 from atom_aot.runtime.spec.rejection import verify_greedy, verify_sampled_batch
-from atom_aot.runtime.spec.stats import SpecCounters
-
-
-@dataclass
-class VerifiedOutput:
-    runs: list[list[int]]                          # per batch sequence: accepted drafts, then the target's token
-    logprobs: list[list[TokenLogprobs] | None]     # per token of the run, for sequences that asked
 
 
 class StepObserver(Protocol):
@@ -39,11 +33,13 @@ VerifyForward = Callable[[StepInputs, Seq[int]], torch.Tensor]
 
 
 class SpeculativeRunner:
-    def __init__(self, runner: ModelRunner, counters: SpecCounters, observer: StepObserver | None = None,
-                 verify_forward: VerifyForward | None = None):
+    def __init__(self, runner: ModelRunner, counters: SpecCounters, proposer: Proposer, max_model_len: int,
+                 observer: StepObserver | None = None, verify_forward: VerifyForward | None = None):
         self.runner = runner
         self.sampler = runner.sampler
         self.counters = counters
+        self.proposer = proposer
+        self.max_model_len = max_model_len
         self.observer = observer        # told of each step's computed positions before the scheduler's update
         self.verify_forward = verify_forward or (lambda inputs, counts: runner.forwards.mixed(inputs))
 
@@ -69,6 +65,20 @@ class SpeculativeRunner:
         if self.observer is not None:
             self.observer.observe(launched.batch, following_tokens(launched.batch, result.sampled))
         return result
+
+    def take_draft_token_ids(self, seqs: list[Sequence]) -> dict[str, list[int]]:
+        """Drafts for the next verify step of each sequence that just got its step's tokens (request id -> tokens),
+        from the proposer, after the step (vLLM's shape: the scheduler only reads them). A sequence that finished,
+        or whose next step is no decode, gets none."""
+        ready = [seq for seq in seqs if not seq.is_finished and seq.num_uncomputed_tokens == 1]
+        if not ready:
+            return {}
+        k = self.proposer.num_speculative_tokens
+        drafts = self.proposer.propose(ready, [draft_limit(seq, k, self.max_model_len) for seq in ready])
+        return {seq.request_id: list(draft) for seq, draft in zip(ready, drafts) if draft}
+
+    def new_request_generator(self, seed: int) -> torch.Generator:
+        return self.sampler.new_request_generator(seed)
 
     def _verify(self, batch: ScheduledBatch, logits: torch.Tensor) -> VerifiedOutput:
         rows = [seq for seq, count in zip(batch.seqs, batch.num_new_tokens) for _ in range(count)]

@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from atom_aot.runtime.outputs import CoreOutput, TokenLogprobs
+from atom_aot.runtime.sampling_params import SamplingParams
 from atom_aot.runtime.text.detokenizer import ByteStream, Detokenizer, WindowStream
-from atom_aot.runtime.engine.outputs import CoreOutput, TokenLogprobs
-from atom_aot.runtime.sampling.sampling_params import SamplingParams
 
 
 @dataclass

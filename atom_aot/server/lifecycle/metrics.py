@@ -11,9 +11,9 @@ from dataclasses import asdict
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from atom_aot.runtime.outputs import SpecCounters
+from atom_aot.runtime.processes.client import EngineStatus
 from atom_aot.runtime.text.output_processor import RequestOutput
-from atom_aot.server.engine_client.client import EngineStatus
-from atom_aot.runtime.spec.stats import SpecCounters
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96)

@@ -16,9 +16,9 @@ import itertools
 import json
 import re
 
-from atom_aot.runtime.sampling.sampling_params import GrammarSpec
-from atom_aot.server.protocol.errors import APIError, bad_request
+from atom_aot.runtime.sampling_params import GrammarSpec
 from atom_aot.server.options import ServerOptions, flag_of
+from atom_aot.server.protocol.errors import APIError, bad_request
 
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _JSON_BRACKET = re.compile(r"[\[\]{}]")

@@ -1,9 +1,11 @@
 """The request bodies of the OpenAI API, as strict pydantic models.
 
-Strict: a string where a number belongs is a 400, not a silent conversion. Ranges are checked
-here so the message names the field; what depends on the loaded model or on the server's limits
-(its name, context length and vocabulary; how many prompts and choices) is checked where they
-are known (serving/common.py). Every integer has an upper bound that the tensor it reaches holds.
+Strict: a string where a number belongs is a 400, not a silent conversion. The sampling fields' ranges are
+SamplingParams' rules, checked once when the request becomes SamplingParams (serving/common.py choice_params,
+whose 400 names the field); here only what the OpenAI API bounds more tightly than the engine does (temperature
+at most 2, repetition_penalty at most 10, logit_bias within +-100) and the int32 bound of counts and token ids.
+What depends on the loaded model or on the server's limits (its name, context length and vocabulary; how many
+prompts and choices) is checked where they are known (serving/common.py).
 
 Each model's fields are what its endpoint accepts; any other field is refused by name, never
 dropped (base.py). Structured outputs are in structured_fields.py.
@@ -38,29 +40,29 @@ class StreamOptions(Strict):
 class SamplingFields(StructuredFields, BookkeepingFields, VllmTextFields):
     """What both endpoints take. `model` may be left out: it then means the served model (as vLLM)."""
     model: Text | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    top_k: Annotated[int, Field(ge=-1, le=INT64_MAX)] | None = None    # the sampler's tensor is int64
-    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    temperature: Annotated[float, Field(le=2)] | None = None        # OpenAI's cap; >= 0 is SamplingParams' rule
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
     max_tokens: Count | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[TokenId] | None = None
-    ignore_eos: bool | None = False
+    ignore_eos: bool | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     seed: Annotated[int, Field(ge=-(2 ** 63), le=INT64_MAX)] | None = None   # int64, as OpenAI
     n: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = 1    # the real upper bound is a server option (--max-n)
     # logits processors, with vLLM's meanings (runtime/sampling/logits_processors.py)
-    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    repetition_penalty: Annotated[float, Field(gt=0, le=10)] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: Annotated[float, Field(le=10)] | None = None   # > 0 is SamplingParams' rule
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None   # token id (as text) -> bias
     min_tokens: Count | None = None
     bad_words: Annotated[list[Annotated[Text, Field(min_length=1)]], Field(max_length=MAX_BAD_WORDS)] | None = None
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None   # only these may be sampled
     cache_salt: Annotated[Text, Field(min_length=1)] | None = None    # prefix-cache blocks shared only with its equals
     prompt_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None   # vLLM's per-prompt-token format
-    priority: Annotated[int, Field(ge=-INT32_MAX - 1, le=INT32_MAX)] | None = 0   # --scheduling-policy priority
+    priority: Annotated[int, Field(ge=-INT32_MAX - 1, le=INT32_MAX)] | None = None   # --scheduling-policy priority
 
     @field_validator("logit_bias")
     @classmethod

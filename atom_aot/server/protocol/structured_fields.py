@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from atom_aot.runtime.sampling.sampling_params import GrammarSpec
+from atom_aot.runtime.sampling_params import GrammarSpec
 from atom_aot.server.protocol.base import Strict, Text
 
 class JsonSchemaFormat(Strict):

@@ -13,8 +13,8 @@ INT32_MAX = 2 ** 31 - 1
 
 
 class VllmTextFields(Strict):
-    include_stop_str_in_output: bool | None = False      # the matched stop string stays in the text
-    skip_special_tokens: bool | None = True              # special tokens are left out of the text
+    include_stop_str_in_output: bool | None = None       # the matched stop string stays in the text
+    skip_special_tokens: bool | None = None              # special tokens are left out of the text (default)
     # vLLM applies this to slow (Python) tokenizers only; this server loads fast ones, whose text joins
     # special tokens without spaces for either value, as vLLM's fast detokenizer does
     spaces_between_special_tokens: bool | None = True

@@ -8,20 +8,20 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from atom_aot.runtime.text.tokenizer import apply_chat_template
-from atom_aot.server.engine_client.async_engine import RequestGroup
+from atom_aot.server.lifecycle.request_ids import request_id_of
 from atom_aot.server.protocol.errors import APIError, bad_request
 from atom_aot.server.protocol.grammar_limits import check_tools
-from atom_aot.server.serving.logprobs import chat_logprobs
 from atom_aot.server.protocol.requests import ChatCompletionRequest, ChatMessage
-from atom_aot.server.lifecycle.request_ids import request_id_of
-from atom_aot.server.serving.responses import DONE, Envelope, StreamResponse, envelope, sse, sse_error, usage
+from atom_aot.server.protocol.vllm_fields import TemplateFields
+from atom_aot.server.serving.async_engine import RequestGroup
 from atom_aot.server.serving.common import (ChoiceResult, bad_words_of, check_request, choice_params,
                                             collect_unless_disconnected, renderer_of, shown_prompt_logprobs, submit,
                                             truncated_prompt)
-from atom_aot.server.state import ServerState
+from atom_aot.server.serving.logprobs import chat_logprobs
+from atom_aot.server.serving.responses import DONE, Envelope, StreamResponse, envelope, sse, sse_error, usage
 from atom_aot.server.serving.tokenizer_pool import off_loop
 from atom_aot.server.serving.tool_calls import ToolCallStream, ToolPlan, tool_plan
-from atom_aot.server.protocol.vllm_fields import TemplateFields
+from atom_aot.server.state import ServerState
 
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request) -> Response:

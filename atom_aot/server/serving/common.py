@@ -7,18 +7,18 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
+from atom_aot.runtime.outputs import TokenLogprobs
+from atom_aot.runtime.processes.client import CallRejected, EngineDeadError
+from atom_aot.runtime.sampling_params import GrammarSpec, SamplingParams
 from atom_aot.runtime.text.output_processor import RequestOutput
-from atom_aot.runtime.engine.outputs import TokenLogprobs
-from atom_aot.runtime.sampling.sampling_params import GrammarSpec, SamplingParams
-from atom_aot.server.engine_client.async_engine import RequestGroup
-from atom_aot.server.engine_client.client import CallRejected, EngineDeadError
+from atom_aot.server.options import ServerOptions, flag_of
 from atom_aot.server.protocol.errors import MAX_SHOWN_INPUT_CHARS, APIError, bad_request, engine_unavailable, shutting_down
 from atom_aot.server.protocol.grammar_limits import check_structured_output
-from atom_aot.server.serving.logprobs import TokenIdRenderer, TokenRenderer, prompt_logprobs
-from atom_aot.server.options import ServerOptions, flag_of
 from atom_aot.server.protocol.requests import SamplingFields
-from atom_aot.server.state import ServerState
+from atom_aot.server.serving.async_engine import RequestGroup
+from atom_aot.server.serving.logprobs import TokenIdRenderer, TokenRenderer, prompt_logprobs
 from atom_aot.server.serving.tokenizer_pool import off_loop
+from atom_aot.server.state import ServerState
 
 
 def check_request(state: ServerState, req: SamplingFields, num_prompts: int = 1) -> None:
@@ -121,23 +121,23 @@ def choice_params(req: SamplingFields, max_tokens: int | None, logprobs: int | N
                   prompt_logprobs: int | None = None, grammar: GrammarSpec | None = None,
                   bad_words: list[list[int]] = ()) -> list[SamplingParams]:
     """One SamplingParams per choice; with a seed, choice i uses seed + i (reproducible, distinct: an
-    int64 seed plus a choice index fits what a torch generator takes)."""
+    int64 seed plus a choice index fits what a torch generator takes). The request's fields go over as given: a
+    field the client left out takes SamplingParams' default (the defaults live there, once), and SamplingParams
+    checks the values its own rules cover (its complaint is a 400 naming the field)."""
+    given = dict(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
+                 ignore_eos=req.ignore_eos, presence_penalty=req.presence_penalty,
+                 frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
+                 min_tokens=req.min_tokens, allowed_token_ids=req.allowed_token_ids, cache_salt=req.cache_salt,
+                 priority=req.priority, include_stop_str_in_output=req.include_stop_str_in_output,
+                 skip_special_tokens=req.skip_special_tokens)
+    fields = {name: value for name, value in given.items() if value is not None}
+    fields.update(max_tokens=max_tokens, stop_strings=req.stop_strings, stop_token_ids=list(req.stop_token_ids or []),
+                  logprobs=logprobs, prompt_logprobs=prompt_logprobs, logit_bias=req.token_bias,
+                  bad_words_token_ids=list(bad_words), grammar=grammar)
     params = []
     for i in range(req.n or 1):
         try:
-            params.append(SamplingParams(
-                temperature=1.0 if req.temperature is None else req.temperature,
-                top_p=1.0 if req.top_p is None else req.top_p, top_k=-1 if req.top_k is None else req.top_k,
-                min_p=req.min_p or 0.0, max_tokens=max_tokens, ignore_eos=bool(req.ignore_eos),
-                stop_strings=req.stop_strings, stop_token_ids=list(req.stop_token_ids or []),
-                seed=None if req.seed is None else req.seed + i, logprobs=logprobs,
-                prompt_logprobs=prompt_logprobs, presence_penalty=req.presence_penalty or 0.0,
-                frequency_penalty=req.frequency_penalty or 0.0,
-                repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-                logit_bias=req.token_bias, min_tokens=req.min_tokens or 0, bad_words_token_ids=list(bad_words),
-                grammar=grammar, include_stop_str_in_output=bool(req.include_stop_str_in_output),
-                skip_special_tokens=req.skip_special_tokens is not False, allowed_token_ids=req.allowed_token_ids,
-                cache_salt=req.cache_salt, priority=req.priority or 0))
+            params.append(SamplingParams(**fields, seed=None if req.seed is None else req.seed + i))
         except ValueError as e:
             raise bad_request(str(e), param=_param_named(str(e)), code="invalid_value") from None
     return params

@@ -13,19 +13,19 @@ from dataclasses import dataclass
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from atom_aot.runtime.outputs import TokenLogprobs
 from atom_aot.runtime.text.output_processor import RequestOutput
-from atom_aot.runtime.engine.outputs import TokenLogprobs
-from atom_aot.server.engine_client.async_engine import RequestGroup
-from atom_aot.server.protocol.errors import APIError, bad_request
-from atom_aot.server.serving.logprobs import completion_logprobs
-from atom_aot.server.protocol.requests import CompletionRequest
 from atom_aot.server.lifecycle.request_ids import request_id_of
-from atom_aot.server.serving.responses import DONE, Envelope, StreamResponse, envelope, sse, sse_error, usage
+from atom_aot.server.protocol.errors import APIError, bad_request
+from atom_aot.server.protocol.requests import CompletionRequest
+from atom_aot.server.serving.async_engine import RequestGroup
 from atom_aot.server.serving.common import (ChoiceResult, bad_words_of, check_request, check_token_ids,
                                             choice_params, collect_unless_disconnected, renderer_of,
                                             shown_prompt_logprobs, submit, truncated_prompt)
-from atom_aot.server.state import ServerState
+from atom_aot.server.serving.logprobs import completion_logprobs
+from atom_aot.server.serving.responses import DONE, Envelope, StreamResponse, envelope, sse, sse_error, usage
 from atom_aot.server.serving.tokenizer_pool import off_loop
+from atom_aot.server.state import ServerState
 
 
 @dataclass

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from atom_aot.runtime.outputs import TokenLogprobs
 from atom_aot.runtime.text.detokenizer import BYTE_ALPHABET
-from atom_aot.runtime.engine.outputs import TokenLogprobs
 
 
 class TokenRenderer:

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from fastapi.responses import StreamingResponse
 
 from atom_aot.runtime.text.output_processor import RequestOutput
-from atom_aot.server.engine_client.async_engine import RequestGroup
-from atom_aot.server.protocol.errors import APIError
 from atom_aot.server.lifecycle.request_ids import RequestId
+from atom_aot.server.protocol.errors import APIError
+from atom_aot.server.serving.async_engine import RequestGroup
 from atom_aot.server.state import ServerState
 
 DONE = "data: [DONE]\n\n"

@@ -9,11 +9,11 @@ from __future__ import annotations
 from fastapi import Request
 
 from atom_aot.server.protocol.errors import bad_request
-from atom_aot.server.protocol.requests import DetokenizeRequest, TokenizeChatRequest, TokenizeTextRequest
 from atom_aot.server.protocol.request_body import parse_json_body, validate
-from atom_aot.server.serving.tokenizer_pool import off_loop
+from atom_aot.server.protocol.requests import DetokenizeRequest, TokenizeChatRequest, TokenizeTextRequest
 from atom_aot.server.serving.chat import check_request_template, render_messages
 from atom_aot.server.serving.common import check_model, check_token_ids
+from atom_aot.server.serving.tokenizer_pool import off_loop
 from atom_aot.server.state import ServerState
 
 PATH_FIELDS = ("vocab_file", "merges_file", "tokenizer_file")    # where the files were, on the build machine

@@ -14,9 +14,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal
 
-from atom_aot.runtime.sampling.sampling_params import GrammarSpec
-from atom_aot.server.protocol.errors import bad_request
+from atom_aot.runtime.sampling_params import GrammarSpec
 from atom_aot.server.options import ServerOptions
+from atom_aot.server.protocol.errors import bad_request
 from atom_aot.server.protocol.requests import ChatCompletionRequest
 from atom_aot.server.serving.tool_parsers import TOOL_PARSERS, ParsedOutput, PartialCall, ToolCall, call_of
 

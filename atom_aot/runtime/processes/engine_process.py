@@ -30,12 +30,12 @@ import zmq
 from atom_aot.errors import ContextLengthError, RankStopped, RequestError
 from atom_aot.logging_setup import DATE_FORMAT, FORMAT, seconds_listed
 from atom_aot.runtime.config import RuntimeConfig
-from atom_aot.runtime.profiler import TraceDir
-from atom_aot.runtime.threads import prefer_passive_openmp_wait
-from atom_aot.server.engine_client.messages import (HEARTBEAT_S, Abort, Added, AddRequests, Call, EngineInfo, EngineStats, Failure,
+from atom_aot.runtime.processes.messages import (HEARTBEAT_S, Abort, Added, AddRequests, Call, EngineInfo, EngineStats, Failure,
                                       Heartbeat, Outputs, ProfileStarted, ProfileStopped, Ready, Reply, Shutdown,
                                       StartProfile, StartupFailed, StopProfile, Wake, decode, encode)
-from atom_aot.server.engine_client.profiler import ProfilerError, TorchProfiler
+from atom_aot.runtime.processes.profiler import ProfilerError, TorchProfiler
+from atom_aot.runtime.profiler import TraceDir
+from atom_aot.runtime.threads import prefer_passive_openmp_wait
 
 if TYPE_CHECKING:
     from atom_aot.runtime.engine.engine_core import EngineCore
@@ -84,8 +84,8 @@ def _install_signal_handlers() -> None:
 
 def _start(artifact_path: str, config: RuntimeConfig) -> tuple[EngineCore, EngineInfo]:
     from atom_aot.runtime.loading.compile_counter import compile_counts
-    from atom_aot.runtime.startup import load_and_start
-    loaded, core = load_and_start(artifact_path, config)
+    from atom_aot.runtime.assembly import start_core
+    loaded, core = start_core(artifact_path, config)
     counts = compile_counts()
     log.info("engine ready (%s, %d KV blocks); startup %s; runtime compilations: %s", loaded.execution,
              core.block_manager.num_blocks, seconds_listed(loaded.timings), counts)
@@ -229,7 +229,7 @@ class EngineLoop:
         pending = PendingAdd(call_id, {r.request_id for r in request.requests})
         try:
             for r in request.requests:
-                self.core.add_request(r.prompt_token_ids, r.params, r.request_id, r.arrival_time,
+                self.core.add_checked(r.prompt_token_ids, r.params, r.request_id, r.arrival_time,
                                       on_admitted=functools.partial(self._admitted, pending, r.request_id))
         except BaseException:
             pending.answered = True     # the caller answers with the error

@@ -19,12 +19,12 @@ import logging
 import time
 from typing import AsyncIterator, Protocol
 
-from atom_aot.runtime.engine.outputs import CoreOutput
+from atom_aot.runtime.outputs import CoreOutput
+from atom_aot.runtime.processes.client import EngineClient
+from atom_aot.runtime.processes.messages import Abort, AddRequests, NewRequest
+from atom_aot.runtime.sampling_params import SamplingParams
 from atom_aot.runtime.text.output_processor import OutputProcessor, RequestOutput
-from atom_aot.runtime.sampling.sampling_params import SamplingParams
-from atom_aot.server.engine_client.client import EngineClient
 from atom_aot.server.protocol.errors import APIError, engine_unavailable, overloaded, stream_stalled
-from atom_aot.server.engine_client.messages import Abort, AddRequests, NewRequest
 
 log = logging.getLogger("atom_aot.server")
 

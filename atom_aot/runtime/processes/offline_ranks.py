@@ -2,7 +2,7 @@
 engine cores of their own, stepping together (runtime/parallel/attention_dp.py), so they run as the server runs
 them, in N engine processes behind the server's `DataParallelClient` (routing included); `RemoteRanks`
 drives that client synchronously from an event loop on a background thread, with the interface
-`ArtifactEngine` uses of an in-process `EngineCore` (add_request, abort, step, has_unfinished, close).
+`ArtifactEngine` uses of an in-process `EngineCore` (validate, add_checked, abort, step, has_unfinished, close).
 """
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from atom_aot.artifact.reader import Artifact
 from atom_aot.errors import ContextLengthError, RankStopped, RequestError
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.engine.engine_core import check_prompt
-from atom_aot.runtime.engine.outputs import CoreOutput
-from atom_aot.runtime.sampling.sampling_params import SamplingParams
-from atom_aot.server.engine_client.data_parallel import attention_dp_client
-from atom_aot.server.engine_client.client import CallRejected
-from atom_aot.server.engine_client.messages import Abort, AddRequests, NewRequest
+from atom_aot.runtime.outputs import CoreOutput
+from atom_aot.runtime.processes.client import CallRejected
+from atom_aot.runtime.processes.data_parallel import attention_dp_client
+from atom_aot.runtime.processes.messages import Abort, AddRequests, NewRequest
+from atom_aot.runtime.sampling_params import SamplingParams
 
 STEP_WAIT_S = 0.05        # how long `step` waits for the ranks' next outputs before returning none
 STARTUP_TIMEOUT_S = 600.0
@@ -62,8 +62,9 @@ class RemoteRanks:
         call's prompts before queuing any; the ranks check the rest (grammars) as each request arrives."""
         check_prompt(prompt_token_ids, params, self.info.max_model_len, self.info.vocab_size)
 
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
+    def add_checked(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
                     arrival_time: float | None = None) -> str:
+        """Send a request `validate` passed to the ranks, whose engine cores check the rest (grammars)."""
         request = AddRequests([NewRequest(request_id, list(prompt_token_ids), params,
                                           arrival_time or time.perf_counter())])
         try:

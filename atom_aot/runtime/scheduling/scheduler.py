@@ -5,8 +5,8 @@ rule, so no decode waits on a prefill), then the prompts with the rest of the bu
 progress (longer than the budget: chunked) takes at most half of that rest while new prompts wait,
 and new prompts the other half, so neither a long prompt nor a stream of short ones holds the other
 back; budget a prompt leaves unused goes back to the prompts in progress. A step without prompt work
-is a decode step. With a proposer (speculative decoding) decodes are verify steps of their own, and
-prompt work goes first. When a step runs out of blocks the youngest running sequence is preempted:
+is a decode step. With speculative decoding decodes are verify steps of their own, and prompt work
+goes first. When a step runs out of blocks the youngest running sequence is preempted:
 its blocks are freed and it is recomputed later from its tokens (prompt plus what it generated), so
 preemption never loses output. An aborted request stops at the next step: a long prompt at the end of
 the chunk in flight.
@@ -18,9 +18,11 @@ checks stops. A stop that depends on a token's value (EOS, stop_token_ids) is th
 step late: the sequence may be in the batch after it, whose result for it is dropped. Length
 stops (max_tokens, max_model_len) are known at schedule time: nothing is scheduled past them.
 
-Speculative decoding (a proposer given): a decode step verifies, for each sequence, its last
-token and up to K draft tokens the proposer guessed; slots are allocated for all of them, but only
-the last token counts as computed when the batch is made. `update_verified` appends the accepted
+Speculative decoding (`SchedulerConfig.speculation`): a decode step verifies, for each sequence, its
+last token and up to K draft tokens, which the speculative runner proposed after the step before and
+handed over (`update_draft_token_ids`): the scheduler reads them, it never runs a proposer. Slots are
+allocated for all of them (and `lookahead_slots` more, where the proposer writes its own cache layer
+past them after the step), but only the last token counts as computed when the batch is made. `update_verified` appends the accepted
 run (stopping at the first stop) and sets the computed count to the tokens whose KV is right: the
 slots of rejected drafts stay in the sequence's table and its next tokens overwrite them. Verify
 steps run synchronously (the engine core reads each before scheduling the next).
@@ -33,15 +35,15 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from atom_aot.errors import RequestError
-from atom_aot.runtime.engine.block_manager import BlockManager
-from atom_aot.runtime.config import RuntimeConfig, max_scored_prompt_rows
-from atom_aot.runtime.engine.priority_queue import PriorityQueue
-from atom_aot.runtime.engine.sequence import Sequence, SequenceStatus
-from atom_aot.runtime.spec.proposer import Proposer
+from atom_aot.runtime.config import SCHEDULING_POLICIES, RuntimeConfig, max_scored_prompt_rows
+from atom_aot.runtime.scheduling.block_manager import BlockManager
+from atom_aot.runtime.scheduling.priority_queue import PriorityQueue
+from atom_aot.runtime.scheduling.scheduled_batch import ScheduledBatch
+from atom_aot.runtime.scheduling.sequence import Sequence, SequenceStatus
 
 
 def num_scored(seq: Sequence, start: int, count: int) -> int:
@@ -55,26 +57,53 @@ def scored_chunk(seq: Sequence, start: int, count: int, rows_left: int) -> int:
 
 
 @dataclass(frozen=True)
+class SpeculationShape:
+    """What the scheduler knows of speculative decoding (runtime/spec/ proposes and verifies): the most draft
+    tokens a verify step checks per sequence, the slots kept past a sampling step's tokens for the proposer's own
+    cache writes after it (the MTP layer's chained steps), and whether every decode is a verify step (a proposer
+    that reads each step's hidden states) or only one with drafts."""
+    num_speculative_tokens: int
+    lookahead_slots: int = 0
+    verify_every_decode: bool = False
+
+
+@dataclass(frozen=True)
 class SchedulerConfig:
-    """The scheduler's view of the runtime config: exactly the values it reads."""
+    """The scheduler's view of the runtime config: exactly the values it reads. Made from a RuntimeConfig, which
+    checked them (`from_runtime`); a config made directly is checked for what the scheduler itself relies on."""
     max_num_seqs: int              # sequences in one batch
     max_num_batched_tokens: int    # tokens computed in one step; longer prompts are chunked
     max_model_len: int             # prompt + output tokens of one sequence (at most the artifact's limit)
     scheduler_delay_factor: float  # wait this many last-prefill latencies to gather prompts
     scheduling_policy: str = "fcfs"  # or "priority": waiting by (priority, arrival); preempt the lowest first
+    speculation: SpeculationShape | None = None     # None: no speculative decoding
 
     def __post_init__(self):
-        # valid exactly when the runtime config it views is: the checks live there, once
-        RuntimeConfig(**{f.name: getattr(self, f.name) for f in fields(self)})
         if self.max_num_batched_tokens is None:
             raise ValueError("the scheduler needs a step budget: RuntimeConfig.for_target(arch) gives the target's")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, got "
+                             f"{self.scheduling_policy!r}")
 
     @classmethod
-    def from_runtime(cls, config: RuntimeConfig, max_model_len: int) -> SchedulerConfig:
+    def from_runtime(cls, config: RuntimeConfig, max_model_len: int,
+                     speculation: SpeculationShape | None = None) -> SchedulerConfig:
         """`max_model_len`: the one the engine serves (RuntimeConfig.served_max_model_len)."""
         return cls(max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
                    max_model_len=max_model_len, scheduler_delay_factor=config.scheduler_delay_factor,
-                   scheduling_policy=config.scheduling_policy)
+                   scheduling_policy=config.scheduling_policy, speculation=speculation)
+
+
+def draft_limit(seq: Sequence, num_speculative_tokens: int, max_model_len: int) -> int:
+    """The most draft tokens the next verify step of `seq` may check: K, and what max_model_len and max_tokens
+    leave room for (the verify step emits one token more than it accepts)."""
+    limit = min(num_speculative_tokens, max_model_len - seq.num_tokens - 1)
+    if seq.params.max_tokens is not None:
+        limit = min(limit, seq.params.max_tokens - seq.num_output_tokens - 1)
+    return max(0, limit)
 
 
 class SequenceQueue:
@@ -117,41 +146,8 @@ class SequenceQueue:
     def pop(self, request_id: str) -> Sequence | None:
         return self._seqs.pop(request_id, None)
 
-
-@dataclass(frozen=True)
-class ScheduledBatch:
-    """The scheduler's decision for one step: what the model runner computes. A snapshot: the
-    sequences move on (their counts advance when the batch is made), the batch does not."""
-    seqs: tuple[Sequence, ...]               # in batch order
-    num_new_tokens: tuple[int, ...]          # tokens each sequence computes this step
-    num_computed_tokens: tuple[int, ...]     # tokens each had in the cache before: its first new position
-    sampling: tuple[bool, ...]               # whether each reaches its last token, so its next one is sampled
-    is_prefill: bool                         # True: prompt tokens among them (decodes may ride along); False:
-                                             # every sequence computes its newest token (and its drafts)
-    freed: tuple[Sequence, ...] = ()         # sequences whose blocks were freed since the last batch
-    scheduled_at: float = 0.0                # the scheduler's clock when the batch was made
-    # a verify step (speculative decoding): each sequence's draft tokens, computed after its newest
-    # token (num_new_tokens counts both); None: an ordinary step
-    draft_token_ids: tuple[tuple[int, ...], ...] | None = None
-
-    @classmethod
-    def of(cls, seqs: tuple[Sequence, ...], num_new_tokens: tuple[int, ...], is_prefill: bool,
-           freed: tuple[Sequence, ...] = (), scheduled_at: float = 0.0,
-           draft_token_ids: tuple[tuple[int, ...], ...] | None = None) -> ScheduledBatch:
-        """The batch of these sequences as they are now (before their counts advance)."""
-        starts = tuple(seq.num_computed_tokens for seq in seqs)
-        drafts = [len(d) for d in draft_token_ids] if draft_token_ids is not None else [0] * len(seqs)
-        sampling = tuple(start + count - k == seq.num_tokens
-                         for seq, start, count, k in zip(seqs, starts, num_new_tokens, drafts))
-        return cls(seqs, num_new_tokens, starts, sampling, is_prefill, freed, scheduled_at, draft_token_ids)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.num_new_tokens)
-
-    @property
-    def is_verify(self) -> bool:
-        return self.draft_token_ids is not None
+    def get(self, request_id: str) -> Sequence | None:
+        return self._seqs.get(request_id)
 
 
 @dataclass
@@ -176,11 +172,10 @@ class _PromptStep:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager,
-                 clock: Callable[[], float] = time.perf_counter, proposer: Proposer | None = None):
+                 clock: Callable[[], float] = time.perf_counter):
         self.config = config
         self.block_manager = block_manager
         self.clock = clock               # the time source of latencies and of sequences' timings
-        self.proposer = proposer         # speculative decoding: every decode step verifies its drafts
         # first in, first out, preempted sequences back at the front; or by priority, then arrival
         self.waiting = SequenceQueue() if config.scheduling_policy == "fcfs" else PriorityQueue()
         self.running = SequenceQueue()   # oldest first: the youngest is preempted first
@@ -206,6 +201,15 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def update_draft_token_ids(self, drafts: dict[str, list[int]]) -> None:
+        """The speculative runner's drafts (request id -> tokens) for the next verify step of running sequences;
+        a sequence that finished or was preempted since is skipped (its drafts would follow tokens it no longer
+        has in the cache)."""
+        for request_id, draft in drafts.items():
+            seq = self.running.get(request_id)
+            if seq is not None and seq.status == SequenceStatus.RUNNING:
+                seq.draft_token_ids = list(draft)
 
     # -- scheduling -------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
@@ -244,9 +248,9 @@ class Scheduler:
         return self._commit(step.seqs, step.counts, is_prefill=True, now=now)
 
     def _decodes_beside_prompts(self) -> list[Sequence]:
-        """The running decodes a mixed step takes first, their slots reserved: none with a proposer (its decodes
-        are verify steps), nor when they would take the whole budget (then prompt work goes first, as before)."""
-        if self.proposer is not None:
+        """The running decodes a mixed step takes first, their slots reserved: none with speculative decoding (its
+        decodes are verify steps), nor when they would take the whole budget (then prompt work goes first)."""
+        if self.config.speculation is not None:
             return []
         candidates = self._decode_candidates()
         if len(candidates) >= self.config.max_num_batched_tokens:
@@ -315,35 +319,24 @@ class Scheduler:
         return [seq for seq in self.running if seq.num_uncomputed_tokens == 1 and not self._reached_length(seq)]
 
     def _schedule_decode(self, now: float) -> ScheduledBatch | None:
-        candidates = self._decode_candidates()
-        scheduled, limits = [], []
-        for seq, limit in zip(candidates, self._draft_limits(candidates)):
+        spec = self.config.speculation
+        scheduled, drafts = [], []
+        for seq in self._decode_candidates():
             if seq.status != SequenceStatus.RUNNING:
                 continue                          # preempted meanwhile
-            # slots for the newest token and every draft it may get, before proposing: a proposer may
-            # write its own cache layer at those positions (the MTP layer's chained steps)
-            if self._reserve(seq, 1 + limit, scheduled):
-                scheduled.append(seq), limits.append(limit)
+            draft = tuple(seq.draft_token_ids[:draft_limit(seq, spec.num_speculative_tokens,
+                                                           self.config.max_model_len)]) if spec else ()
+            # slots for the newest token, its drafts, and past them what the proposer writes after the step
+            if self._reserve(seq, 1 + len(draft) + (spec.lookahead_slots if spec else 0), scheduled):
+                scheduled.append(seq), drafts.append(draft)
         if not scheduled:
             return None
-        if self.proposer is None:
+        for seq in scheduled:
+            seq.draft_token_ids = []              # taken: the next drafts follow this step
+        if spec is None or not (spec.verify_every_decode or any(drafts)):
             return self._commit(scheduled, [1] * len(scheduled), is_prefill=False, now=now)
-        drafts = tuple(tuple(d) for d in self.proposer.propose(scheduled, limits))
-        if self.proposer.decodes_without_drafts and not any(drafts):
-            return self._commit(scheduled, [1] * len(scheduled), is_prefill=False, now=now)
-        return self._commit(scheduled, [1 + len(d) for d in drafts], is_prefill=False, now=now, draft_token_ids=drafts)
-
-    def _draft_limits(self, seqs: list[Sequence]) -> list[int]:
-        """The most draft tokens each sequence may get: none without a proposer; at most K and what its
-        limits leave room for (the verify step emits one token more than it accepts)."""
-        if self.proposer is None:
-            return [0] * len(seqs)
-        limits = [min(self.proposer.num_speculative_tokens, self.config.max_model_len - seq.num_tokens - 1)
-                  for seq in seqs]
-        for i, seq in enumerate(seqs):
-            if seq.params.max_tokens is not None:
-                limits[i] = min(limits[i], seq.params.max_tokens - seq.num_output_tokens - 1)
-        return [max(0, limit) for limit in limits]
+        return self._commit(scheduled, [1 + len(d) for d in drafts], is_prefill=False, now=now,
+                            draft_token_ids=tuple(drafts))
 
     def _commit(self, seqs: list[Sequence], counts: list[int], is_prefill: bool, now: float,
                 draft_token_ids: tuple[tuple[int, ...], ...] | None = None) -> ScheduledBatch:
@@ -352,10 +345,20 @@ class Scheduler:
         batch = ScheduledBatch.of(tuple(seqs), tuple(counts), is_prefill, tuple(self._freed), now, draft_token_ids)
         self._freed.clear()
         drafts = draft_token_ids or [()] * len(seqs)
+        if is_prefill and self.config.speculation is not None and self.config.speculation.lookahead_slots:
+            self._reserve_lookahead(batch)
         for seq, count, draft, samples in zip(seqs, counts, drafts, batch.sampling):
             seq.num_computed_tokens += count - len(draft)
             seq.num_pending_tokens += samples
         return batch
+
+    def _reserve_lookahead(self, batch: ScheduledBatch) -> None:
+        """Slots past the last prompt token of each prompt this step finishes, where the free pool has them (no
+        preemption for these): the proposer's chained steps write there after the step, as far as slots reach."""
+        lookahead = self.config.speculation.lookahead_slots
+        for seq, count, samples in zip(batch.seqs, batch.num_new_tokens, batch.sampling):
+            if samples and self.block_manager.can_allocate(seq, count + lookahead):
+                self.block_manager.allocate(seq, count + lookahead)
 
     def _reserve(self, seq: Sequence, count: int, scheduled: list[Sequence]) -> bool:
         """Allocate slots for `count` tokens of a running sequence, preempting the youngest
@@ -379,6 +382,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self._free_blocks(seq)
+        seq.draft_token_ids = []                  # they follow tokens it recomputes
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
@@ -456,6 +460,7 @@ class Scheduler:
 
     def finish(self, seq: Sequence, reason: str) -> None:
         self._free_blocks(seq)
+        seq.draft_token_ids = []
         seq.num_pending_tokens = 0            # tokens of steps launched after its stop are never read
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

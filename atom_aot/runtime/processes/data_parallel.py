@@ -26,39 +26,15 @@ import functools
 import os
 from typing import Callable, Iterator, TypeVar
 
-from atom_aot.artifact.manifest import Manifest
 from atom_aot.distributed.group import RankPlace
-from atom_aot.errors import StartupError
 from atom_aot.runtime.config import RuntimeConfig
-from atom_aot.runtime.engine.outputs import CoreOutput, CoreStats
+from atom_aot.runtime.outputs import CoreOutput, CoreStats
+from atom_aot.runtime.processes.client import EngineClient, EngineStatus
+from atom_aot.runtime.processes.messages import Abort, AddRequests, EngineInfo, EngineRequest, EngineStats, Heartbeat, Wake
+from atom_aot.runtime.processes.prefix_routing import ROUTINGS, PrefixRouter
 from atom_aot.runtime.profiler import TraceDir
-from atom_aot.server.engine_client.client import EngineClient, EngineStatus
-from atom_aot.server.engine_client.messages import Abort, AddRequests, EngineInfo, EngineRequest, EngineStats, Heartbeat, Wake
-from atom_aot.server.engine_client.prefix_routing import ROUTINGS, PrefixRouter
 
 R = TypeVar("R")
-
-
-def engine_client(args, config: RuntimeConfig, manifest: Manifest) -> "EngineClient | DataParallelClient":
-    """The server's engine: one process, `args.data_parallel_size` replicas behind one client, or the
-    ranks of a data-parallel-attention artifact behind one client."""
-    layout = manifest.layout
-    if layout.attention_data_parallel:
-        if args.data_parallel_size != 1:
-            raise StartupError(f"-dp {args.data_parallel_size}: this artifact's {layout.world_size} ranks are already "
-                               f"data-parallel engines (built with -dp {layout.data_parallel_size} --ep), and "
-                               f"replicating the whole group is not supported yet: serve it without -dp")
-        return attention_dp_client(args.artifact, config, layout.world_size, args.torch_profiler_dir,
-                                   args.log_level, args.dp_routing or ROUTINGS[0])
-    if args.data_parallel_size == 1 and args.dp_routing is not None:
-        raise StartupError(f"--dp-routing {args.dp_routing}: this server runs one engine, so there is nothing to "
-                           f"route between; give -dp N (N > 1) or drop --dp-routing")
-    replicas = [EngineClient(args.artifact, config, trace_dir(args.torch_profiler_dir, i * layout.world_size),
-                             args.log_level) for i in range(args.data_parallel_size)]
-    if len(replicas) == 1:
-        return replicas[0]
-    return DataParallelClient(replicas, None if manifest.target.arch == "cpu" else manifest.layout.world_size,
-                              routing=args.dp_routing or ROUTINGS[0])
 
 
 def attention_dp_client(artifact_path: str, config: RuntimeConfig, world_size: int, profiler_dir: str | None,

@@ -28,7 +28,7 @@ import torch
 
 from atom_aot.models.step_inputs import StepInputs, input_dtype
 from atom_aot.runtime.execution.cuda_graphs import Outputs, Replay, graph_view, record_sizes, smallest_size, static_buffer
-from atom_aot.runtime.execution.transfer import to_device
+from atom_aot.runtime.transfer import to_device
 
 MixedForward = Callable[[StepInputs], Outputs]
 # The widest verify graph: sizes whose s * (K+1) rows pass this are not captured (their logits alone are

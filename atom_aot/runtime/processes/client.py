@@ -22,13 +22,13 @@ from typing import Callable, TypeVar
 import zmq
 import zmq.asyncio
 
-from atom_aot.runtime.config import RuntimeConfig
-from atom_aot.runtime.engine.outputs import CoreOutput
-from atom_aot.runtime.profiler import TraceDir
 from atom_aot.errors import StartupError
-from atom_aot.server.engine_client.process import run_engine_process
-from atom_aot.server.engine_client.messages import (Call, EngineInfo, EngineRequest, Heartbeat, Outputs, Ready, Reply, Shutdown,
+from atom_aot.runtime.config import RuntimeConfig
+from atom_aot.runtime.outputs import CoreOutput
+from atom_aot.runtime.processes.engine_process import run_engine_process
+from atom_aot.runtime.processes.messages import (Call, EngineInfo, EngineRequest, Heartbeat, Outputs, Ready, Reply, Shutdown,
                                       StartupFailed, decode, encode)
+from atom_aot.runtime.profiler import TraceDir
 
 log = logging.getLogger("atom_aot.server")
 R = TypeVar("R")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from atom_aot.runtime.engine.block_manager import chain_hash, root_hash
+from atom_aot.runtime.scheduling.block_manager import chain_hash, root_hash
 
 ROUTINGS = ("prefix", "load")    # --dp-routing: by known prefix (this module), or to the least-loaded engine
 MAX_PREFIX_BLOCKS = 256          # a prompt's first blocks hashed for routing (longer prefixes route alike)

@@ -15,8 +15,8 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from atom_aot.runtime.engine.outputs import CoreOutput, CoreStats
-from atom_aot.runtime.sampling.sampling_params import SamplingParams
+from atom_aot.runtime.outputs import CoreOutput, CoreStats
+from atom_aot.runtime.sampling_params import SamplingParams
 
 R = TypeVar("R")
 
@@ -88,7 +88,7 @@ class Shutdown:
 @dataclass
 class Wake:
     """To every rank of a data-parallel-attention artifact when one of them gets requests: the ranks
-    step together, so the idle ones must stop waiting on their inbox (server/engine_client/process.py)."""
+    step together, so the idle ones must stop waiting on their inbox (runtime/processes/engine_process.py)."""
 
 
 # -- engine -> front end ----------------------------------------------------------------------

@@ -20,7 +20,7 @@ import torch
 
 from atom_aot.models.step_inputs import StepInputs
 from atom_aot.runtime.execution.cuda_graphs import Outputs
-from atom_aot.runtime.execution.transfer import to_device
+from atom_aot.runtime.transfer import to_device
 
 
 def as_decode_rows(inputs: StepInputs, counts: Sequence[int]) -> StepInputs:

@@ -13,7 +13,7 @@ import heapq
 import itertools
 from typing import Iterator
 
-from atom_aot.runtime.engine.sequence import Sequence
+from atom_aot.runtime.scheduling.sequence import Sequence
 
 
 class PriorityQueue:

@@ -13,7 +13,7 @@ from collections import OrderedDict
 import numpy as np
 import xxhash
 
-from atom_aot.runtime.engine.sequence import Sequence
+from atom_aot.runtime.scheduling.sequence import Sequence
 
 NO_HASH = -1
 

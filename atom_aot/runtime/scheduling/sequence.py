@@ -4,12 +4,8 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from atom_aot.runtime.sampling.sampling_params import SamplingParams
-
-if TYPE_CHECKING:   # the scheduler and block manager are plain Python, unit-tested without torch
-    import torch
+from atom_aot.runtime.sampling_params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):
@@ -45,8 +41,9 @@ class Sequence:
     finish_reason: str | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
-    generator: torch.Generator | None = None  # per-request RNG when params.seed is set
+    generator: object | None = None   # the request's own RNG when params.seed is set (the runner's, a torch.Generator)
     grammar_matcher: object | None = None     # xgrammar's GrammarMatcher when params.grammar is set
+    draft_token_ids: list[int] = field(default_factory=list)   # drafts for its next verify step (spec/)
 
     @property
     def num_tokens(self) -> int:

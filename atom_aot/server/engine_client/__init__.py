@@ -1,1 +1,0 @@
-"""The front end's link to the engine processes: typed messages over ZMQ, one or several engines."""
