@@ -23,29 +23,67 @@ def make_tiny_deepseek(out: Path, seed: int = 0, **overrides) -> Path:
     """A random DeepseekV3ForCausalLM folder; its safetensors also hold one MTP layer
     (`model.layers.{num_hidden_layers}.*`), which transformers ignores."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+    return make_tiny_routed_moe(out, DeepseekV3Config, DeepseekV3ForCausalLM, {**TINY_DEEPSEEK, **overrides}, seed)
+
+
+def make_tiny_routed_moe(out: Path, config_class, model_class, fields: dict, seed: int) -> Path:
+    """A random folder of a family with DeepSeek-V3's MoE layers (DeepSeek-V3, GLM-4-MoE), transformers' classes
+    given; `num_nextn_predict_layers` MTP layers appended to its safetensors."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = make_tokenizer(out)
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    config = DeepseekV3Config(**{**TINY_DEEPSEEK, "vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id,
-                                 "eos_token_id": eos, "pad_token_id": tokenizer.pad_token_id, **overrides})
+    config = config_class(**{**fields, "vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id,
+                             "eos_token_id": eos, "pad_token_id": tokenizer.pad_token_id})
     torch.manual_seed(seed)
-    model = DeepseekV3ForCausalLM(config).to(torch.float32)
-    with torch.no_grad():      # larger than HF's init, so greedy choices are clear-cut; a non-zero router bias
+    model = model_class(config).to(torch.float32)
+    with torch.no_grad():      # larger than HF's init, so greedy choices are clear-cut; non-zero biases
         for name, p in model.named_parameters():
             if p.dim() > 1:
                 p.normal_(0, 0.08)
+            elif name.endswith("proj.bias"):
+                p.normal_(0, 0.1)
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):
                 b.normal_(0, 0.05)
     model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(str(out), safe_serialization=True)
-    _add_mtp_layers(out / "model.safetensors", config)
+    if config.num_nextn_predict_layers:
+        add_mtp_layers(out / "model.safetensors", config)
     return out
 
 
-def _add_mtp_layers(path: Path, config) -> None:
+# Kimi-K2's rope scaling (factor 32, beta_fast = beta_slow = 1, mscale = mscale_all_dim = 1) at a tiny length
+KIMI_YARN = {"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 16, "beta_fast": 1.0, "beta_slow": 1.0,
+             "mscale": 1.0, "mscale_all_dim": 1.0}
+# Kimi-K2's structure, small: one group of many experts (384 top-8 there, 32 top-2 here), no MTP layer
+TINY_KIMI = dict(TINY_DEEPSEEK, num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=32,
+                 num_experts_per_tok=2, n_group=1, topk_group=1, routed_scaling_factor=2.827, rope_theta=50000.0,
+                 rope_scaling=KIMI_YARN, num_nextn_predict_layers=0)
+# what Kimi-K2's config.json and tokenizer_config.json carry beyond transformers' DeepseekV3Config
+KIMI_CONFIG = {"model_type": "kimi_k2", "moe_layer_freq": 1, "ep_size": 1, "scoring_func": "sigmoid",
+               "topk_method": "noaux_tc", "seq_aux": True, "aux_loss_alpha": 0.001, "pretraining_tp": 1,
+               "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config",
+                            "AutoModel": "modeling_deepseek.DeepseekV3Model",
+                            "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"}}
+KIMI_TOKENIZER = {"tokenizer_class": "TikTokenTokenizer",
+                  "auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]}}
+
+
+def make_tiny_kimi(out: Path, seed: int = 0, **overrides) -> Path:
+    """A random DeepseekV3ForCausalLM folder as Kimi-K2 ships its config: model_type kimi_k2 with remote-code
+    auto_map entries, and a tokenizer_config.json naming its tiktoken tokenizer class (remote code too); the
+    tokenizer itself is the tiny byte-level BPE's tokenizer.json."""
+    import json
+    out = make_tiny_deepseek(out, seed, **{**TINY_KIMI, **overrides})
+    for name, extra in (("config.json", KIMI_CONFIG), ("tokenizer_config.json", KIMI_TOKENIZER)):
+        path = out / name
+        path.write_text(json.dumps({**json.loads(path.read_text()), **extra}, indent=1))
+    return out
+
+
+def add_mtp_layers(path: Path, config) -> None:
     """Append layer `num_hidden_layers` (MTP): a MoE decoder block's tensors plus enorm, hnorm, eh_proj,
     embed_tokens and shared_head, all random."""
     tensors = load_file(str(path))

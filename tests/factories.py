@@ -74,10 +74,27 @@ def make_tiny_model(out: Path, architecture: str = "LlamaForCausalLM", seed: int
     return out
 
 
+def hf_model_class(model_dir: Path):
+    """transformers' class of the folder's architecture (not AutoModelForCausalLM's choice by model_type, which
+    asks for remote code where the model type is no transformers one: Kimi-K2's `kimi_k2`)."""
+    import json
+    import transformers
+    return getattr(transformers, json.loads((Path(model_dir) / "config.json").read_text())["architectures"][0])
+
+
+def hf_model(model_dir: Path):
+    """transformers' model of the folder in fp32, by its architecture's class. Its config's model_type is that class's:
+    transformers keys its checkpoint conversions (per-expert tensors -> its stacked experts) by model_type, and
+    loads a kimi_k2 folder's experts as missing otherwise."""
+    model_cls = hf_model_class(model_dir)
+    config = model_cls.config_class.from_pretrained(str(model_dir))
+    config.model_type = model_cls.config_class.model_type
+    return model_cls.from_pretrained(str(model_dir), config=config, dtype=torch.float32).eval()
+
+
 def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int, ignore_eos: bool = False):
     """Reference: transformers' generate, greedy, fp32, one prompt at a time (no padding)."""
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    model = hf_model(model_dir)
     eos = None if ignore_eos else model.generation_config.eos_token_id
     outs = []
     for ids in prompts:

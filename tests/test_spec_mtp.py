@@ -182,8 +182,8 @@ def test_stops_inside_a_run(artifact, baseline, prompts):
 
 class TestRefusals:
     @staticmethod
-    def loaded(layers: int, forwards: dict, world_size: int = 1):
-        model = SimpleNamespace(name="tiny-deepseek", architecture="DeepseekV3ForCausalLM")
+    def loaded(layers: int, forwards: dict, world_size: int = 1, architecture: str = "DeepseekV3ForCausalLM"):
+        model = SimpleNamespace(name="tiny-deepseek", architecture=architecture)
         manifest = SimpleNamespace(model=model, rebuild_command=lambda: "atom-build tiny-deepseek --compile aoti",
                                    layout=SimpleNamespace(world_size=world_size))
         return SimpleNamespace(hf_config={"num_nextn_predict_layers": layers}, manifest=manifest, path="m.atom",
@@ -192,6 +192,11 @@ class TestRefusals:
     def test_a_model_without_mtp_layers(self):
         with pytest.raises(StartupError, match=r"--method mtp needs a model with MTP layers.*has none"):
             check_mtp(self.loaded(0, {Phase.MIXED: object()}))
+
+    def test_a_family_whose_mtp_layers_are_not_built(self):
+        with pytest.raises(StartupError, match=r"\(Glm4MoeForCausalLM\) is served without the 1 MTP layer\(s\) of its "
+                                               r"checkpoint: atom-aot does not build the MTP layers of Glm4MoeForCausalLM"):
+            check_mtp(self.loaded(1, {Phase.MIXED: object()}, architecture="Glm4MoeForCausalLM"))
 
     def test_an_artifact_without_the_mtp_package(self):
         with pytest.raises(StartupError, match=r"no `mtp` package.*Rebuild it with: atom-build tiny-deepseek"):

@@ -41,6 +41,7 @@ CHECKS = {   # a test's `check` -> the flags of its triton_aot_check.py run, lon
     "rms-norm-quant": ("--targets", "sm90,gfx942", "--rms-norm-quant"),
     "moe-glue": ("--targets", "sm90,gfx942", "--moe-glue"),
     "bf16-cache": ("--model", "llama-3.1-8b", "--targets", "sm90,gfx942"),
+    "partial-rotary": ("--model", "glm-4.5-air", "--targets", "sm90,gfx942"),
     "sampling": ("--targets", "sm90,gfx942", "--sampling"),
 }
 
@@ -64,7 +65,7 @@ def assert_compiled_without_spills(results):
         assert usage.get("local_bytes", 0) == 0 and usage.get("vgpr_spills", 0) == 0, usage
 
 
-@pytest.mark.parametrize("check", ["bf16-cache", "fp8-cache"])
+@pytest.mark.parametrize("check", ["bf16-cache", "fp8-cache", "partial-rotary"])
 def test_default_configs_compile_for_sm90_and_gfx942(compiled, check):
     results = compiled[check].result()
     assert {r["kernel"] for r in results} == {"paged_attention_kernel", "merge_splits_kernel",
@@ -101,11 +102,12 @@ def test_the_fused_all_reduce_norm_compiles_for_sm90_and_gfx942(compiled, check)
 @pytest.mark.parametrize("check", ["moe-glue"])
 def test_the_moe_sort_and_routers_compile_for_sm90_and_gfx942(compiled, check):
     """The MoE op's counting sort by expert and the softmax / DeepSeek routers (loops with loaded bounds, scalars
-    carried through them, k picks unrolled) at Qwen3-30B-A3B's, Mixtral's and DeepSeek-V3's expert counts."""
+    carried through them, k picks unrolled) at Qwen3-30B-A3B's, Mixtral's, DeepSeek-V3's, Kimi-K2's and GLM-4.5's
+    expert counts."""
     results = compiled[check].result()
     assert {r["kernel"] for r in results} == {"sort_by_expert_kernel", "softmax_topk_kernel",
                                              "grouped_sigmoid_topk_kernel"}
-    assert len(results) == 6 * 2
+    assert len(results) == 9 * 2
     assert_compiled_without_spills(results)
 
 

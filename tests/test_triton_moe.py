@@ -150,11 +150,13 @@ def test_softmax_topk_kernel_refuses_more_slots_than_experts():
 
 
 @pytest.mark.parametrize("experts,n_group,topk_group,top_k,renormalize", [
-    (256, 8, 4, 8, True), (16, 4, 2, 4, False), (6, 1, 1, 3, True), (12, 3, 2, 5, True), (64, 8, 3, 6, False)])
+    (256, 8, 4, 8, True), (16, 4, 2, 4, False), (6, 1, 1, 3, True), (12, 3, 2, 5, True), (64, 8, 3, 6, False),
+    (384, 1, 1, 8, True), (160, 1, 1, 8, True)])
 def test_grouped_sigmoid_topk_kernel_matches_deepseeks_router(experts, n_group, topk_group, top_k, renormalize):
     """atom_triton::grouped_sigmoid_topk against ops/moe.py grouped_sigmoid_topk (HF's DeepseekV3TopkRouter) on
-    fresh random logits and biases (DeepSeek-V3's 256 experts in 8 groups, odd groups, one group): the same expert
-    set per token (the reference's order is unspecified: sorted=False) with the same weights."""
+    fresh random logits and biases (DeepSeek-V3's 256 experts in 8 groups, odd groups, one group; Kimi-K2's 384 and
+    GLM-4.5's 160 experts in one group, top-8): the same expert set per token (the reference's order is
+    unspecified: sorted=False) with the same weights."""
     from atom_aot.ops.moe import GroupedTopK, grouped_sigmoid_topk
     gen = torch.Generator().manual_seed(experts * 5 + top_k)
     logits = 2 * torch.randn(37, experts, generator=gen)

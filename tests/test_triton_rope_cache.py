@@ -20,7 +20,7 @@ EPS = 1e-6
 
 class TestQKNormRopeCacheWrite:
     def run(self, num_heads, num_kv_heads, head_dim, qk_norm, dtype=torch.float32, cache_dtype=None,
-            block_h=2, num_warps=4, seed=0):
+            block_h=2, num_warps=4, seed=0, rotary_dim=None):
         g = torch.Generator().manual_seed(seed)
         batch = make_paged_batch([0, 21, 5], [9, 1, 4], num_kv_heads, head_dim, pad_tokens=2,
                                  dtype=cache_dtype or dtype, generator=g)
@@ -29,7 +29,7 @@ class TestQKNormRopeCacheWrite:
         qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, generator=g).to(dtype)
         q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
         q, k, v = (t.unflatten(-1, (-1, head_dim)) for t in (q, k, v))
-        cos_sin = rope_cos_sin_cache(head_dim, 10000.0, {}, 64)
+        cos_sin = rope_cos_sin_cache(rotary_dim or head_dim, 10000.0, {}, 64)    # [64, R]: rope on the first R dims
         weights = [None, None]
         if qk_norm:
             weights = [(1 + 0.3 * torch.randn(head_dim, generator=g)).to(dtype) for _ in range(2)]
@@ -59,6 +59,17 @@ class TestQKNormRopeCacheWrite:
     @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(2, 2, 64), (4, 2, 128), (8, 2, 64)])
     def test_fp32(self, num_heads, num_kv_heads, head_dim, qk_norm):
         self.run(num_heads, num_kv_heads, head_dim, qk_norm, seed=num_heads + qk_norm)
+
+    @pytest.mark.parametrize("qk_norm", [False, True])
+    @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,rotary_dim", [(4, 2, 128, 64), (3, 1, 64, 16),
+                                                                            (2, 2, 64, 48)])
+    def test_partial_rotary(self, num_heads, num_kv_heads, head_dim, rotary_dim, qk_norm):
+        """GLM-4-MoE's rope on the first half of each head (and other shares): the rest of q and k is normalized
+        but not rotated, v is copied whole."""
+        self.run(num_heads, num_kv_heads, head_dim, qk_norm, rotary_dim=rotary_dim, seed=rotary_dim + qk_norm)
+
+    def test_partial_rotary_bf16_fp8_cache(self):
+        self.run(4, 2, 128, True, dtype=torch.bfloat16, cache_dtype=torch.float8_e4m3fn, rotary_dim=64, seed=6)
 
     @pytest.mark.parametrize("qk_norm", [False, True])
     def test_bf16(self, qk_norm):

@@ -119,8 +119,10 @@ def _amd_usage(amdgcn: str) -> dict:
 
 
 def model_launches(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype = torch.bfloat16,
-                   cache_dtype: torch.dtype | None = None, attention_configs=(), rope_config=None) -> list[Launch]:
-    """The launches one decoder layer's attention makes with the given configs (meta tensors, nothing runs)."""
+                   cache_dtype: torch.dtype | None = None, attention_configs=(), rope_config=None,
+                   rotary_dim: int | None = None) -> list[Launch]:
+    """The launches one decoder layer's attention makes with the given configs (meta tensors, nothing runs);
+    `rotary_dim`: rope on that many of each head's dims (partial rotary), all of them by default."""
     meta = dict(device="meta")
     tokens, seqs = 64, 8
     q = torch.empty(tokens, num_heads, head_dim, dtype=dtype, **meta)
@@ -135,7 +137,8 @@ def model_launches(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torc
     if rope_config is not None:
         norm_w = torch.empty(head_dim, dtype=dtype, **meta)
         launches += record_launches(rope_cache, rope_cache.launch_qk_norm_rope_cache_write,
-                                    q, k, k, torch.empty(tokens, **int64), torch.empty(8192, head_dim, **meta),
+                                    q, k, k, torch.empty(tokens, **int64), torch.empty(8192, rotary_dim or head_dim,
+                                                                                       **meta),
                                     norm_w, norm_w, 1e-6, cache, 1, torch.empty(tokens, **int64),
                                     *rope_config.as_args())
     return launches
@@ -176,17 +179,20 @@ def all_reduce_norm_launches(hidden_sizes=(2048, 4096, 7168, 8192), worlds=(2, 4
 
 def moe_glue_launches() -> list[Launch]:
     """The MoE op's sort by expert and the two routers at the shapes of Qwen3-30B-A3B (128 experts, top 8),
-    Mixtral (8, top 2) and DeepSeek-V3 (256 in 8 groups, top 4 groups, top 8) (meta tensors, nothing runs)."""
+    Mixtral (8, top 2), DeepSeek-V3 (256 in 8 groups, top 4 groups, top 8), Kimi-K2 (384 in one group, top 8)
+    and GLM-4.5 (160 in one group, top 8) (meta tensors, nothing runs)."""
     meta = dict(device="meta")
     launches = []
-    for experts, top_k in ((128, 8), (8, 2), (256, 8)):
+    for experts, top_k in ((128, 8), (8, 2), (256, 8), (384, 8)):
         launches += record_launches(fused_moe, fused_moe.sort_by_expert,
                                     torch.empty(256, top_k, dtype=torch.int32, **meta), experts)
     for experts, top_k in ((128, 8), (8, 2)):
         launches += record_launches(moe_routing, moe_routing.launch_softmax_topk,
                                     torch.empty(256, experts, dtype=torch.bfloat16, **meta), top_k, True)
-    launches += record_launches(moe_routing, moe_routing.launch_grouped_sigmoid_topk,
-                                torch.empty(256, 256, **meta), torch.empty(256, **meta), 8, 4, 8, True, 2.5)
+    for experts, groups, topk_groups in ((256, 8, 4), (384, 1, 1), (160, 1, 1)):
+        launches += record_launches(moe_routing, moe_routing.launch_grouped_sigmoid_topk,
+                                    torch.empty(256, experts, **meta), torch.empty(experts, **meta), groups,
+                                    topk_groups, 8, True, 2.5)
     return launches
 
 
@@ -250,7 +256,8 @@ def int4_launches(n: int = 4096, k: int = 14336) -> list[Launch]:
 
 
 MODELS = {"qwen3-0.6b": dict(num_heads=16, num_kv_heads=8, head_dim=128),
-          "llama-3.1-8b": dict(num_heads=32, num_kv_heads=8, head_dim=128)}
+          "llama-3.1-8b": dict(num_heads=32, num_kv_heads=8, head_dim=128),
+          "glm-4.5-air": dict(num_heads=96, num_kv_heads=8, head_dim=128, rotary_dim=64)}
 
 
 def check(model: str, targets: list[str], cache_dtype: torch.dtype | None, all_candidates: bool,

@@ -14,6 +14,7 @@ import xxhash
 
 from atom_aot.artifact.build_options import random_weights
 from atom_aot.build.hub import parse_hub_id, snapshot_folder
+from atom_aot.errors import BuildError
 
 log = logging.getLogger("atom_aot")
 
@@ -113,6 +114,7 @@ def _configs(path: Path) -> tuple[dict, dict]:
 
 def _tokenizer(path: Path) -> tuple[list[Path], Callable[[Path], None]]:
     tokenizer_files = [path / n for n in TOKENIZER_FILES if (path / n).exists()]
+    _check_no_remote_code(path)
     if not any(f.name in ("tokenizer.json", "tokenizer.model") for f in tokenizer_files):
         raise FileNotFoundError(f"{path} has no tokenizer (tokenizer.json or tokenizer.model)")
 
@@ -120,6 +122,27 @@ def _tokenizer(path: Path) -> tuple[list[Path], Callable[[Path], None]]:
         for f in tokenizer_files:
             shutil.copy(f, out / f.name)
     return tokenizer_files, save_tokenizer
+
+
+def _check_no_remote_code(path: Path) -> None:
+    """A tokenizer whose class is code shipped with the model (tokenizer_config.json's auto_map: Kimi-K2's tiktoken
+    `TikTokenTokenizer`, which transformers loads only with trust_remote_code) is refused unless a tokenizer.json
+    stands beside it: the runtime reads tokenizer.json (runtime/text/fast_tokenizer.py) and runs no model code."""
+    config_file = path / "tokenizer_config.json"
+    if not config_file.is_file():
+        return
+    remote = (json.loads(config_file.read_text()).get("auto_map") or {}).get("AutoTokenizer")
+    if not remote:
+        return
+    names = ", ".join(n for n in (remote if isinstance(remote, list) else [remote]) if n)
+    if (path / "tokenizer.json").is_file():
+        log.info("tokenizer: %s's tokenizer_config.json names remote code (auto_map AutoTokenizer: %s), which is not "
+                 "run; the tokenizer is read from its tokenizer.json", path.name, names)
+        return
+    raise BuildError(f"{path}'s tokenizer is code shipped with the model: tokenizer_config.json's auto_map names "
+                     f"{names} for AutoTokenizer, which transformers loads only with trust_remote_code, and atom-aot "
+                     f"runs no remote code (at build or at serve time). Put a tokenizer.json of the same vocabulary "
+                     f"(the `tokenizers` library's format) in the folder: it is then read instead.")
 
 
 def _hf_folder_source(path: Path) -> ModelSource:

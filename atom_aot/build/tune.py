@@ -194,7 +194,8 @@ def _time_rope(cfg, config: BuildConfig, candidates, tokens: int) -> dict:
     k = torch.randn(tokens, cfg.num_key_value_heads, cfg.head_dim, device=dev, dtype=dt)
     v = torch.randn_like(k)
     positions = torch.randint(0, 4096, (tokens,), device=dev)
-    cos_sin = rope_cos_sin_cache(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_dict, 4096).to(dev)
+    rotary_dim = model_class(cfg.architecture).rotary_dim(cfg)      # partial rotary: fewer than head_dim
+    cos_sin = rope_cos_sin_cache(rotary_dim, cfg.rope_theta, cfg.rope_scaling_dict, 4096).to(dev)
     w = torch.randn(cfg.head_dim, device=dev, dtype=dt)
     op = torch.ops.atom_triton.qk_norm_rope_cache_write
     times = {}

@@ -11,8 +11,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from atom_aot.models.deepseek_config import DeepseekFields
+from atom_aot.models.grouped_moe_config import GroupedMoEFields
 
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn")
+SUPPORTED_ACTIVATIONS = ("silu", "swish")      # transformers' two names of x * sigmoid(x), what GatedMLP computes
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,8 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool = False
     rope_scaling: tuple[tuple[str, float | str], ...] | None = None  # frozen form of a dict
+    partial_rotary_factor: float | None = None   # rope on this share of each head's dims; None: the family's default
+    use_qk_norm: bool = False              # per-head RMSNorm of q and k where a family makes it optional (GLM-4-MoE)
     sliding_window: int | None = None      # attention window, if the config enables one (not implemented)
     # mixture of experts (0 experts: a dense model); router aux-loss fields are training-only, ignored
     num_experts: int = 0                   # HF `num_experts`, `num_local_experts` or `n_routed_experts` (DeepSeek)
@@ -39,7 +43,9 @@ class ModelConfig:
     norm_topk_prob: bool = False           # renormalize the top-k weights to sum to 1
     decoder_sparse_step: int = 1           # every n-th layer has experts ...
     mlp_only_layers: tuple[int, ...] = ()  # ... except these, which are dense
-    deepseek: DeepseekFields | None = None     # latent attention, grouped routing, MTP (DeepSeek-V2/V3 only)
+    grouped_moe: GroupedMoEFields | None = None   # sigmoid grouped routing + shared experts (DeepSeek-V3, GLM-4.5)
+    deepseek: DeepseekFields | None = None     # latent attention (DeepSeek-V2/V3, Kimi-K2)
+    num_nextn_predict_layers: int = 0      # MTP layers stored after the decoder's (whether built: the family's)
 
     def __post_init__(self):
         if self.num_attention_heads % self.num_key_value_heads:
@@ -70,13 +76,18 @@ class ModelConfig:
     def from_hf_dict(cls, d: dict) -> "ModelConfig":
         architectures = d.get("architectures") or [d.get("model_type", "?")]
         heads = d["num_attention_heads"]
+        activation = d.get("hidden_act", "silu")
+        if activation not in SUPPORTED_ACTIVATIONS:
+            raise ValueError(f"hidden_act={activation!r} is not supported; supported: "
+                             f"{', '.join(SUPPORTED_ACTIVATIONS)}")
         rope_params = dict(d.get("rope_parameters") or {})
         rope_theta = d.get("rope_theta", rope_params.get("rope_theta", 10000.0))
-        scaling = d.get("rope_scaling") or {
-            k: v for k, v in rope_params.items() if k != "rope_theta"}
+        scaling = dict(d.get("rope_scaling") or rope_params)
+        # transformers' order: the rope dict's value, then the top-level field (config.json of transformers 4)
+        partial = scaling.get("partial_rotary_factor", d.get("partial_rotary_factor"))
         if scaling and "type" in scaling and "rope_type" not in scaling:
             scaling = {**scaling, "rope_type": scaling["type"]}
-        scaling = {k: v for k, v in scaling.items() if k != "type"}
+        scaling = {k: v for k, v in scaling.items() if k not in ("type", "rope_theta", "partial_rotary_factor")}
         if scaling.get("rope_type", "default") == "default":
             scaling = {}
         return cls(
@@ -94,9 +105,14 @@ class ModelConfig:
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             attention_bias=bool(d.get("attention_bias", False)),
             rope_scaling=tuple(sorted(scaling.items())) or None,
+            partial_rotary_factor=None if partial is None else float(partial),
+            use_qk_norm=bool(d.get("use_qk_norm", False)),
             sliding_window=d.get("sliding_window") if d.get("use_sliding_window", True) else None,
             **_moe_fields(d),
+            grouped_moe=GroupedMoEFields.from_hf_dict(d) if d.get("n_routed_experts") else None,
             deepseek=DeepseekFields.from_hf_dict(d) if "kv_lora_rank" in d else None,
+            # transformers 5 also reads the name num_mtp_layers
+            num_nextn_predict_layers=d.get("num_nextn_predict_layers", d.get("num_mtp_layers")) or 0,
         )
 
     @classmethod

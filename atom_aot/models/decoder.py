@@ -117,10 +117,11 @@ class DecoderLayer(nn.Module):
 
 class DecoderModel(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str, qk_norm: bool, max_positions: int,
-                 make_mlp: Callable[[int], nn.Module], tp: int = 1):
+                 make_mlp: Callable[[int], nn.Module], tp: int = 1, rotary_dim: int | None = None):
+        """`rotary_dim`: the dims of each head rope rotates (the family's `rotary_dim`; default all)."""
         super().__init__()
         self.embed_tokens = make_embedding(cfg.vocab_size, cfg.hidden_size, dtype, tp)
-        self.rotary = RotaryEmbedding(cfg.head_dim, max_positions)
+        self.rotary = RotaryEmbedding(rotary_dim or cfg.head_dim, max_positions)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, quant, qk_norm, make_mlp(i), tp)
                                     for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
@@ -149,6 +150,9 @@ class DecoderForCausalLM(nn.Module):
     override `make_mlp` (the MoE families: atom_aot/models/moe.py)."""
 
     qk_norm = False
+    # the share of each head's dims rope rotates where config.json sets no partial_rotary_factor
+    PARTIAL_ROTARY_FACTOR = 1.0
+    BUILDS_MTP_LAYERS = False      # whether the checkpoint's MTP layers (num_nextn_predict_layers) are built
     ATTENTION_OPS = ("attention",)     # the backend-registry ops this family calls (tuning.json has a row for each)
     # checkpoint module name -> (runtime module name, index of its part in the fused parameter)
     PACKED_MODULES = {
@@ -167,11 +171,22 @@ class DecoderForCausalLM(nn.Module):
         check_splittable(cfg, split)
         self.config, self.split = cfg, split
         self.model = DecoderModel(cfg, dtype, quant, self.qk_norm, max_positions or cfg.max_position_embeddings,
-                                  lambda layer: self.make_mlp(layer, dtype, quant), split.tp)
+                                  lambda layer: self.make_mlp(layer, dtype, quant), split.tp, self.rotary_dim(cfg))
         # lm_head stays unquantized: it decides the argmax. It splits over the vocabulary like the embedding.
         vocab_rows = self.model.embed_tokens.weight.shape[0]
         self.lm_head = (None if cfg.tie_word_embeddings
                         else make_linear(cfg.hidden_size, vocab_rows, False, dtype, "none"))
+
+    @classmethod
+    def rotary_dim(cls, cfg: ModelConfig) -> int:
+        """The dims of each head rope rotates, the first ones (the cos/sin table's width, ops/rope.py): all of
+        them unless `partial_rotary_factor` (transformers' int(head_dim * factor)) says fewer."""
+        factor = cls.PARTIAL_ROTARY_FACTOR if cfg.partial_rotary_factor is None else cfg.partial_rotary_factor
+        dim = int(cfg.head_dim * factor)
+        if dim % 2 or not 0 < dim <= cfg.head_dim:
+            raise ValueError(f"partial_rotary_factor {factor} rotates {dim} of the head's {cfg.head_dim} dims; "
+                             f"rope needs an even number of them, at least 2")
+        return dim
 
     def make_mlp(self, layer: int, dtype: torch.dtype, quant: str) -> nn.Module:
         """The feed-forward block of `layer` (a family with experts chooses per layer)."""

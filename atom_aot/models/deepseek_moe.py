@@ -1,5 +1,6 @@
 """DeepSeek-V3's MoE block: sigmoid scores with a per-expert correction bias, grouped top-k,
-routed scaling, plus shared experts (a dense gated MLP added to the routed output).
+routed scaling, plus shared experts (a dense gated MLP added to the routed output). Kimi-K2's and GLM-4.5's
+MoE layers are this block too (its config fields: models/grouped_moe_config.py).
 
 The routing is DeepSeek's own (ops/moe.py `grouped_sigmoid_topk`, exactly HF's DeepseekV3TopkRouter, run by
 the experts' `moe` backend: one Triton kernel on GPUs); the routed experts are the shared `MoEExperts`
@@ -40,11 +41,12 @@ class DeepseekMoE(nn.Module):
         super().__init__()
         self.config, self.dp, self.tp = cfg, split.dp, split.tp
         self.gate = DeepseekRouter(cfg, dtype)
-        self.routing = GroupedTopK(n_group=cfg.deepseek.n_group, topk_group=cfg.deepseek.topk_group,
+        grouped = cfg.grouped_moe
+        self.routing = GroupedTopK(n_group=grouped.n_group, topk_group=grouped.topk_group,
                                    top_k=cfg.num_experts_per_tok, renormalize=cfg.norm_topk_prob,
-                                   scaling=cfg.deepseek.routed_scaling_factor)
+                                   scaling=grouped.routed_scaling_factor)
         self.experts = MoEExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype, split, quant)
-        shared = cfg.moe_intermediate_size * cfg.deepseek.n_shared_experts
+        shared = grouped.shared_width(cfg.moe_intermediate_size)
         self.shared_experts = GatedMLP(cfg, dtype, quant, split.tp, intermediate_size=shared) if shared else None
         if self.shared_experts is not None:
             defer_reduction(self.shared_experts)         # summed with the routed experts' before the all-reduce

@@ -46,6 +46,7 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
     PACKED_MODULES = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
     EXPERT_MODULES = MoEForCausalLM.EXPERT_MODULES
     ATTENTION_OPS = ("mla_attention",)
+    BUILDS_MTP_LAYERS = True
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None,
                  split: Split = ONE_RANK):
@@ -58,13 +59,17 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
         self.lm_head = None if cfg.tie_word_embeddings else make_linear(cfg.hidden_size, vocab_rows, False,
                                                                         dtype, "none")
         self.mtp = nn.ModuleList(MTPLayer(cfg, cfg.num_hidden_layers + i, dtype, quant, split)
-                                 for i in range(cfg.deepseek.num_nextn_predict_layers))
+                                 for i in range(cfg.num_nextn_predict_layers))
+
+    @classmethod
+    def rotary_dim(cls, cfg: ModelConfig) -> int:
+        """The decoupled rope part of q and k (latent attention ropes that part whole)."""
+        return cfg.deepseek.qk_rope_head_dim
 
     @classmethod
     def kv_cache_layout(cls, cfg: ModelConfig) -> KVCacheLayout:
         """One latent [c_kv | k_pe] per token for every decoder layer and every MTP layer (atom_aot/ops/mla.py)."""
-        ds = cfg.deepseek
-        return KVCacheLayout(cfg.num_hidden_layers + ds.num_nextn_predict_layers, 1, 1, ds.latent_dim)
+        return KVCacheLayout(cfg.num_hidden_layers + cfg.num_nextn_predict_layers, 1, 1, cfg.deepseek.latent_dim)
 
     def kv_scale_name(self, cache_layer: int) -> str:
         """Cache layers past the decoder's are the MTP layers' (kv_cache_layout)."""
@@ -113,8 +118,8 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
                 yield prefix + "w_uv", w_uv
             else:
                 yield name, tensor
-        if ds.num_nextn_predict_layers and not seen_mtp:
-            raise ValueError(f"config.json says num_nextn_predict_layers={ds.num_nextn_predict_layers}, but the "
+        if cfg.num_nextn_predict_layers and not seen_mtp:
+            raise ValueError(f"config.json says num_nextn_predict_layers={cfg.num_nextn_predict_layers}, but the "
                              f"checkpoint has no model.layers.{cfg.num_hidden_layers}.* (MTP) tensors; set "
                              f"num_nextn_predict_layers to 0 in config.json to build without the MTP layer")
 

@@ -79,8 +79,8 @@ def check_splittable(cfg: ModelConfig, split: Split) -> None:
                f"num_experts {cfg.num_experts} is not a multiple of tp (--ep gives each rank E/tp experts)"),
               (cfg.num_experts and not ep and cfg.moe_intermediate_size % tp,
                f"moe_intermediate_size {cfg.moe_intermediate_size} is not a multiple of tp (try --ep)")]
-    if latent:
-        shared = cfg.moe_intermediate_size * cfg.deepseek.n_shared_experts
+    if cfg.grouped_moe is not None:
+        shared = cfg.grouped_moe.shared_width(cfg.moe_intermediate_size)
         checks.append((shared % tp, f"the shared experts' width {shared} is not a multiple of tp"))
     problems = [problem for failed, problem in checks if failed]
     if problems:
@@ -122,8 +122,9 @@ def block_split_problem(cfg: ModelConfig, split: Split, block: int = FP8_BLOCK) 
         ds = cfg.deepseek
         widths = {"the query rows per rank (heads x qk_head_dim / tp)": heads * ds.qk_head_dim // tp,
                   "o_proj's input columns per rank (heads x v_head_dim / tp)": heads * ds.v_head_dim // tp,
-                  "the dense MLP width per rank": cfg.intermediate_size // tp,
-                  "the shared experts' width per rank": cfg.moe_intermediate_size * ds.n_shared_experts // tp}
+                  "the dense MLP width per rank": cfg.intermediate_size // tp}
+    if cfg.grouped_moe is not None:
+        widths["the shared experts' width per rank"] = cfg.grouped_moe.shared_width(cfg.moe_intermediate_size) // tp
     if cfg.num_experts and not split.ep:
         widths["each routed expert's width per rank (try --ep)"] = cfg.moe_intermediate_size // tp
     misaligned = [f"{what} is {n}" for what, n in widths.items() if n % block]

@@ -1,6 +1,7 @@
 """Rotary position embedding: the cos/sin table (computed by the build, stored with the weights)
 and the rotations the reference attention backends apply: neox-style (halves) for the dense
-families, interleaved pairs for DeepSeek's decoupled rope.
+families, on the first part of each head only for partial rotary (GLM-4-MoE), interleaved pairs for
+DeepSeek's decoupled rope.
 
 YaRN (`rope_type: yarn`, DeepSeek-V2/V3) follows HF's `_compute_yarn_parameters`: blended
 inverse frequencies, an attention factor folded into the cos/sin table, and (DeepSeek's
@@ -82,7 +83,7 @@ def yarn_softmax_scale(scale: float, scaling: dict) -> float:
 
 def rope_cos_sin_cache(head_dim: int, theta: float, scaling: dict, max_positions: int) -> torch.Tensor:
     """[max_positions, head_dim] float32: cos in the first half, sin in the second (YaRN's attention
-    factor already applied)."""
+    factor already applied). `head_dim`: the rotated dims (the rotary dim of a partial rotary)."""
     inv_freq = rope_inverse_frequencies(head_dim, theta, scaling)
     freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
     attention_factor = rope_attention_factor(scaling)
@@ -90,14 +91,21 @@ def rope_cos_sin_cache(head_dim: int, theta: float, scaling: dict, max_positions
 
 
 def apply_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor):
-    """Neox-style rotation of q: [T, H, D] and k: [T, Hkv, D] at positions: [T]."""
-    cos, sin = cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2]
+    """Neox-style rotation of q: [T, H, D] and k: [T, Hkv, D] at positions: [T].
+
+    The table's width R (cos_sin_cache [P, R]) is the rotated part: the first R dims of each head, their
+    halves paired (dim i with i + R/2), the other D - R dims passed through. R = D but for partial rotary
+    (`partial_rotary_factor`, GLM-4-MoE: R = D/2), as transformers' `apply_rotary_pos_emb` there.
+    """
+    cos, sin = cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)  # [T, 1, R/2]
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    rotary = 2 * cos.shape[-1]
+    x1, x2 = x[..., :rotary].float().chunk(2, dim=-1)
+    rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    return rotated if rotary == x.shape[-1] else torch.cat([rotated, x[..., rotary:]], dim=-1)
 
 
 def apply_rope_interleaved(positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ import xxhash
 
 from atom_aot.artifact.build_options import LOAD_FORMATS  # noqa: F401  (the one list; random_weights() tests it)
 from atom_aot.dtypes import torch_dtype
-from atom_aot.errors import ArtifactError
+from atom_aot.errors import ArtifactError, BuildError
 from atom_aot.models import ModelConfig, model_class
 from atom_aot.models.parallel import Split
 from atom_aot.weights.convert import build_meta_model, converted_tensors
@@ -50,14 +50,28 @@ def parameter_shapes(folder: Path) -> dict[str, torch.Size]:
 @functools.lru_cache(maxsize=4)
 def _parameter_shapes(folder: Path, config_text: str) -> dict[str, torch.Size]:
     """`config_text` (config.json's) keys the cache: a rewritten config is listed afresh."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    hf_config = AutoConfig.from_pretrained(folder)
+    architecture = ModelConfig.from_hf_dict(json.loads(config_text)).architecture
+    hf_model_class = transformers_model_class(architecture)
+    hf_config = hf_model_class.config_class.from_pretrained(folder)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config)
+        model = hf_model_class(hf_config)
     tied = bool(getattr(hf_config, "tie_word_embeddings", False))
     shapes = {name: meta.shape for name, meta in model.state_dict().items()
               if not (name == "lm_head.weight" and tied)}
+    if not model_class(architecture).BUILDS_MTP_LAYERS:      # GLM-4-MoE: not built, so not drawn
+        return shapes
     return {**shapes, **mtp_layer_shapes(hf_config, shapes)}
+
+
+def transformers_model_class(architecture: str):
+    """transformers' class of `architecture`, whose config class reads config.json whatever its model_type: Kimi-K2's
+    `kimi_k2` is no transformers model type (its config class is remote code), and reads as DeepseekV3Config."""
+    import transformers
+    try:
+        return getattr(transformers, architecture)
+    except AttributeError:
+        raise BuildError(f"transformers {transformers.__version__} has no {architecture}, whose parameter "
+                            f"names and shapes random weights are drawn by") from None
 
 
 def mtp_layer_shapes(hf_config, shapes: dict[str, torch.Size]) -> dict[str, torch.Size]:

@@ -108,8 +108,8 @@ def _block_scale_part(scale: torch.Tensor, module: str, name: str, cfg: ModelCon
 def _per_row(tensor: torch.Tensor, cfg: ModelConfig, module: str, name: str = "") -> bool:
     """Whether `tensor` has one entry per output row of `module` (a scalar scale has not)."""
     if module == "gate_up_proj":
-        shared = ".shared_experts." in name          # DeepSeek's shared experts have their own width
-        rows = 2 * (cfg.moe_intermediate_size * cfg.deepseek.n_shared_experts if shared else cfg.intermediate_size)
+        shared = ".shared_experts." in name          # DeepSeek's / GLM's shared experts have their own width
+        rows = 2 * (cfg.grouped_moe.shared_width(cfg.moe_intermediate_size) if shared else cfg.intermediate_size)
     elif module in HEAD_ROWS:
         rows = cfg.num_attention_heads * cfg.deepseek.qk_head_dim
     else:

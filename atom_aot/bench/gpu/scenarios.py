@@ -72,6 +72,10 @@ MOE_16L = Model("qwen3-30b-a3b-16l", "qwen3-30b-a3b", "qwen3", "dummy-at-load",
                 (("num_hidden_layers", 16), ("max_window_layers", 16)))
 DEEPSEEK_5L = Model("deepseek-v3-5l", "deepseek-v3", "llama3", "dummy-at-load",
                     (("num_hidden_layers", 5), ("num_nextn_predict_layers", 0), ("vocab_size", 128256)))
+GLM_AIR_12L = Model("glm-4.5-air-12l", "glm-4.5-air", "qwen3", "dummy-at-load",
+                    (("num_hidden_layers", 12), ("num_nextn_predict_layers", 0), ("vocab_size", 151936)))
+KIMI_K2_3L = Model("kimi-k2-3l", "kimi-k2", "llama3", "dummy-at-load",
+                   (("num_hidden_layers", 3), ("vocab_size", 128256)))
 DEEPSEEK_5L_MTP = Model("deepseek-v3-5l-mtp-32e", "deepseek-v3", "llama3", "dummy",
                         (("num_hidden_layers", 5), ("num_nextn_predict_layers", 1), ("n_routed_experts", 32),
                          ("vocab_size", 128256)))
@@ -113,6 +117,14 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              vllm_kwargs=(("tensor_parallel_size", 2), ("enable_expert_parallel", True)), gpus=2),
     Scenario("deepseek-v3-5l", "DeepSeek-V3 cut to 5 layers (3 dense, 2 MoE of 256 experts), throughput and TPOT",
              DEEPSEEK_5L, OFFLINE),
+    Scenario("glm-4.5-air-12l", "GLM-4.5-Air cut to 12 layers (1 dense, 11 MoE of 128 experts + a shared one), "
+             "throughput and TPOT", GLM_AIR_12L, OFFLINE,
+             notes="weights drawn by each engine: vLLM's dummy draws the router and its correction bias uniform in "
+                   "+-1e-3 too, which can send every token to the same experts (docs/deepseek.md)"),
+    Scenario("kimi-k2-3l", "Kimi-K2 cut to 3 layers (1 dense, 2 MoE of 384 experts in one group), throughput and "
+             "TPOT", KIMI_K2_3L, OFFLINE,
+             notes="weights drawn by each engine: vLLM's dummy draws the router and its correction bias uniform in "
+                   "+-1e-3 too, which can send every token to the same experts (docs/deepseek.md)"),
     Scenario("llama-3.1-8b-spec-ngram", "batch-1 TPOT with n-gram speculation, 3 tokens", LLAMA_8B,
              Workload(("tpot",)), ours_kwargs=(("method", "ngram"), ("num_speculative_tokens", 3)),
              vllm_kwargs=(("speculative_config", {"method": "ngram", "num_speculative_tokens": 3,

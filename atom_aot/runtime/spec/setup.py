@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 from atom_aot.artifact.phase import Phase
 from atom_aot.errors import StartupError
+from atom_aot.models import model_class
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.execution.forwards import Forwards
 from atom_aot.runtime.execution.kv_cache import allocate_kv_cache
@@ -188,6 +189,11 @@ def check_mtp(loaded: LoadedArtifact) -> None:
         raise StartupError(f"--method mtp needs a model with MTP layers, and {name} "
                            f"({loaded.manifest.model.architecture}) has none (its config's num_nextn_predict_layers "
                            f"is {layers}). Use --method ngram, or --method draft --draft-model ARTIFACT.")
+    architecture = loaded.manifest.model.architecture
+    if not model_class(architecture).BUILDS_MTP_LAYERS:
+        raise StartupError(f"--method mtp: {name} ({architecture}) is served without the {layers} MTP layer(s) of "
+                           f"its checkpoint: atom-aot does not build the MTP layers of {architecture} (the build "
+                           f"skipped them). Use --method ngram, or --method draft --draft-model ARTIFACT.")
     world = loaded.manifest.layout.world_size
     if world > 1:
         raise StartupError(f"--method mtp runs on one rank, and {loaded.path} ({name}) has {world} tensor-parallel "
