@@ -150,3 +150,14 @@ def run_to_end(core: EngineCore, max_steps: int = 200) -> list:
             return outputs
         outputs.extend(core.step())
     pytest.fail(f"not finished after {max_steps} steps")
+
+
+def poison_kv_cache(monkeypatch) -> None:
+    """Every KV cache an engine of this process allocates from now on starts as NaN, so that attention reading a
+    slot no step wrote (the CPU pool is left uninitialized: it may hold anything) changes the output every time,
+    not only when the allocator hands back memory that happens to hold a NaN."""
+    from atom_aot.runtime.execution import model_setup
+    allocate = model_setup.allocate_kv_cache
+    monkeypatch.setattr(model_setup, "allocate_kv_cache",
+                        lambda spec, num_blocks, block_size, device:
+                        allocate(spec, num_blocks, block_size, device).fill_(float("nan")))
