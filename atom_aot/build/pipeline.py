@@ -25,8 +25,8 @@ from atom_aot.arch import FP8_UNSUPPORTED, device_for_arch, detect_arch, toolcha
 from atom_aot.artifact.build_options import BuildOptions, drawn_at_load
 from atom_aot.artifact.graph_plan import GRAPHS
 from atom_aot.artifact.layout import CONFIG, GENERATION_CONFIG, TOKENIZER, package_member
-from atom_aot.artifact.manifest import (CompiledPackages, Layout, Manifest, ModelIdentity, Numerics, Quantization,
-                                        Target)
+from atom_aot.artifact.manifest import (EXPERT_ONLY_SCHEMES, CompiledPackages, Layout, Manifest, ModelIdentity,
+                                        Numerics, Quantization, Target, linear_scheme)
 from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.reader import Artifact
 from atom_aot.artifact.signature import SIGNATURE_VERSION
@@ -35,6 +35,7 @@ from atom_aot.artifact.writer import write_artifact
 from atom_aot.build.cache import artifact_name, default_cache_dir, find_cached
 from atom_aot.build.config import BuildConfig
 from atom_aot.build.dummy import draw_order_metadata, stored_at_load
+from atom_aot.build.experts import check_expert_only_model
 from atom_aot.build.export import compile_package, export_model
 from atom_aot.build.export_mtp import export_mtp
 from atom_aot.build.export_sampler import export_sampler
@@ -88,7 +89,7 @@ def plan(model: str | None, config: BuildConfig) -> tuple[ModelSource, ModelConf
     model_config = ModelConfig.from_hf_dict(source.config)
     model_class(model_config.architecture)          # fails early on an unsupported architecture
     linear_quant = resolve_quant_plan(source.config, config.quant)   # and on a quantization it cannot load
-    if (linear_quant.scheme not in MLA_LINEAR_SCHEMES
+    if (linear_scheme(linear_quant.scheme) not in MLA_LINEAR_SCHEMES
             and "mla_attention" in model_class(model_config.architecture).ATTENTION_OPS):
         raise BuildError(f"{model_config.architecture} with {linear_quant.scheme} linears is not supported yet: "
                          f"latent-attention models take {', '.join(MLA_LINEAR_SCHEMES[1:])} (a block-scaled fp8 "
@@ -106,6 +107,8 @@ def plan(model: str | None, config: BuildConfig) -> tuple[ModelSource, ModelConf
         check_splittable(model_config, config.split)
     except ValueError as e:
         raise BuildError(str(e)) from None
+    if linear_quant.scheme in EXPERT_ONLY_SCHEMES:
+        check_expert_only_model(model_config, config.split, linear_quant.scheme, config.torch_dtype)
     inputs = key_inputs(source, config)
     return source, model_config, build_key(inputs), inputs
 

@@ -1,0 +1,65 @@
+"""Random MXFP4 expert stacks and an independent float64 reading of them, shared by the MXFP4 tests.
+
+The float64 reading decodes each e2m1 code from its bits (sign, two exponent bits, one mantissa bit) and scales by
+2.0 ** (e - 127) in Python floats: it shares no table or bit trick with atom_aot/ops/mxfp4.py or the kernels.
+"""
+from __future__ import annotations
+
+import torch
+
+from moe_checks import random_problem
+
+
+def e2m1_float64(code: int) -> float:
+    sign, exponent, mantissa = code >> 3, (code >> 1) & 3, code & 1
+    magnitude = mantissa * 0.5 if exponent == 0 else (1 + mantissa * 0.5) * 2.0 ** (exponent - 1)
+    return -magnitude if sign else magnitude
+
+
+def mxfp4_float64(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """blocks [..., N, K/2] uint8, scales [..., N, K/32] uint8 -> float64 [..., N, K]: byte j holds k = 2j in its low
+    nibble, 2j + 1 in its high one; e = 255 is NaN."""
+    table = torch.tensor([e2m1_float64(c) for c in range(16)], dtype=torch.float64)
+    low, high = table[(blocks & 0xF).long()], table[(blocks >> 4).long()]
+    values = torch.stack([low, high], dim=-1).flatten(-2)                                   # [..., N, K]
+    scale = torch.tensor([2.0 ** (e - 127) for e in range(256)], dtype=torch.float64)[scales.long()]
+    scale = torch.where(scales == 255, float("nan"), scale)
+    return values * scale.repeat_interleave(32, dim=-1)
+
+
+def random_mxfp4(experts: int, rows: int, cols: int, exponents: tuple[int, int], generator: torch.Generator):
+    """(blocks [E, rows, cols/2], scales [E, rows, cols/32]): every byte value drawn, exponents in [lo, hi)."""
+    blocks = torch.randint(0, 256, (experts, rows, cols // 2), dtype=torch.uint8, generator=generator)
+    scales = torch.randint(*exponents, (experts, rows, cols // 32), dtype=torch.uint8, generator=generator)
+    return blocks, scales
+
+
+def mxfp4_problem(tokens: int, experts: int, top_k: int, hidden: int = 64, inter: int = 64, *, seed: int = 0,
+                  exponents=(118, 126), biases: bool = False, router_bias: torch.Tensor | None = None):
+    """(x [T, H], ExpertWeights-like dict of mxfp4 stacks (and float32 biases), weights, ids): fresh random bytes.
+    Exponents 118..125 give weights of 2^-9 .. 6 * 2^-2, so the products stay well inside float32 and bf16."""
+    g = torch.Generator().manual_seed(seed)
+    x, _, _, weights, ids = random_problem(tokens, experts, top_k, hidden, inter, seed=seed, router_bias=router_bias)
+    w13, s13 = random_mxfp4(experts, 2 * inter, hidden, exponents, g)
+    w2, s2 = random_mxfp4(experts, hidden, inter, exponents, g)
+    stacks = dict(w13=w13, w2=w2, w13_scale=s13, w2_scale=s2)
+    if biases:
+        stacks |= dict(w13_bias=torch.randn(experts, 2 * inter, generator=g), w2_bias=torch.randn(experts, hidden,
+                                                                                                   generator=g))
+    return x, stacks, weights, ids
+
+
+def naive_moe_biased(x, w13, w2, weights, ids, b13=None, b2=None) -> torch.Tensor:
+    """Token by token in float64 over float64 weights, with optional biases: out[t] += w * (w2 (SiLU(g) * u) + b2),
+    [g; u] = w13 x + b13."""
+    import torch.nn.functional as F
+    x, weights = x.double(), weights.double()
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j, e in enumerate(ids[t].tolist()):
+            if e < 0:
+                continue
+            h = w13[e] @ x[t] + (0 if b13 is None else b13[e].double())
+            gate, up = h.chunk(2)
+            out[t] += weights[t, j] * (w2[e] @ (F.silu(gate) * up) + (0 if b2 is None else b2[e].double()))
+    return out
