@@ -63,3 +63,44 @@ def naive_moe_biased(x, w13, w2, weights, ids, b13=None, b2=None) -> torch.Tenso
             gate, up = h.chunk(2)
             out[t] += weights[t, j] * (w2[e] @ (F.silu(gate) * up) + (0 if b2 is None else b2[e].double()))
     return out
+
+
+def write_mxfp4_moe(src, mxfp4_dir, reference_dir, seed: int = 0, exponents=(120, 124)):
+    """From `src` (a tiny HF MoE folder whose transformers model stacks its experts, Qwen3-MoE / Mixtral):
+    `mxfp4_dir`, the same model with every layer's experts replaced by fresh random mxfp4 bytes, stored as GPT-OSS
+    stores them (`mlp.experts.gate_up_proj_blocks [E, 2I, H/32, 16]`, `_scales [E, 2I, H/32]`, down_proj's likewise,
+    quantization_config mxfp4), and `reference_dir`, an unquantized checkpoint whose experts are transformers'
+    dequantization of those bytes (integrations/mxfp4.py convert_moe_packed_tensors). Returns both folders."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    g = torch.Generator().manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
+    packed = {}
+    for i, layer in enumerate(model.model.layers):
+        experts = getattr(layer.mlp, "experts", None)
+        for proj in ("gate_up_proj", "down_proj") if experts is not None else ():
+            param = getattr(experts, proj)                                              # [E, N, K]
+            blocks, scales = random_mxfp4(param.shape[0], param.shape[1], param.shape[2], exponents, g)
+            blocks = blocks.unflatten(-1, (-1, 16))                                     # [E, N, K/32, 16]
+            with torch.no_grad():
+                param.copy_(convert_moe_packed_tensors(blocks, scales, dtype=torch.float32).transpose(1, 2))
+            packed |= {f"model.layers.{i}.mlp.experts.{proj}_blocks": blocks,
+                       f"model.layers.{i}.mlp.experts.{proj}_scales": scales}
+    shutil.copytree(src, reference_dir)
+    model.save_pretrained(str(reference_dir), safe_serialization=True)
+    shutil.copytree(src, mxfp4_dir)
+    for f in Path(mxfp4_dir).glob("*.safetensors"):
+        f.unlink()
+    tensors = {name: t for f in Path(reference_dir).glob("*.safetensors") for name, t in load_file(str(f)).items()
+               if ".mlp.experts." not in name}
+    save_file({**tensors, **packed}, str(Path(mxfp4_dir) / "model.safetensors"))
+    config = json.loads((Path(mxfp4_dir) / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.gate", "model.embed_tokens", "lm_head"]}
+    (Path(mxfp4_dir) / "config.json").write_text(json.dumps(config))
+    return mxfp4_dir, reference_dir

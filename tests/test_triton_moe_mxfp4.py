@@ -30,12 +30,12 @@ STACKS = ("w13", "w2", "w13_scale", "w2_scale", "w13_bias", "w2_bias")
 
 
 @triton.jit
-def widen_kernel(w_ptr, s_ptr, out_ptr, N, K, DTYPE: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+def widen_kernel(w_ptr, s_ptr, out_ptr, N, K, FLOAT32: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
     """out [N, K] = the widened tiles of an mxfp4 [N, K] weight, BLOCK_N rows per program."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = rows < N
     for k0 in range(0, K, BLOCK_K):
-        tile = mxfp4_tile(w_ptr, s_ptr, rows, ok, k0, K, K // 2, K // 32, DTYPE, BLOCK_K, BLOCK_N)   # [BK, BN]
+        tile = mxfp4_tile(w_ptr, s_ptr, rows, ok, k0, K, K // 2, K // 32, FLOAT32, BLOCK_K, BLOCK_N)   # [BK, BN]
         ks = k0 + tl.arange(0, BLOCK_K)
         tl.store(out_ptr + rows[None, :] * K + ks[:, None], tile, mask=ok[None, :] & (ks < K)[:, None])
 
@@ -48,7 +48,7 @@ def test_the_widened_tile_is_exact_for_every_code_at_every_exponent(dtype):
     blocks, scales = every_code_at_every_exponent()
     blocks, scales = torch.cat([blocks, blocks.flip(1)], 1), torch.cat([scales, 255 - scales], 1)   # K = 64
     out = torch.full((256, 64), float("nan"), dtype=dtype, device=DEVICE)
-    widen_kernel[(256 // 32,)](blocks.to(DEVICE), scales.to(DEVICE), out, 256, 64, DTYPE=getattr(tl, str(dtype)[6:]),
+    widen_kernel[(256 // 32,)](blocks.to(DEVICE), scales.to(DEVICE), out, 256, 64, FLOAT32=dtype == torch.float32,
                                BLOCK_K=64, BLOCK_N=32)
     expected = dequantize_mxfp4(blocks, scales, dtype)
     assert torch.equal(out.cpu().isnan(), expected.isnan())

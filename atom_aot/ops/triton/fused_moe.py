@@ -153,8 +153,8 @@ def moe_gate_up_kernel(
         k_ok = ks + k0 < K
         a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         if SCALES == MXFP4_SCALES:     # packed bytes and e8m0 scales, widened to bf16 in registers
-            g = mxfp4_tile(w_e, s_e, cols, col_ok, k0, K, stride_wn, stride_sn, a.dtype, BLOCK_K, BLOCK_N)
-            u = mxfp4_tile(w_e, s_e, N + cols, col_ok, k0, K, stride_wn, stride_sn, a.dtype, BLOCK_K, BLOCK_N)
+            g = mxfp4_tile(w_e, s_e, cols, col_ok, k0, K, stride_wn, stride_sn, IEEE, BLOCK_K, BLOCK_N)
+            u = mxfp4_tile(w_e, s_e, N + cols, col_ok, k0, K, stride_wn, stride_sn, IEEE, BLOCK_K, BLOCK_N)
         else:
             g = tl.load(g_ptrs + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0).to(a.dtype)
             u = tl.load(g_ptrs + N * stride_wn + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0).to(a.dtype)
@@ -200,7 +200,7 @@ def moe_down_kernel(
         k_ok = ks + k0 < K
         a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         if SCALES == MXFP4_SCALES:
-            b = mxfp4_tile(w_e, s_e, cols, col_ok, k0, K, stride_wn, stride_sn, a.dtype, BLOCK_K, BLOCK_N)
+            b = mxfp4_tile(w_e, s_e, cols, col_ok, k0, K, stride_wn, stride_sn, IEEE, BLOCK_K, BLOCK_N)
         else:
             b = tl.load(b_ptrs + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0).to(a.dtype)
         if SCALES == BLOCK_SCALES:

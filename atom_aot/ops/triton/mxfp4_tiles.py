@@ -40,10 +40,11 @@ def exact_bf16(x):
 
 
 @triton.jit
-def mxfp4_tile(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn, DTYPE: tl.constexpr,
+def mxfp4_tile(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn, FLOAT32: tl.constexpr,
                BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Weight tile [BLOCK_K, BLOCK_N] in DTYPE (bf16 or float32): w[k0 + i, rows[n]] of one expert's stack, w_ptr at
-    its packed bytes [N, K/2], s_ptr at its scales [N, K/32] (K a multiple of 32, BLOCK_K too)."""
+    """Weight tile [BLOCK_K, BLOCK_N] in bf16 (float32 if FLOAT32: float32 activations): w[k0 + i, rows[n]] of one
+    expert's stack, w_ptr at its packed bytes [N, K/2], s_ptr at its scales [N, K/32] (K and BLOCK_K multiples
+    of 32)."""
     HALF: tl.constexpr = BLOCK_K // 2
     GROUPS: tl.constexpr = BLOCK_K // MXFP4_BLOCK
     j = k0 // 2 + tl.arange(0, HALF)
@@ -54,6 +55,6 @@ def mxfp4_tile(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn, DTYPE: t
                 mask=row_ok[:, None] & (g < K // MXFP4_BLOCK)[None, :], other=127)        # [BLOCK_N, GROUPS] uint8
     values = tl.join(e2m1_float32(packed & 0xF), e2m1_float32(packed >> 4))              # [BLOCK_N, HALF, 2]: k order
     w = (values.reshape(BLOCK_N, GROUPS, MXFP4_BLOCK) * e8m0_float32(e)[:, :, None]).reshape(BLOCK_N, BLOCK_K)
-    if DTYPE == tl.bfloat16:
-        return tl.trans(exact_bf16(w))
-    return tl.trans(w)
+    if FLOAT32:
+        return tl.trans(w)
+    return tl.trans(exact_bf16(w))
