@@ -104,3 +104,29 @@ def write_mxfp4_moe(src, mxfp4_dir, reference_dir, seed: int = 0, exponents=(120
         "model.layers.*.self_attn", "model.layers.*.mlp.gate", "model.embed_tokens", "lm_head"]}
     (Path(mxfp4_dir) / "config.json").write_text(json.dumps(config))
     return mxfp4_dir, reference_dir
+
+
+MOE_CONFIG = dict(architectures=["Qwen3MoeForCausalLM"], vocab_size=64, hidden_size=64, intermediate_size=96,
+                  num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4,
+                  num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True, max_position_embeddings=64)
+
+
+def every_code_at_every_exponent():
+    """blocks [256, 16], each row the 32 codes 0..15, 15..0 (two a byte, low nibble first); scales [256, 1]: 0..255."""
+    codes = torch.arange(16, dtype=torch.uint8)
+    pairs = torch.cat([codes, codes.flip(0)])                          # 32 codes
+    blocks = (pairs[0::2] | (pairs[1::2] << 4)).repeat(256, 1)        # [256, 16]
+    return blocks, torch.arange(256, dtype=torch.uint8)[:, None]
+
+
+def random_experts(seed: int = 0):
+    """One-rank mxfp4 experts with biases (E 4, H 64, I 64), bytes, exponents 118..125 and biases drawn from `seed`."""
+    from atom_aot.models.moe import MoEExperts
+    experts = MoEExperts(4, 64, 64, torch.float32, quant="mxfp4", bias=True)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in experts.named_parameters():
+            p.copy_(torch.randint(0, 256, p.shape, generator=g) if p.dtype == torch.uint8 and "scale" not in name
+                    else torch.randint(118, 126, p.shape, generator=g) if p.dtype == torch.uint8
+                    else torch.randn(p.shape, generator=g))
+    return experts

@@ -4,7 +4,8 @@ exponent) and transformers', the reference `fused_moe` on mxfp4 stacks against f
 import pytest
 import torch
 
-from mxfp4_checks import e2m1_float64, mxfp4_float64, mxfp4_problem, naive_moe_biased, random_mxfp4
+from mxfp4_checks import (MOE_CONFIG, e2m1_float64, every_code_at_every_exponent, mxfp4_float64, mxfp4_problem,
+                          naive_moe_biased, random_experts, random_mxfp4)
 from triton_kernel_checks import rel_error
 
 from atom_aot.artifact.manifest import Quantization
@@ -21,14 +22,6 @@ from atom_aot.ops.mxfp4 import FP4_VALUES, dequantize_mxfp4
 
 GPT_OSS_QUANT = {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
                                             "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"}
-
-
-def every_code_at_every_exponent():
-    """blocks [256, 16] (each row: the 16 codes, 32 values: 0..15 twice over, low nibble first), scales [256, 1] 0..255."""
-    codes = torch.arange(16, dtype=torch.uint8)
-    pairs = torch.cat([codes, codes.flip(0)])                          # 32 codes
-    blocks = (pairs[0::2] | (pairs[1::2] << 4)).repeat(256, 1)        # [256, 16]
-    return blocks, torch.arange(256, dtype=torch.uint8)[:, None]
 
 
 class TestDequantize:
@@ -165,11 +158,6 @@ class TestCheckpointFormat:
                                               torch.zeros(4, 64, 2, 16, dtype=torch.uint8))
 
 
-MOE_CONFIG = dict(architectures=["Qwen3MoeForCausalLM"], vocab_size=64, hidden_size=64, intermediate_size=96,
-                  num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4,
-                  num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True, max_position_embeddings=64)
-
-
 class TestBuildChecks:
     def test_a_model_without_experts_is_refused(self):
         dense = ModelConfig.from_hf_dict({**MOE_CONFIG, "architectures": ["Qwen3ForCausalLM"], "num_experts": 0})
@@ -184,18 +172,6 @@ class TestBuildChecks:
             check_expert_only_model(cfg, Split(4), "mxfp4", torch.bfloat16)      # 16 per rank
         with pytest.raises(BuildError, match="--dtype bfloat16"):
             check_expert_only_model(cfg, Split(), "mxfp4", torch.float16)
-
-
-def random_experts(split: Split = Split(), seed: int = 0) -> MoEExperts:
-    """One-rank mxfp4 experts with biases (E 4, H 64, I 64), bytes and biases drawn from `seed`."""
-    experts = MoEExperts(4, 64, 64, torch.float32, split, quant="mxfp4", bias=True)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in experts.named_parameters():
-            p.copy_(torch.randint(0, 256, p.shape, generator=g) if p.dtype == torch.uint8 and "scale" not in name
-                    else torch.randint(118, 126, p.shape, generator=g) if p.dtype == torch.uint8
-                    else torch.randn(p.shape, generator=g))
-    return experts
 
 
 @pytest.mark.parametrize("split", [Split(2), Split(2, ep=True)], ids=["tp2", "ep2"])

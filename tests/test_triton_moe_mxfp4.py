@@ -10,8 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mxfp4_checks import mxfp4_problem
-from test_mxfp4 import MOE_CONFIG, every_code_at_every_exponent, random_experts
+from mxfp4_checks import MOE_CONFIG, every_code_at_every_exponent, mxfp4_problem, random_experts
 from triton_kernel_checks import rel_error
 from triton_support import DEVICE, poisoned_outputs  # noqa: F401 (an autouse fixture)
 

@@ -258,7 +258,6 @@ def _tune_moe(cfg: ModelConfig, config: BuildConfig, dev: str = "cuda",
                for c in moe_candidates(stored)}
         params[f"fused_moe@{first}"] = min((c for c in row if row[c] is not None), key=row.get)
         times[tokens] = row
-    del stacks
     return BackendChoice("triton", params), times
 
 

@@ -8,7 +8,8 @@ and no bf16 arithmetic (Triton's interpreter has none: it would multiply the bf1
 - the e8m0 scale 2^(e - 127) is the float32 whose exponent field is e (e = 0: the subnormal 0x00400000, e = 255 NaN);
 - one float32 multiply gives the weight exactly (ops/mxfp4.py); its bf16 is its top 16 bits, exactly (the low 16
   are zero), a shift rather than a rounding conversion.
-The float32 product of e = 0 or 1 is a subnormal, flushed to zero where the GPU flushes subnormals.
+At e = 0 or 1 the scale or the product is a float32 subnormal, which the multiply keeps (the sm90 PTX is mul.f32,
+no .ftz; AMD's kernels run in IEEE denormal mode).
 """
 import triton
 import triton.language as tl
