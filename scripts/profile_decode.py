@@ -271,7 +271,9 @@ def main(argv=None):
             report["kernels"] = kernel_breakdown(engine, args)
             save(args.out, report)
     if "attention" in sections:
-        cfg, kv_dtype, chosen = engine.loaded.model_config, torch_dtype(engine.loaded.kv_cache.dtype), decode_attention_config(engine)
+        from atom_aot.dtypes import torch_dtype
+        cfg, kv_dtype = engine.loaded.model_config, torch_dtype(engine.loaded.kv_cache.dtype)
+        chosen = decode_attention_config(engine)
         del engine     # the sweep needs the memory the KV pool held
         import gc
         gc.collect()

@@ -91,3 +91,20 @@ def files_under(root: Path, skip: Path) -> dict[str, bytes]:
     """Every file below `root` but those in `skip`, with its bytes: to show nothing else was written."""
     return {str(p): p.read_bytes() for p in sorted(root.rglob("*"))
             if p.is_file() and skip not in p.parents}
+
+
+PREFILL_PROMPTS = (tuple(range(5, 60)), tuple(range(100, 140)))
+
+
+def prefill_logits(artifact, prompts=PREFILL_PROMPTS):
+    """Logits [T, V] at every position of the prompts' prefill (one step) through the artifact's (eager) model."""
+    import torch
+    from atom_aot.artifact.phase import Phase
+    from atom_aot.weights.kv_scales import prefill_inputs
+    from atom_aot.runtime.loading.loader import load_artifact
+    loaded = load_artifact(artifact)
+    model = loaded.forwards[Phase.MIXED]
+    inputs = prefill_inputs(loaded.model_config, [list(p) for p in prompts], torch.float32, "cpu",
+                            logits="all", layout=model.kv_cache_layout(loaded.model_config))
+    with torch.no_grad():
+        return model(inputs)

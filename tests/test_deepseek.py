@@ -9,6 +9,7 @@ from atom_aot.artifact.kv_cache import KVCacheSpec
 from atom_aot.models import ModelConfig, model_class
 from atom_aot.models.registry import kv_cache_layout
 from atom_aot.models.step_inputs import StepInputs
+from artifact_tools import prefill_logits
 from atom_aot.runtime.execution.kv_cache import allocate_kv_cache
 from atom_aot.weights.convert import build_meta_model, convert_state_dict
 from deepseek_factories import make_tiny_deepseek, mtp_reference
@@ -191,19 +192,6 @@ def test_a_block_fp8_checkpoint_as_deepseek_ships_it_builds_and_decodes_near_its
     # measured 0.29 / 0.81: a dense Llama's W8A8 error (tests/test_fp8_model.py: < 0.15) plus expert choices
     # that flip under it (an fp8 latent cache alone: 0.05 all-dense, 0.23 with these MoE layers)
     assert rel < 0.4 and agree >= 0.7, (rel, agree)
-
-
-def prefill_logits(artifact) -> torch.Tensor:
-    """Logits at every position of two prompts' prefill through the artifact's (eager) model."""
-    from atom_aot.artifact.phase import Phase
-    from atom_aot.weights.kv_scales import prefill_inputs
-    from atom_aot.runtime.loading.loader import load_artifact
-    loaded = load_artifact(artifact)
-    model = loaded.forwards[Phase.MIXED]
-    inputs = prefill_inputs(loaded.model_config, [list(range(5, 60)), list(range(100, 140))], torch.float32, "cpu",
-                            logits="all", layout=model.kv_cache_layout(loaded.model_config))
-    with torch.no_grad():
-        return model(inputs)
 
 
 def test_quant_fp8_quantizes_a_deepseek_models_linears_and_experts(q_lora_dir, q_lora, build_artifact):

@@ -47,7 +47,7 @@ class TestTuning:
             return next(times), True
         monkeypatch.setattr("atom_aot.ops.triton.timing.measure_ms", scripted)
         choice, measured = _tune_moe(ModelConfig.from_hf_dict(MOE), SimpleNamespace(torch_dtype=torch.float32),
-                                     DEVICE, linear_scheme=quant)
+                                     DEVICE, weights_scheme=quant)
         assert choice == BackendChoice("triton", {"fused_moe@1": candidates[1].as_args(),
                                                   "fused_moe@4": candidates[0].as_args()})
         assert set(measured) == {1, 9} and measured[9] == {c.as_args(): t for c, t in zip(candidates, (1.0, 3.0))}

@@ -40,6 +40,7 @@ CHECKS = {   # a test's `check` -> the flags of its triton_aot_check.py run, lon
     "fp8-cache": ("--model", "llama-3.1-8b", "--targets", "sm90,gfx942", "--fp8-cache"),
     "rms-norm-quant": ("--targets", "sm90,gfx942", "--rms-norm-quant"),
     "moe-glue": ("--targets", "sm90,gfx942", "--moe-glue"),
+    "moe-mxfp4": ("--targets", "sm90", "--moe-mxfp4"),
     "bf16-cache": ("--model", "llama-3.1-8b", "--targets", "sm90,gfx942"),
     "partial-rotary": ("--model", "glm-4.5-air", "--targets", "sm90,gfx942"),
     "sampling": ("--targets", "sm90,gfx942", "--sampling"),
@@ -109,6 +110,20 @@ def test_the_moe_sort_and_routers_compile_for_sm90_and_gfx942(compiled, check):
                                              "grouped_sigmoid_topk_kernel"}
     assert len(results) == 9 * 2
     assert_compiled_without_spills(results)
+
+
+@pytest.mark.parametrize("check", ["moe-mxfp4"])
+def test_the_fused_moe_gemms_on_mxfp4_experts_compile_for_sm90(compiled, check):
+    """Gate-up and down on mxfp4 experts with biases at GPT-OSS-20B's shapes, one config of each tile kind the build
+    times (triton_aot_check.py MXFP4_CHECKED; `--moe-mxfp4 --all-candidates` compiles every one): within an H100's
+    registers and shared memory, and the bytes widen without int -> float conversions (the kernels' two or three
+    are in their index arithmetic, outside the K loop, as in the bf16 kernels)."""
+    results = compiled[check].result()
+    assert sorted(r["kernel"] for r in results) == ["moe_down_kernel"] * 4 + ["moe_gate_up_kernel"] * 4
+    assert {r["constexprs"]["SCALES"] for r in results} == {3} and all(r["constexprs"]["HAS_BIAS"] for r in results)
+    assert_compiled_without_spills(results)
+    assert max(r["shared_bytes"] for r in results) <= 227 * 1024
+    assert all(r["int_to_float_instructions"] <= 3 for r in results)
 
 
 @pytest.mark.parametrize("check", ["sampling"])

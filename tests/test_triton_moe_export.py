@@ -66,11 +66,14 @@ from export_recording import host_reads, launch_kinds
 
 import sys
 quant = sys.argv[1]
+mxfp4 = quant == "mxfp4"       # its scale blocks want widths and K steps in multiples of 32
 model = tiny_model(quant=quant, **dict(TINY_QWEN3, architectures=["Qwen3MoeForCausalLM"], num_experts=5,
-                                       num_experts_per_tok=3, moe_intermediate_size=48, mlp_only_layers=[0]))
-moe = BackendChoice("triton", {"fused_moe@1": (16, 16, 32, 1, 2, 1), "fused_moe@8": (32, 32, 16, 2, 4, 2)})
+                                       num_experts_per_tok=3, moe_intermediate_size=64 if mxfp4 else 48,
+                                       mlp_only_layers=[0]))
+moe = BackendChoice("triton", {"fused_moe@1": (16, 16, 32, 1, 2, 1),
+                               "fused_moe@8": (32, 32, 32 if mxfp4 else 16, 2, 4, 2)})
 model.use_kernels(PhaseTuning({"attention": BackendChoice("reference"), "moe": moe, "fp8_linear": BackendChoice("aten")}))
-assert (model.model.layers[1].mlp.experts.w13_scale is not None) == (quant == "fp8")
+assert (model.model.layers[1].mlp.experts.w13_scale is not None) == (quant != "none")
 for phase in (Phase.MIXED, Phase.DECODE):
     decomposed = export_model(model, torch.float32, 16, 128, torch.device("cpu"), phase).run_decompositions(
         decompose_custom_triton_ops=True)
@@ -115,11 +118,12 @@ def lines() -> list[str]:
     return run_script(SCRIPT, json.dumps([E, K, H, I, TABLE, TOKENS]))
 
 
-@pytest.mark.parametrize("quant", ["none", "fp8"])
+@pytest.mark.parametrize("quant", ["none", "fp8", "mxfp4"])
 def test_whole_moe_model_exports_in_both_phases(quant):
     """A tiny Qwen3-MoE (one dense, one MoE layer) with the triton moe backend: 2 buckets x 2 kernels per
     phase, all symbolic in T, beside one sort by expert (E + 1 programs whatever T) and the router's kernel (a
-    program per token), no host reads; with fp8 experts (e4m3 stacks and their row scales) too."""
+    program per token), no host reads; with fp8 experts (e4m3 stacks and their row scales) and mxfp4 experts
+    (packed stacks and e8m0 scales) too."""
     assert [line for line in run_script(MODEL_SCRIPT, quant) if line.startswith("PHASE")] == [
         "PHASE mixed 6 4 True 1 False 1 True 0", "PHASE decode 6 4 True 1 False 1 True 0"]
 

@@ -6,7 +6,7 @@ import pytest
 import atom_aot.build.tune_fp8 as tune_fp8
 from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning, Tuning
-from atom_aot.build.tune import _best
+from atom_aot.build.measure import best_config
 from atom_aot.build.tune_fp8 import SMALL_M_MAX, phase_choice, small_m_pick
 
 ATEN, TRITON = ("aten",), ("triton", 64, 128, 128, 4, 3)
@@ -24,10 +24,10 @@ def timings(small_ms: float):
 
 
 def decode_choice(rows, small_rows):
-    return phase_choice(rows, _best, small_m_pick(rows, small_rows, _best), "fp8_linear")
+    return phase_choice(rows, best_config, small_m_pick(rows, small_rows, best_config), "fp8_linear")
 
 
-def test_small_m_kernel_taken_where_faster_with_the_best_large_gemm_above():
+def test_small_m_kernel_taken_where_faster_with_thebest_config_large_gemm_above():
     choice, label = decode_choice(*timings(small_ms=6.0))
     # aten wins over all four M (geometric mean) but triton wins above M 16: the large path is triton
     assert choice == BackendChoice("small_m+triton", {"fp8_small_m": (SMALL_M_MAX, *SMALL_A[1:]),
@@ -38,7 +38,7 @@ def test_small_m_kernel_taken_where_faster_with_the_best_large_gemm_above():
 def test_slower_small_m_kernel_leaves_the_one_gemm():
     rows, small = timings(small_ms=11.0)
     choice, label = decode_choice(rows, small)
-    assert choice == tune_fp8.as_choice(_best(rows)) and label == ",".join(map(str, _best(rows)))
+    assert choice == tune_fp8.as_choice(best_config(rows)) and label == ",".join(map(str, best_config(rows)))
 
 
 def test_config_that_does_not_fit_is_skipped():

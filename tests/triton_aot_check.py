@@ -196,6 +196,34 @@ def moe_glue_launches() -> list[Launch]:
     return launches
 
 
+# one of each kind of tile the build times on mxfp4 experts: short rows with deep K, wide N on 8 warps, long tiles
+MXFP4_CHECKED = (fused_moe.MoEConfig(16, 64, 128, 1, 4, 4), fused_moe.MoEConfig(16, 64, 256, 1, 4, 2),
+                 fused_moe.MoEConfig(16, 128, 128, 1, 8, 2), fused_moe.MoEConfig(128, 128, 64, 8, 8, 3))
+
+
+def moe_mxfp4_launches(all_candidates: bool = False) -> list[Launch]:
+    """The fused MoE GEMMs (gate-up and down) on mxfp4 experts with biases at GPT-OSS-20B's shapes (32 experts, top 4,
+    hidden and expert width 2880, bf16 activations): MXFP4_CHECKED's configs, or every candidate the build times for
+    mxfp4 (meta tensors)."""
+    from atom_aot.build.tune import moe_candidates
+    from atom_aot.ops.expert_formats import FORMATS
+    meta = dict(device="meta")
+    experts, hidden, inter, top_k, tokens = 32, 2880, 2880, 4, 256
+    x = torch.empty(tokens, hidden, dtype=torch.bfloat16, **meta)
+    stacks = [torch.empty(experts, 2 * inter, hidden // 2, dtype=torch.uint8, **meta),
+              torch.empty(experts, hidden, inter // 2, dtype=torch.uint8, **meta)]
+    scales = [torch.empty(experts, 2 * inter, hidden // 32, dtype=torch.uint8, **meta),
+              torch.empty(experts, hidden, inter // 32, dtype=torch.uint8, **meta)]
+    biases = [torch.empty(experts, 2 * inter, **meta), torch.empty(experts, hidden, **meta)]
+    routing = (torch.empty(tokens, top_k, **meta), torch.empty(tokens, top_k, dtype=torch.int32, **meta))
+    launches = []
+    for config in moe_candidates(FORMATS["mxfp4"]) if all_candidates else MXFP4_CHECKED:
+        launches += [launch for launch in record_launches(fused_moe, fused_moe.launch_fused_moe, x, *stacks, *routing,
+                                                          [1, *config.as_args()], *scales, *biases)
+                     if launch.kernel is not fused_moe.sort_by_expert_kernel]
+    return launches
+
+
 def sampling_launches() -> list[Launch]:
     """The sampler's threshold kernels at 256 rows of Qwen3's 151,936-entry vocabulary (meta tensors): one launch
     per kernel and constexprs (the passes differ only in runtime ints)."""
@@ -305,11 +333,15 @@ def main() -> None:
     parser.add_argument("--silu-mul-quant", action="store_true", help="only the one-pass SiLU-mul fp8 quantization")
     parser.add_argument("--rms-norm-quant", action="store_true", help="only the one-pass add + RMSNorm fp8 quantization")
     parser.add_argument("--int4", action="store_true", help="only the int4 GEMMs (large-M and small-M)")
+    parser.add_argument("--moe-mxfp4", action="store_true", help="only the fused MoE GEMMs on mxfp4 experts")
     args = parser.parse_args()
     only = {"rms_norm_quant": rms_norm_quant_launches, "silu_mul_quant": silu_mul_quant_launches,
             "sampling": sampling_launches, "all_reduce_norm": all_reduce_norm_launches,
             "moe_glue": moe_glue_launches, "int4": int4_launches}      # flag (its dest) -> the launches it compiles alone
     chosen = [launches for flag, launches in only.items() if getattr(args, flag)]
+    if args.moe_mxfp4:
+        print(json.dumps(compile_all(moe_mxfp4_launches(args.all_candidates), args.targets.split(","))))
+        return
     if chosen:
         print(json.dumps(compile_all(chosen[0](), args.targets.split(","))))
         return

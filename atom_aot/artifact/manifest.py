@@ -114,16 +114,34 @@ class Layout:
 # models/quant_layers.py describes each layout
 LINEAR_SCHEMES = ("none", "fp8", "fp8-static", "fp8-block", "fp8-ub", "int8", "int8-static", "int4-w4a16",
                   "int4-w4a16-channel")
+# schemes of the experts alone: the decoder linears stay in the model dtype (an mxfp4 checkpoint: GPT-OSS)
+EXPERT_ONLY_SCHEMES = ("mxfp4",)
+WEIGHT_SCHEMES = LINEAR_SCHEMES + EXPERT_ONLY_SCHEMES
 WEIGHT_ORIGINS = ("none", "build", "checkpoint")           # who quantized: nobody, atom-build --quant, the checkpoint
 DECODER_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-# linear scheme -> how a MoE model of that scheme stores its experts (e4m3, weight-only; models/moe.py)
-EXPERT_SCALES = {"fp8": "row", "fp8-ub": "row", "fp8-block": "block"}
+# weights scheme -> how a MoE model of that scheme stores its experts (ops/expert_formats.py; others: model-dtype)
+EXPERT_FORMATS = {"fp8": "fp8-row", "fp8-ub": "fp8-row", "fp8-block": "fp8-block", "mxfp4": "mxfp4"}
+EXPERT_FORMAT_TEXT = {"model-dtype": "in the model dtype",
+                      "fp8-row": "e4m3, one scale per row, weight-only (bf16 activations)",
+                      "fp8-block": "e4m3, one scale per 128x128 block, weight-only (bf16 activations)",
+                      "mxfp4": "mxfp4: e2m1 values two a byte, one e8m0 scale per 32 along K, weight-only "
+                               "(bf16 activations)"}
+
+
+def linear_scheme(weights: str) -> str:
+    """The decoder linears' scheme (LINEAR_SCHEMES) of a weights scheme (WEIGHT_SCHEMES)."""
+    return "none" if weights in EXPERT_ONLY_SCHEMES else weights
+
+
+def expert_format_name(weights: str) -> str:
+    """How a MoE model of weights scheme `weights` stores its experts (a key of EXPERT_FORMAT_TEXT)."""
+    return EXPERT_FORMATS.get(weights, "model-dtype")
 
 
 @dataclass(frozen=True)
 class Quantization:
     """Which weights are stored quantized, in which scheme (the KV cache's are its spec's: KVCacheSpec)."""
-    weights: str                       # scheme of every decoder linear (LINEAR_SCHEMES)
+    weights: str                       # WEIGHT_SCHEMES: every decoder linear's scheme, or the experts' alone
     weights_origin: str = "none"       # WEIGHT_ORIGINS
     checkpoint_format: str = ""        # the pre-quantized checkpoint's format as detected ("" if none)
     ignored: tuple[str, ...] = ()      # the checkpoint's ignore list (modules it left unquantized)
@@ -131,22 +149,20 @@ class Quantization:
     @property
     def groups(self) -> dict[str, str]:
         """Layer group -> its scheme: the decoder linears share one; lm_head and embeddings are never quantized."""
-        return {**{group: self.weights for group in DECODER_LINEARS}, "lm_head": "none", "embed_tokens": "none"}
+        linears = linear_scheme(self.weights)
+        return {**{group: linears for group in DECODER_LINEARS}, "lm_head": "none", "embed_tokens": "none"}
 
     @property
     def experts(self) -> str:
         """How a MoE model's experts are stored under this scheme."""
-        scales = EXPERT_SCALES.get(self.weights)
-        if scales is None:
-            return "in the model dtype"
-        return f"e4m3, one scale per {'row' if scales == 'row' else '128x128 block'}, weight-only (bf16 activations)"
+        return EXPERT_FORMAT_TEXT[expert_format_name(self.weights)]
 
     def to_dict(self) -> dict:
         return {**asdict(self), "ignored": list(self.ignored), "groups": self.groups}
 
     @classmethod
     def from_reader(cls, r: Reader) -> "Quantization":
-        weights = r.str("weights", choices=LINEAR_SCHEMES)
+        weights = r.str("weights", choices=WEIGHT_SCHEMES)
         q = cls(weights, r.str("weights_origin", "none" if weights == "none" else "build", choices=WEIGHT_ORIGINS),
                 r.str("checkpoint_format", ""), tuple(r.typed("ignored", list, [])))
         if (q.weights == "none") != (q.weights_origin == "none"):

@@ -26,8 +26,8 @@ from atom_aot.artifact.build_options import BuildOptions, drawn_at_load
 from atom_aot.artifact.graph_plan import GRAPHS
 from atom_aot.artifact.kv_cache import FP8_KV_CACHE_DTYPE, KVCacheSpec
 from atom_aot.artifact.layout import CONFIG, GENERATION_CONFIG, TOKENIZER, package_member
-from atom_aot.artifact.manifest import (CompiledPackages, Layout, Manifest, ModelIdentity, Numerics, Quantization,
-                                        Target)
+from atom_aot.artifact.manifest import (EXPERT_ONLY_SCHEMES, CompiledPackages, Layout, Manifest, ModelIdentity,
+                                        Numerics, Quantization, Target, linear_scheme)
 from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.reader import Artifact
 from atom_aot.artifact.signature import SIGNATURE_VERSION
@@ -52,6 +52,7 @@ from atom_aot.models.quant_layers import FP8_SCHEMES, INT4_SCHEMES
 from atom_aot.models.registry import kv_cache_layout
 from atom_aot.version import ARTIFACT_FORMAT_VERSION, __version__
 from atom_aot.weights.convert import build_meta_model, convert_state_dict
+from atom_aot.weights.experts import check_expert_only_model
 from atom_aot.weights.int4_checkpoint import check_int4_model
 from atom_aot.weights.kv_scales import calibrate_kv_scales, calibration_prompts, checkpoint_has_kv_scales
 from atom_aot.weights.quant_config import QuantPlan, resolve_quant_plan
@@ -91,7 +92,7 @@ def plan(model: str | None, config: BuildConfig) -> tuple[ModelSource, ModelConf
     model_config = ModelConfig.from_hf_dict(source.config)
     model_class(model_config.architecture)          # fails early on an unsupported architecture
     linear_quant = resolve_quant_plan(source.config, config.quant)   # and on a quantization it cannot load
-    if (linear_quant.scheme not in MLA_LINEAR_SCHEMES
+    if (linear_scheme(linear_quant.scheme) not in MLA_LINEAR_SCHEMES
             and "mla_attention" in model_class(model_config.architecture).ATTENTION_OPS):
         raise BuildError(f"{model_config.architecture} with {linear_quant.scheme} linears is not supported yet: "
                          f"latent-attention models take {', '.join(MLA_LINEAR_SCHEMES[1:])} (a block-scaled fp8 "
@@ -109,6 +110,8 @@ def plan(model: str | None, config: BuildConfig) -> tuple[ModelSource, ModelConf
         check_splittable(model_config, config.split)
     except ValueError as e:
         raise BuildError(str(e)) from None
+    if linear_quant.scheme in EXPERT_ONLY_SCHEMES:
+        check_expert_only_model(model_config, config.split, linear_quant.scheme, config.torch_dtype)
     inputs = key_inputs(source, config)
     return source, model_config, build_key(inputs), inputs
 

@@ -18,6 +18,7 @@ import logging
 
 import torch
 
+from atom_aot.artifact.manifest import linear_scheme as linear_scheme_of
 from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning, Tuning, timings_json
 from atom_aot.build.config import BuildConfig
@@ -49,14 +50,16 @@ GPU_LINEAR_KERNELS = {"fp8_linear": ("fp8 gemm", "aten (cuBLASLt _scaled_mm) or 
 
 
 def tune_kernels(config: BuildConfig, model_config: ModelConfig, max_model_len: int,
-                 linear_scheme: str = "none") -> Tuning:
-    """`linear_scheme`: the decoder linears' (quant_layers.py); a quantized one adds an fp8_linear,
-    int8_linear or int4_linear choice."""
+                 weights_scheme: str = "none") -> Tuning:
+    """`weights_scheme`: the artifact's (artifact/manifest.py WEIGHT_SCHEMES); one whose decoder linears are quantized
+    adds an fp8_linear, int8_linear or int4_linear choice, and the MoE op is timed on experts stored as it stores
+    them."""
     ops = model_class(model_config.architecture).ATTENTION_OPS
+    experts_scheme, linear_scheme = weights_scheme, linear_scheme_of(weights_scheme)
     if config.arch != "cpu" and "mla_attention" in ops:
         from atom_aot.build.tune_mla import tune_mla
-        tune_moe = functools.partial(_tune_moe, linear_scheme=linear_scheme)
-        tuning = tune_mla(config, model_config, max_model_len, tune_moe, moe_kernel_label(linear_scheme))
+        tune_moe = functools.partial(_tune_moe, weights_scheme=experts_scheme)
+        tuning = tune_mla(config, model_config, max_model_len, tune_moe, moe_kernel_label(experts_scheme))
         return tuning if linear_scheme == "none" else _with_measured_linear(tuning, config, model_config, linear_scheme)
     if config.arch == "cpu":
         names = {"attention": "torch reference (atom::paged_attention)",
@@ -71,7 +74,7 @@ def tune_kernels(config: BuildConfig, model_config: ModelConfig, max_model_len: 
             kernels[label] = f"{linear_scheme}: {text}"
         return Tuning(arch="cpu", measured=False, phases={Phase.MIXED: PhaseTuning(choices)},
                       kernels={**kernels, "norms/activations": "Inductor C++ (fused)", "sampling": "torch"})
-    tuning = _tune_triton(config, model_config, max_model_len, linear_scheme)
+    tuning = _tune_triton(config, model_config, max_model_len, experts_scheme)
     return tuning if linear_scheme == "none" else _with_measured_linear(tuning, config, model_config, linear_scheme)
 
 
@@ -128,7 +131,7 @@ def _with_row_quantizer(phases: dict, config: BuildConfig, cfg: ModelConfig, op:
     return out, "; ".join(picks) + " (as measured)", timings
 
 
-def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int, linear_scheme: str = "none") -> Tuning:
+def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int, weights_scheme: str = "none") -> Tuning:
     import atom_aot.ops.triton  # noqa: F401  (registers the ops)
     from atom_aot.ops.triton.paged_attention import CANDIDATE_CONFIGS as ATTENTION, AttentionConfig, split_count
     from atom_aot.ops.triton.rope_cache import CANDIDATE_CONFIGS as ROPE
@@ -143,8 +146,8 @@ def _tune_triton(config: BuildConfig, cfg: ModelConfig, max_model_len: int, line
         measurements["rope_cache"][tokens] = _time_rope(cfg, config, ROPE, tokens)
     moe_ops, moe_kernels = {}, {}
     if cfg.num_experts:
-        moe_ops["moe"], measurements["moe"] = _tune_moe(cfg, config, linear_scheme=linear_scheme)
-        moe_kernels["moe"] = moe_kernel_label(linear_scheme)
+        moe_ops["moe"], measurements["moe"] = _tune_moe(cfg, config, weights_scheme=weights_scheme)
+        moe_kernels["moe"] = moe_kernel_label(weights_scheme)
     rope, decode = best_config(measurements["rope_cache"]), best_config(measurements["decode"])
     chosen = AttentionConfig(*decode)
     decode_splits = {str(batch): split_count(batch, cfg.num_key_value_heads, chosen.target_programs, chosen.max_splits)
@@ -206,39 +209,67 @@ def _time_rope(cfg, config: BuildConfig, candidates, tokens: int) -> dict:
     return times
 
 
-def moe_kernel_label(linear_scheme: str) -> str:
-    from atom_aot.models.moe import expert_scales
-    scales = expert_scales(linear_scheme)
-    stored = f"; e4m3 experts, {scales} scales, bf16 activations" if scales else ""
+def moe_kernel_label(weights_scheme: str) -> str:
+    from atom_aot.models.moe import expert_format
+    stored = {"row": "; e4m3 experts, row scales, bf16 activations",
+              "block": "; e4m3 experts, block scales, bf16 activations",
+              "mxfp4": "; mxfp4 experts (e2m1 + e8m0 per 32, widened to bf16 in registers), bf16 activations",
+              }.get(expert_format(weights_scheme).scale, "")
     return f"triton atom_triton::fused_moe (sort by expert, grouped GEMMs; config per token bucket{stored})"
 
 
 def _tune_moe(cfg: ModelConfig, config: BuildConfig, dev: str = "cuda",
-              linear_scheme: str = "none") -> tuple[BackendChoice, dict]:
-    """Per token-count bucket, the fastest candidate on one layer of the model's experts (random weights,
-    in e4m3 with row scales where the model's experts are; softmax top-k routing of random logits); timed at
-    each bucket's first token count, the last at PREFILL_MOE_TOKENS. Returns the `triton` choice and the timings."""
-    from atom_aot.models.moe import expert_scales
-    from atom_aot.ops.fp8 import BLOCK, quantize_expert_stack
+              weights_scheme: str = "none") -> tuple[BackendChoice, dict]:
+    """Per token-count bucket, the fastest candidate on one layer of the model's experts (random weights stored as
+    the model stores them: ops/expert_formats.py; softmax top-k routing of random logits); timed at each bucket's
+    first token count, the last at PREFILL_MOE_TOKENS. Returns the `triton` choice and the timings."""
+    from atom_aot.models.moe import expert_format
     from atom_aot.ops.moe import softmax_topk
-    from atom_aot.ops.triton.fused_moe import CANDIDATE_CONFIGS, TOKEN_BUCKETS
+    from atom_aot.ops.triton.fused_moe import TOKEN_BUCKETS
     dt, experts, hidden = config.torch_dtype, cfg.num_experts, cfg.hidden_size
-    w13 = torch.randn(experts, 2 * cfg.moe_intermediate_size, hidden, device=dev, dtype=dt) * hidden ** -0.5
-    w2 = torch.randn(experts, hidden, cfg.moe_intermediate_size, device=dev, dtype=dt) * cfg.moe_intermediate_size ** -0.5
-    scales, candidates, layout = (None, None), CANDIDATE_CONFIGS, expert_scales(linear_scheme)
-    if layout is not None:
-        (w13, s13), (w2, s2) = (quantize_expert_stack(w, blocks=layout == "block") for w in (w13, w2))
-        scales = (s13, s2)
-    if layout == "block":           # a K step inside one 128x128 block
-        candidates = tuple(c for c in CANDIDATE_CONFIGS if BLOCK % c.block_k == 0)
+    stored = expert_format(weights_scheme)
+    stacks = random_expert_stacks(stored, experts, cfg.moe_intermediate_size, hidden, dt, dev)
     op, params, times = torch.ops.atom_triton.fused_moe, {}, {}
     for first in TOKEN_BUCKETS:
         tokens = PREFILL_MOE_TOKENS if first == TOKEN_BUCKETS[-1] else first
         x = torch.randn(tokens, hidden, device=dev, dtype=dt)
         weights, ids = softmax_topk(torch.randn(tokens, experts, device=dev), cfg.num_experts_per_tok, True)
-        row = {c.as_args(): ms_unless_too_big(lambda: op(x, w13, w2, weights, ids, [1, *c.as_args()], *scales), c)
-               for c in candidates}
+        row = {c.as_args(): ms_unless_too_big(lambda: op(x, stacks.w13, stacks.w2, weights, ids, [1, *c.as_args()],
+                                                          *stacks.optional()), c)
+               for c in moe_candidates(stored)}
         params[f"fused_moe@{first}"] = min((c for c in row if row[c] is not None), key=row.get)
         times[tokens] = row
-    del w13, w2
     return BackendChoice("triton", params), times
+
+
+def moe_candidates(stored) -> tuple:
+    """The fused MoE configs a format's kernels can run: a K step inside one 128x128 block (fp8 blocks), over whole
+    groups of 32 (mxfp4)."""
+    from atom_aot.ops.fp8 import BLOCK
+    from atom_aot.ops.mxfp4 import BLOCK as MXFP4_BLOCK
+    from atom_aot.ops.triton.fused_moe import CANDIDATE_CONFIGS
+    if stored.scale == "block":
+        return tuple(c for c in CANDIDATE_CONFIGS if BLOCK % c.block_k == 0)
+    if stored.scale == "mxfp4":
+        return tuple(c for c in CANDIDATE_CONFIGS if c.block_k % MXFP4_BLOCK == 0)
+    return CANDIDATE_CONFIGS
+
+
+def random_expert_stacks(stored, experts: int, inter: int, hidden: int, dtype: torch.dtype, dev: str):
+    """One layer's experts of random values in the format `stored` (ops/expert_formats.py), as an ExpertWeights:
+    normal bf16 weights of unit-variance products (quantized to e4m3 for fp8), random mxfp4 bytes with exponents
+    around 2^-5 (the weight spread of a trained layer of this size)."""
+    from atom_aot.ops.fp8 import quantize_expert_stack
+    from atom_aot.ops.moe import ExpertWeights
+    if stored.scale == "mxfp4":
+        def packed(rows, cols):
+            return (torch.randint(0, 256, (experts, rows, cols // 2), dtype=torch.uint8, device=dev),
+                    torch.randint(120, 124, (experts, rows, cols // 32), dtype=torch.uint8, device=dev))
+        (w13, s13), (w2, s2) = packed(2 * inter, hidden), packed(hidden, inter)
+        return ExpertWeights(w13, w2, s13, s2)
+    w13 = torch.randn(experts, 2 * inter, hidden, device=dev, dtype=dtype) * hidden ** -0.5
+    w2 = torch.randn(experts, hidden, inter, device=dev, dtype=dtype) * inter ** -0.5
+    if stored.scale == "none":
+        return ExpertWeights(w13, w2)
+    (w13, s13), (w2, s2) = (quantize_expert_stack(w, blocks=stored.scale == "block") for w in (w13, w2))
+    return ExpertWeights(w13, w2, s13, s2)

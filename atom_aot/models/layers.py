@@ -11,6 +11,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from atom_aot.artifact.manifest import linear_scheme
 from atom_aot.distributed.collectives import all_reduce, all_reduce_add_rms_norm
 from atom_aot.models.quant_layers import QuantizedInput, make_quantized_linear
 from atom_aot.ops.norm import rms_norm
@@ -65,7 +66,9 @@ class Linear(nn.Module):
 
 
 def make_linear(in_features: int, out_features: int, bias: bool, dtype: torch.dtype, quant: str) -> nn.Module:
-    """A linear of the scheme `quant` ("none", or one of quant_layers.FP8_SCHEMES / INT8_SCHEMES / INT4_SCHEMES)."""
+    """A linear of the weights scheme `quant`: "none", one of quant_layers.FP8_SCHEMES / INT8_SCHEMES / INT4_SCHEMES,
+    or a scheme of the experts alone (mxfp4: the linears stay in the model dtype)."""
+    quant = linear_scheme(quant)
     if quant == "none":
         return Linear(in_features, out_features, bias, dtype)
     return make_quantized_linear(in_features, out_features, bias, dtype, quant)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from atom_aot.artifact.manifest import EXPERT_SCALES
+from atom_aot.artifact.manifest import expert_format_name
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
 from atom_aot.errors import BuildError
 from atom_aot.models.config import ModelConfig
@@ -20,7 +20,8 @@ from atom_aot.models.layers import Linear
 from atom_aot.models.parallel import ONE_RANK, Split, gather_ranks_tokens, reduce_partial_sums, scatter_token_sums
 from atom_aot.ops.backends import make_backend
 from atom_aot.ops.backends.moe import MoEBackend
-from atom_aot.ops.fp8 import BLOCK as FP8_BLOCK
+from atom_aot.ops.expert_formats import FORMATS, ExpertFormat
+from atom_aot.ops.moe import ExpertWeights
 
 
 class MoEExperts(nn.Module):
@@ -31,31 +32,25 @@ class MoEExperts(nn.Module):
     another rank, which the op skips. Either way the rank's output is a partial sum, all-reduced here;
     with data-parallel attention (`dp` ranks, each holding E/dp experts) SparseMoeBlock reduce-scatters it.
 
-    With the `fp8` linear scheme the stacks are e4m3 with one float32 scale per row (`w13_scale`,
-    `w2_scale`; ops/moe.py), with `fp8-block` (checkpoints) one per 128x128 block; other schemes keep the
-    experts in the model dtype.
+    The weights scheme `quant` fixes how the stacks are stored (`expert_format`: in the model dtype, e4m3 with
+    per-row or 128x128-block scales, mxfp4; ops/expert_formats.py); `bias` adds float32 biases `w13_bias [E, 2I]`
+    and `w2_bias [E, H]` (under tp without ep, w2's bias is rank 0's alone: the partial sums add it once).
     """
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, dtype: torch.dtype,
-                 split: Split = ONE_RANK, quant: str = "none"):
+                 split: Split = ONE_RANK, quant: str = "none", bias: bool = False):
         super().__init__()
         self.tp, self.ep = split.tp, split.ep
         local_experts, width = ((num_experts // split.world_size, intermediate_size) if split.ep
                                 else (num_experts, intermediate_size // split.tp))
-        scales = expert_scales(quant)
-        stored = torch.float8_e4m3fn if scales else dtype
-        self.w13 = nn.Parameter(torch.empty(local_experts, 2 * width, hidden_size, dtype=stored), requires_grad=False)
-        self.w2 = nn.Parameter(torch.empty(local_experts, hidden_size, width, dtype=stored), requires_grad=False)
-        if scales == "block" and width % FP8_BLOCK:
-            raise BuildError(f"block-scaled fp8 experts need an expert width that fills whole 128-row blocks (gate "
-                             f"and up are stacked), and this rank's is {width}")
-        shapes = {"row": ((2 * width,), (hidden_size,)),
-                  "block": ((2 * width // FP8_BLOCK, -(-hidden_size // FP8_BLOCK)),
-                            (-(-hidden_size // FP8_BLOCK), width // FP8_BLOCK))}.get(scales)
-        self.w13_scale = self.w2_scale = None
-        if shapes is not None:
-            self.w13_scale = nn.Parameter(torch.empty(local_experts, *shapes[0]), requires_grad=False)
-            self.w2_scale = nn.Parameter(torch.empty(local_experts, *shapes[1]), requires_grad=False)
+        stored = expert_format(quant)
+        shapes = stored.stack_shapes(local_experts, width, hidden_size)
+        if bias:
+            shapes |= {"w13_bias": (local_experts, 2 * width), "w2_bias": (local_experts, hidden_size)}
+        self.w13_scale = self.w2_scale = self.w13_bias = self.w2_bias = None
+        for name, shape in shapes.items():
+            setattr(self, name, nn.Parameter(torch.empty(shape, dtype=stored.stack_dtype(name, dtype)),
+                                             requires_grad=False))
         if split.ep:   # rank * E/ranks: a weight, not a constant, so the ranks' graphs are the same
             self.register_buffer("expert_start", torch.empty((), dtype=torch.int64))
         # the reference backend until use_moe_kernels sets the phase's choice
@@ -69,16 +64,19 @@ class MoEExperts(nn.Module):
             local = topk_ids - self.expert_start                                    # [T, k]
             mine = (local >= 0) & (local < self.w13.shape[0])
             topk_ids = torch.where(mine, local, -1).to(torch.int32)
-        partial = self.moe_backend(hidden, self.w13, self.w2, topk_weights, topk_ids, self.w13_scale, self.w2_scale)
+        partial = self.moe_backend(hidden, self.weights(), topk_weights, topk_ids)
         return reduce_partial_sums(partial, self.tp, deferred)     # tp is 1 under dp: the block reduce-scatters
 
+    def weights(self) -> ExpertWeights:
+        return ExpertWeights(self.w13, self.w2, self.w13_scale, self.w2_scale, self.w13_bias, self.w2_bias)
 
-def expert_scales(quant: str) -> str | None:
-    """How a model of linear scheme `quant` stores its experts: e4m3 with a scale per row ("row": `--quant
-    fp8`, and per-row or per-tensor fp8 checkpoints with dynamic activations; fbgemm_fp8's bound on
-    activations concerns the linears only) or per 128x128 block ("block": block-scaled checkpoints), both
-    weight-only; None: in the model dtype."""
-    return EXPERT_SCALES.get(quant)
+
+def expert_format(quant: str) -> ExpertFormat:
+    """How a model of weights scheme `quant` stores its experts: e4m3 with a scale per row (`--quant fp8`, and
+    per-row or per-tensor fp8 checkpoints with dynamic activations; fbgemm_fp8's bound on activations concerns the
+    linears only) or per 128x128 block (block-scaled checkpoints), mxfp4 (mxfp4 checkpoints), all weight-only;
+    otherwise in the model dtype."""
+    return FORMATS[expert_format_name(quant)]
 
 
 class SparseMoeBlock(nn.Module):

@@ -19,7 +19,12 @@ FP8 experts (`--quant fp8`): w13 and w2 in e4m3 with one float32 scale per outpu
 rows' products are scaled after each GEMM; what pays at decode, where the experts' weight bytes bound
 the step). Block-scaled fp8 checkpoints (128x128 weight blocks, Qwen3-FP8 and DeepSeek-V3 style):
 `w13_scale [E, 2I/128, H/128]`, `w2_scale [E, H/128, I/128]`, each K block's products scaled by its
-block's scale.
+block's scale. MXFP4 experts (GPT-OSS checkpoints): w13 [E, 2I, H/2] and w2 [E, H, I/2] uint8 (two e2m1 values a
+byte) with uint8 e8m0 scales per 32 values along K, w13_scale [E, 2I, H/32] and w2_scale [E, H, I/32] (ops/mxfp4.py).
+ops/expert_formats.py lists the formats; the op tells them apart by the stacks' dtypes.
+
+Expert biases (any format), w13_bias [E, 2I] and w2_bias [E, H] float32, are added to the products before the
+activation and before the routing weight: out[t] += w * (down_e(h) + b2_e), h from gate_e(x) + b13_e.
 """
 from __future__ import annotations
 
@@ -28,13 +33,31 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from atom_aot.ops.expert_formats import format_of
 from atom_aot.ops.fp8 import dequantize_weight
+from atom_aot.ops.mxfp4 import dequantize_mxfp4
 
 # A fragment of the `atom` namespace that atom_aot/ops/attention.py defines; registered through the
 # dispatcher directly for the same reason (custom_op's wrapper imports torch._dynamo on first call).
 LIBRARY = torch.library.Library("atom", "FRAGMENT")
 LIBRARY.define("fused_moe(Tensor hidden, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids, "
-               "Tensor? w13_scale=None, Tensor? w2_scale=None) -> Tensor")
+               "Tensor? w13_scale=None, Tensor? w2_scale=None, Tensor? w13_bias=None, Tensor? w2_bias=None) -> Tensor")
+
+
+@dataclass(frozen=True)
+class ExpertWeights:
+    """One layer's stacked experts as the `fused_moe` op reads them (stored in one of ops/expert_formats.py's
+    formats, which the op tells apart by dtype: a model hands them on without knowing which)."""
+    w13: torch.Tensor                        # [E, 2I, H] (mxfp4: [E, 2I, H/2] uint8)
+    w2: torch.Tensor                         # [E, H, I]  (mxfp4: [E, H, I/2] uint8)
+    w13_scale: torch.Tensor | None = None    # fp8: [E, 2I] or blocks; mxfp4: [E, 2I, H/32] uint8
+    w2_scale: torch.Tensor | None = None
+    w13_bias: torch.Tensor | None = None     # [E, 2I] float32
+    w2_bias: torch.Tensor | None = None      # [E, H] float32
+
+    def optional(self) -> tuple[torch.Tensor | None, ...]:
+        """The op's optional tensor arguments, in its order."""
+        return (self.w13_scale, self.w2_scale, self.w13_bias, self.w2_bias)
 
 
 def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,30 +113,44 @@ def fused_moe_reference(
     w2: torch.Tensor,             # [E, H, I]
     topk_weights: torch.Tensor,   # [T, k] float32
     topk_ids: torch.Tensor,       # [T, k] int32, < 0: not on this rank
-    w13_scale: torch.Tensor | None = None,   # [E, 2I] float32: w13 in e4m3, scaled per row
+    w13_scale: torch.Tensor | None = None,   # [E, 2I] float32: w13 in e4m3, scaled per row (or blocks, mxfp4)
     w2_scale: torch.Tensor | None = None,    # [E, H] float32
+    w13_bias: torch.Tensor | None = None,    # [E, 2I] float32
+    w2_bias: torch.Tensor | None = None,     # [E, H] float32
 ) -> torch.Tensor:
     """Expert by expert in plain torch; the weighted sum accumulates in float32, then casts to hidden's dtype."""
+    linear = EXPERT_LINEARS[format_of(w13, w13_scale).scale]
     out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)   # [T, H]
     for expert in range(w13.shape[0]):
         tokens, slots = torch.where(topk_ids == expert)                  # [n] each
         if tokens.numel() == 0:
             continue
-        gate, up = expert_linear(hidden[tokens], w13, w13_scale, expert).chunk(2, dim=-1)   # [n, I] each
-        y = expert_linear(F.silu(gate) * up, w2, w2_scale, expert)                         # [n, H]
+        h13 = with_bias(linear(hidden[tokens], w13[expert], _at(w13_scale, expert)), _at(w13_bias, expert))
+        gate, up = h13.chunk(2, dim=-1)                                                     # [n, I] each
+        y = with_bias(linear(F.silu(gate) * up, w2[expert], _at(w2_scale, expert)), _at(w2_bias, expert))  # [n, H]
         out.index_add_(0, tokens, y.float() * topk_weights[tokens, slots, None])
     return out.to(hidden.dtype)
 
 
-def expert_linear(x: torch.Tensor, stacked: torch.Tensor, scale: torch.Tensor | None, expert: int) -> torch.Tensor:
-    """x [n, cols] times one expert's [rows, cols] weight: an e4m3 stack is widened (exact in bf16) and its
-    row scales applied to the product, in float32, as the Triton kernel does; block scales (a 3-d scale
-    stack) are applied to the weight, in float32 (the kernel scales each K block's product: the same sum)."""
-    if scale is None:
-        return F.linear(x, stacked[expert])
-    if scale.dim() == 3:
-        return F.linear(x.float(), dequantize_weight(stacked[expert], scale[expert])).to(x.dtype)
-    return (F.linear(x, stacked[expert].to(x.dtype)).float() * scale[expert]).to(x.dtype)
+def _at(stack: torch.Tensor | None, expert: int) -> torch.Tensor | None:
+    return None if stack is None else stack[expert]
+
+
+def with_bias(y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """y + bias, added in float32 (as the kernels add it to their float32 products), cast back to y's dtype."""
+    return y if bias is None else (y.float() + bias).to(y.dtype)
+
+
+# x [n, cols] times one expert's weight [rows, cols] (as stored) -> [n, rows] in x's dtype, by scale kind:
+# an e4m3 weight is widened (exact in bf16) and its row scales applied to the product, in float32, as the Triton
+# kernel does; block scales are applied to the weight in float32 (the kernel scales each K block's product: the
+# same sum); mxfp4 is dequantized to x's dtype (exact: ops/mxfp4.py) and multiplied there.
+EXPERT_LINEARS = {
+    "none": lambda x, w, s: F.linear(x, w),
+    "row": lambda x, w, s: (F.linear(x, w.to(x.dtype)).float() * s).to(x.dtype),
+    "block": lambda x, w, s: F.linear(x.float(), dequantize_weight(w, s)).to(x.dtype),
+    "mxfp4": lambda x, w, s: F.linear(x, dequantize_mxfp4(w, s, x.dtype)),
+}
 
 
 # CUDA too: an fp8 KV cache's scales are calibrated at build by an eager run on the reference backends
@@ -123,7 +160,7 @@ for _key in ("CPU", "CUDA"):
 
 
 @torch.library.register_fake("atom::fused_moe", lib=LIBRARY)
-def _(hidden, w13, w2, topk_weights, topk_ids, w13_scale=None, w2_scale=None):
+def _(hidden, w13, w2, topk_weights, topk_ids, w13_scale=None, w2_scale=None, w13_bias=None, w2_bias=None):
     return torch.empty_like(hidden)
 
 

@@ -9,6 +9,11 @@ A checkpoint written from transformers 5's modules (scripts/make_random_model.py
 stacked `<block>.experts.gate_up_proj [E, 2I, H]` and `down_proj [E, H, I]`: the same layout, taken whole.
 A pre-quantized checkpoint's per-expert `weight_scale` (per row, after prequantized.py's normalization)
 is stacked the same way into `w13_scale [E, 2I]` / `w2_scale [E, H]`, where the model has fp8 experts.
+An mxfp4 checkpoint (GPT-OSS) stores the stacks as `<block>.experts.gate_up_proj_blocks [E, 2I, H/32, 16]` and
+`_scales [E, 2I, H/32]` (down_proj's likewise), taken whole as `w13 [E, 2I, H/2]` and `w13_scale` (ops/mxfp4.py),
+and its experts' biases `gate_up_proj_bias [E, 2I]` / `down_proj_bias [E, H]` as `w13_bias` / `w2_bias`. A family
+whose checkpoint orders gate and up rows otherwise (GPT-OSS interleaves them) reorders them in its model class's
+adapt_checkpoint: a row permutation, of the blocks, scales and biases alike.
 """
 from __future__ import annotations
 
@@ -16,10 +21,16 @@ import re
 
 import torch
 
+from atom_aot.errors import BuildError
+from atom_aot.models.config import ModelConfig
+from atom_aot.models.moe import expert_format
+from atom_aot.models.parallel import Split, rank_shapes
+
 EXPERT_TENSOR = re.compile(r"(?P<block>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>[^.]+)\.(?P<leaf>weight|weight_scale)")
 STACK_SUFFIX = {"weight": "", "weight_scale": "_scale"}       # the stacked parameter of each per-expert leaf
-STACKED_TENSOR = re.compile(r"(?P<block>.+\.experts)\.(?P<proj>gate_up_proj|down_proj)")
+STACKED_TENSOR = re.compile(r"(?P<block>.+\.experts)\.(?P<proj>gate_up_proj|down_proj)(?P<leaf>|_blocks|_scales|_bias)")
 STACKED_NAMES = {"gate_up_proj": "w13", "down_proj": "w2"}     # transformers 5's stacked names -> ours
+STACKED_LEAVES = {"": "", "_blocks": "", "_scales": "_scale", "_bias": "_bias"}   # -> our parameter's suffix
 
 
 class ExpertStacker:
@@ -33,8 +44,11 @@ class ExpertStacker:
     def add(self, name: str, tensor: torch.Tensor) -> bool:
         """Copies `tensor` into its stack if it is an expert's projection this model stacks; False if not."""
         stacked = STACKED_TENSOR.fullmatch(name)
-        if stacked is not None and f"{stacked['block']}.{STACKED_NAMES[stacked['proj']]}" in self.expected:
-            self.complete[f"{stacked['block']}.{STACKED_NAMES[stacked['proj']]}"] = tensor
+        if stacked is not None:
+            target = f"{stacked['block']}.{STACKED_NAMES[stacked['proj']]}{STACKED_LEAVES[stacked['leaf']]}"
+            if target not in self.expected:
+                return False
+            self.complete[target] = _stack_as_stored(name, stacked["leaf"], tensor, self.expected[target])
             return True
         match = EXPERT_TENSOR.fullmatch(name)
         if match is None or match["proj"] not in self.mapping:
@@ -81,3 +95,34 @@ class ExpertStacker:
     @property
     def incomplete(self) -> list[str]:
         return sorted(self.filling)
+
+
+def _stack_as_stored(name: str, leaf: str, tensor: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
+    """A whole stacked tensor of the checkpoint as the model stores it: mxfp4 blocks [E, N, K/32, 16] as the
+    packed [E, N, K/2]; a ValueError where the checkpoint's storage is not the model's (unquantized experts for an
+    mxfp4 model, mxfp4 blocks for one whose config does not say mxfp4)."""
+    packed = meta.dtype == torch.uint8 and not name.endswith("_bias")
+    if leaf == "_blocks" and not packed:
+        raise ValueError(f"{name} stores the experts in mxfp4 blocks, and the checkpoint's config.json does not "
+                         f"say so (quantization_config with quant_method mxfp4): this model keeps its experts in "
+                         f"{str(meta.dtype).removeprefix('torch.')}")
+    if packed and (tensor.dtype != torch.uint8 or leaf == ""):
+        raise ValueError(f"{name} is stored unquantized ({str(tensor.dtype).removeprefix('torch.')}), and this "
+                         f"model keeps every layer's experts in mxfp4 (the checkpoint's quantization_config): "
+                         f"unquantized experts (a checkpoint mixing both; --load-format dummy's random weights) are "
+                         f"not read as mxfp4")
+    return tensor.flatten(-2) if leaf == "_blocks" else tensor
+
+
+def check_expert_only_model(cfg: ModelConfig, split: Split, scheme: str, dtype: torch.dtype) -> None:
+    """A BuildError unless a checkpoint whose quantization is of its experts alone (mxfp4) fits: it has experts,
+    computes in bf16 or float32 (mxfp4 widens to bf16 in the kernels), and each rank's experts fill whole scale
+    blocks along K."""
+    if not cfg.num_experts:
+        raise BuildError(f"the checkpoint's {scheme} quantization is of MoE experts, and {cfg.architecture} has "
+                         f"none: nothing of it would be quantized")
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise BuildError(f"{scheme} experts compute in bfloat16 (or float32), not {str(dtype).removeprefix('torch.')}: "
+                         f"build with --dtype bfloat16")
+    shard = rank_shapes(cfg, split)
+    expert_format(scheme).check_widths(shard.moe_intermediate_size, shard.hidden_size)

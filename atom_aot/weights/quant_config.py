@@ -14,6 +14,7 @@ atom_aot/models/quant_layers.py (its layout is loaded as-is, never dequantized a
                        symmetric int 8-bit activations (dynamic token | tensor, static tensor)
     gptq               bits 4, group_size 128 | -1, sym true | false, desc_act false  int4-w4a16 / -channel
     awq                bits 4, group_size 128, zero_point true, version gemm          int4-w4a16
+    mxfp4              the MoE experts in e2m1 + e8m0 blocks of 32 (GPT-OSS), the rest unquantized  mxfp4
 
 Dynamic per-tensor activations run per token (a finer scale, never a coarser one). Anything else
 (compressed-tensors int4 `pack-quantized`, GPTQ act-order (desc_act) or other widths than 4 bits,
@@ -30,7 +31,7 @@ SUPPORTED = ("fp8 (per-tensor or 128x128 blocks; dynamic or static activations),
              "compressed-tensors float8 W8A8 (tensor/channel/128x128-block weights), "
              "compressed-tensors int8 W8A8 (symmetric tensor/channel weights; symmetric dynamic per-token or "
              "static per-tensor activations), gptq 4-bit (group 128 or per channel, sym or asym, no desc_act), "
-             "awq 4-bit (gemm, group 128, zero points)")
+             "awq 4-bit (gemm, group 128, zero points), mxfp4 (MoE experts, GPT-OSS)")
 INT8_FORMATS = (None, "int-quantized", "naive-quantized")    # compressed-tensors formats that store int8 as is
 
 
@@ -54,7 +55,7 @@ def detect_checkpoint_quant(config: dict) -> CheckpointQuant | None:
         return None
     method = qc.get("quant_method")
     readers = {"fp8": _hf_fp8, "fbgemm_fp8": _fbgemm_fp8, "compressed-tensors": _compressed_tensors,
-               "gptq": _gptq, "awq": _awq}
+               "gptq": _gptq, "awq": _awq, "mxfp4": _mxfp4}
     if method not in readers:
         raise BuildError(f"the checkpoint is quantized with quant_method {method!r}, which atom-aot cannot load. "
                          f"Supported: {SUPPORTED}. Use an unquantized (bf16) checkpoint, optionally with "
@@ -197,6 +198,27 @@ def _awq(qc: dict) -> CheckpointQuant:
         raise _refuse("awq", "zero_point false")
     return CheckpointQuant("awq", "int4-w4a16", _ignored(qc, "modules_to_not_convert"),
                            "awq 4-bit (gemm), groups of 128, zero points, W4A16", int4_packing="awq", group_size=128)
+
+
+MXFP4_FIELDS = ("quant_method", "modules_to_not_convert", "dequantize")    # transformers' Mxfp4Config
+
+
+def _mxfp4(qc: dict) -> CheckpointQuant:
+    """OpenAI's GPT-OSS format (transformers' Mxfp4Config): the experts' `*_blocks` / `*_scales`, loaded as stored
+    (weights/experts.py); everything else in the checkpoint is unquantized."""
+    unknown = sorted(set(qc) - set(MXFP4_FIELDS))
+    if unknown:
+        raise _refuse("mxfp4", f"the field(s) {', '.join(unknown)} (read: {', '.join(MXFP4_FIELDS)})")
+    if qc.get("dequantize"):
+        raise _refuse("mxfp4", "dequantize true (transformers' option to widen the experts to bf16 at load; "
+                               "atom-aot serves them as stored: drop the field)")
+    ignored = _ignored(qc, "modules_to_not_convert")
+    experts = [name for name in ignored if "experts" in name]
+    if experts:
+        raise _refuse("mxfp4", f"modules_to_not_convert names experts ({', '.join(experts)}): every MoE layer's "
+                               f"experts are read as mxfp4")
+    return CheckpointQuant("mxfp4", "mxfp4", ignored, "mxfp4 experts (e2m1, e8m0 scale per 32 values), "
+                                                      "the rest unquantized")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ HEAD_ROWS = ("q_b_proj", "q_proj")          # latent attention's query projectio
 PER_HEAD = ("w_uk", "w_uv")                 # its per-head up-projections [H, ...]
 WHOLE_PREFIX = "mtp."                       # the MTP layers' own embedding and head stay whole
 EXPERT_START = "expert_start"                   # under --ep, each MoE layer's first expert on the rank
-EXPERT_STACKS = ("w13", "w2", "w13_scale", "w2_scale")   # the stacks, and fp8 experts' per-row scales
+EXPERT_STACKS = ("w13", "w2", "w13_scale", "w2_scale", "w13_bias", "w2_bias")   # the stacks, scales, biases
 
 
 def shard_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, split: Split,
@@ -71,17 +71,20 @@ def shard_tensors(tensors: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig,
 
 def _expert_part(name: str, stacked: torch.Tensor, tp: int, rank: int, ep: bool,
                  ranks: int) -> dict[str, torch.Tensor]:
-    """Rank's part of a stacked expert weight (w13 [E, 2I, H] = [gate; up] per expert, w2 [E, H, I]) or of
-    fp8 experts' row scales (w13_scale [E, 2I], w2_scale [E, H]): experts [r*E/ranks, (r+1)*E/ranks) whole
-    under `ep` (and where they start), else every expert's width columns r of tp (w13 and its scales: of
-    gate and of up, kept [gate_r; up_r]; w2: its input columns, its scales whole)."""
+    """Rank's part of a stacked expert weight (w13 [E, 2I, H] = [gate; up] per expert, w2 [E, H, I]), of its
+    scales (ops/expert_formats.py) or biases (w13_bias [E, 2I], w2_bias [E, H]): experts [r*E/ranks, (r+1)*E/ranks)
+    whole under `ep` (and where they start), else every expert's width columns r of tp (w13, its scales and bias: of
+    gate and of up, kept [gate_r; up_r]; w2: its input columns, and its block or mxfp4 scales' K blocks with them,
+    its row scales whole; w2's bias on rank 0 alone, zeros elsewhere: the ranks' partial sums add it once)."""
     if ep:
         count = stacked.shape[0] // ranks
         start = name.rsplit(".", 1)[0] + "." + EXPERT_START
         return {name: stacked[rank * count:(rank + 1) * count].contiguous().clone(),
                 start: torch.tensor(rank * count, dtype=torch.int64)}
-    if name.endswith(("w13", "w13_scale")):
+    if name.endswith(("w13", "w13_scale", "w13_bias")):
         part = torch.cat([half.chunk(tp, dim=1)[rank] for half in stacked.chunk(2, dim=1)], dim=1)
+    elif name.endswith("w2_bias"):
+        part = stacked if rank == 0 else torch.zeros_like(stacked)
     elif name.endswith("w2_scale"):
         part = stacked.chunk(tp, dim=2)[rank] if stacked.dim() == 3 else stacked    # block scales: K blocks
     else:

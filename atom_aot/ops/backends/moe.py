@@ -15,19 +15,17 @@ import torch
 
 from atom_aot.artifact.tuning import BackendChoice
 from atom_aot.ops.backends.base import bucket_params, launch_configs
-from atom_aot.ops.moe import GroupedTopK
-
+from atom_aot.ops.moe import ExpertWeights, GroupedTopK
 
 
 class MoEBackend(Protocol):
-    """(hidden [T, H], w13 [E, 2I, H], w2 [E, H, I], topk_weights [T, k] f32, topk_ids [T, k] i32) -> [T, H];
-    fp8 experts pass their row scales w13_scale [E, 2I] and w2_scale [E, H] (ops/moe.py). `route` is the softmax
-    top-k router (ops/moe.py `softmax_topk`): router_logits [T, E] -> (weights [T, k] f32, ids [T, k] i32);
-    `route_grouped` DeepSeek-V3's (`grouped_sigmoid_topk`), the same from float32 logits and its bias."""
+    """(hidden [T, H], experts, topk_weights [T, k] f32, topk_ids [T, k] i32) -> [T, H], the experts stored in any
+    format of ops/expert_formats.py (ops/moe.py `ExpertWeights`). `route` is the softmax top-k router (ops/moe.py
+    `softmax_topk`): router_logits [T, E] -> (weights [T, k] f32, ids [T, k] i32); `route_grouped` DeepSeek-V3's
+    (`grouped_sigmoid_topk`), the same from float32 logits and its bias."""
 
-    def __call__(self, hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                 topk_ids: torch.Tensor, w13_scale: torch.Tensor | None = None,
-                 w2_scale: torch.Tensor | None = None) -> torch.Tensor: ...
+    def __call__(self, hidden: torch.Tensor, experts: ExpertWeights, topk_weights: torch.Tensor,
+                 topk_ids: torch.Tensor) -> torch.Tensor: ...
 
     def route(self, router_logits: torch.Tensor, top_k: int,
               renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]: ...
@@ -42,8 +40,8 @@ class ReferenceMoE:
         from atom_aot.ops.moe import fused_moe, grouped_sigmoid_topk, softmax_topk
         self.op, self.route, self.route_grouped = fused_moe, softmax_topk, grouped_sigmoid_topk
 
-    def __call__(self, hidden, w13, w2, topk_weights, topk_ids, w13_scale=None, w2_scale=None):
-        return self.op(hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)
+    def __call__(self, hidden, experts, topk_weights, topk_ids):
+        return self.op(hidden, experts.w13, experts.w2, topk_weights, topk_ids, *experts.optional())
 
 
 def bucket_table(choice: BackendChoice) -> tuple[int, ...]:
@@ -57,8 +55,8 @@ class TritonMoE:
         import atom_aot.ops.triton  # noqa: F401  (registers atom_triton::*)
         self.op = torch.ops.atom_triton.fused_moe
 
-    def __call__(self, hidden, w13, w2, topk_weights, topk_ids, w13_scale=None, w2_scale=None):
-        return self.op(hidden, w13, w2, topk_weights, topk_ids, self.table, w13_scale, w2_scale)
+    def __call__(self, hidden, experts, topk_weights, topk_ids):
+        return self.op(hidden, experts.w13, experts.w2, topk_weights, topk_ids, self.table, *experts.optional())
 
     def route(self, router_logits, top_k, renormalize):
         return torch.ops.atom_triton.softmax_topk(router_logits, top_k, renormalize)

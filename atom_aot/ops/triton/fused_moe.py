@@ -18,7 +18,11 @@ FP8 experts (e4m3 w13 / w2 with per-row scales, ops/moe.py): each weight tile is
 activations' dtype in registers (exact) and the tile's fp32 products are scaled by their rows' scales
 once, after the K loop (a row scale factors out of the sum): half the weight bytes, the same MMAs.
 With 128x128 block scales (SCALES == BLOCK_SCALES) each K step's product is scaled by its block's scales before it
-is added (BLOCK_K divides 128, so a step stays inside one block).
+is added (BLOCK_K divides 128, so a step stays inside one block). MXFP4 experts (SCALES == MXFP4_SCALES: uint8 stacks
+of two e2m1 values a byte, an e8m0 scale per 32 along K) load each step's packed bytes and scales and widen them to
+the exact bf16 weight in registers (ops/triton/mxfp4_tiles.py); the dot is bf16's with fp32 accumulation (BLOCK_K a
+multiple of 32). Expert biases (HAS_BIAS, float32) are added to the fp32 products: gate and up's before SiLU-mul,
+down's before the routing weight.
 
 Each expert has ceil(count / BLOCK_M) row tiles, so the tiles number at most
 min(T*k, cdiv(T*k + E*(BLOCK_M - 1), BLOCK_M)): the grid's static bound; programs past the last tile return.
@@ -37,13 +41,19 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
+from atom_aot.ops.expert_formats import format_of
 from atom_aot.ops.fp8 import BLOCK as FP8_BLOCK
+from atom_aot.ops.mxfp4 import BLOCK as MXFP4_BLOCK, check_mxfp4_shapes
+from atom_aot.ops.triton._common import bucket_rows, check_last_dim_contiguous, in_bucket, next_pow2
+from atom_aot.ops.triton.mxfp4_tiles import mxfp4_tile
 
 # The kernels' SCALES modes: how (whether) the expert weights are scaled.
 NO_SCALES = tl.constexpr(0)        # bf16 / fp32 experts
 ROW_SCALES = tl.constexpr(1)       # e4m3 experts, one scale per weight row
 BLOCK_SCALES = tl.constexpr(2)     # e4m3 experts, one scale per 128x128 block
-from atom_aot.ops.triton._common import bucket_rows, check_last_dim_contiguous, in_bucket, next_pow2
+MXFP4_SCALES = tl.constexpr(3)     # mxfp4 experts: packed e2m1, one e8m0 scale per 32 along K
+SCALE_MODES = {"none": NO_SCALES.value, "row": ROW_SCALES.value, "block": BLOCK_SCALES.value,
+               "mxfp4": MXFP4_SCALES.value}      # ops/expert_formats.py ExpertFormat.scale -> SCALES
 
 
 @dataclass(frozen=True)
@@ -123,10 +133,10 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
 
 @triton.jit
 def moe_gate_up_kernel(
-    x_ptr, w13_ptr, inter_ptr, order_ptr, offsets_ptr, scale_ptr, num_m_tiles, N, K, top_k,
-    stride_xt, stride_we, stride_wn, stride_it, stride_se, stride_sn,
+    x_ptr, w13_ptr, inter_ptr, order_ptr, offsets_ptr, scale_ptr, bias_ptr, num_m_tiles, N, K, top_k,
+    stride_xt, stride_we, stride_wn, stride_it, stride_se, stride_sn, stride_be,
     E: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, IEEE: tl.constexpr, SCALES: tl.constexpr,
+    GROUP_M: tl.constexpr, IEEE: tl.constexpr, SCALES: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
     """inter[r, n] = SiLU(x[tok(r)] . w13[e, n]) * (x[tok(r)] . w13[e, N + n]) for the tile's rows r of expert e."""
     expert, rows, row_ok, cols, col_ok = _tile(offsets_ptr, num_m_tiles, N, E, E_PAD, BLOCK_M, BLOCK_N, GROUP_M)
@@ -135,14 +145,19 @@ def moe_gate_up_kernel(
     tokens = tl.load(order_ptr + rows, mask=row_ok, other=0) // top_k
     ks = tl.arange(0, BLOCK_K)
     a_ptrs = x_ptr + tokens.to(tl.int64)[:, None] * stride_xt + ks[None, :]                     # [BLOCK_M, BLOCK_K]
-    g_ptrs = w13_ptr + expert.to(tl.int64) * stride_we + cols[None, :] * stride_wn + ks[:, None]  # [BLOCK_K, BLOCK_N]
+    w_e, s_e = w13_ptr + expert.to(tl.int64) * stride_we, scale_ptr + expert.to(tl.int64) * stride_se
+    g_ptrs = w_e + cols[None, :] * stride_wn + ks[:, None]                                       # [BLOCK_K, BLOCK_N]
     gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_ok = ks + k0 < K
         a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        g = tl.load(g_ptrs + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0).to(a.dtype)
-        u = tl.load(g_ptrs + N * stride_wn + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0).to(a.dtype)
+        if SCALES == MXFP4_SCALES:     # packed bytes and e8m0 scales, widened to bf16 in registers
+            g = mxfp4_tile(w_e, s_e, cols, col_ok, k0, K, stride_wn, stride_sn, IEEE, BLOCK_K, BLOCK_N)
+            u = mxfp4_tile(w_e, s_e, N + cols, col_ok, k0, K, stride_wn, stride_sn, IEEE, BLOCK_K, BLOCK_N)
+        else:
+            g = tl.load(g_ptrs + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0).to(a.dtype)
+            u = tl.load(g_ptrs + N * stride_wn + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0).to(a.dtype)
         if SCALES == BLOCK_SCALES:     # this K step's block scales, per column
             blocks = scale_ptr + expert.to(tl.int64) * stride_se + k0 // 128
             s_gate = tl.load(blocks + (cols // 128) * stride_sn, mask=col_ok, other=0.0)
@@ -153,9 +168,12 @@ def moe_gate_up_kernel(
             gate = _dot(a, g, gate, IEEE)
             up = _dot(a, u, up, IEEE)
     if SCALES == ROW_SCALES:       # the rows' scales, once per tile
-        scales = scale_ptr + expert.to(tl.int64) * stride_se + cols
-        gate = gate * tl.load(scales, mask=col_ok, other=0.0)[None, :]
-        up = up * tl.load(scales + N, mask=col_ok, other=0.0)[None, :]
+        gate = gate * tl.load(s_e + cols, mask=col_ok, other=0.0)[None, :]
+        up = up * tl.load(s_e + N + cols, mask=col_ok, other=0.0)[None, :]
+    if HAS_BIAS:
+        biases = bias_ptr + expert.to(tl.int64) * stride_be + cols
+        gate += tl.load(biases, mask=col_ok, other=0.0)[None, :]
+        up += tl.load(biases + N, mask=col_ok, other=0.0)[None, :]
     h = gate * tl.sigmoid(gate) * up
     tl.store(inter_ptr + rows.to(tl.int64)[:, None] * stride_it + cols[None, :],
              h.to(inter_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
@@ -163,10 +181,10 @@ def moe_gate_up_kernel(
 
 @triton.jit
 def moe_down_kernel(
-    inter_ptr, w2_ptr, out_ptr, order_ptr, offsets_ptr, weights_ptr, scale_ptr, num_m_tiles, N, K,
-    stride_it, stride_we, stride_wn, stride_ot, stride_se, stride_sn,
+    inter_ptr, w2_ptr, out_ptr, order_ptr, offsets_ptr, weights_ptr, scale_ptr, bias_ptr, num_m_tiles, N, K,
+    stride_it, stride_we, stride_wn, stride_ot, stride_se, stride_sn, stride_be,
     E: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, IEEE: tl.constexpr, SCALES: tl.constexpr,
+    GROUP_M: tl.constexpr, IEEE: tl.constexpr, SCALES: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
     """per_slot[a(r), n] = weight[a(r)] * (inter[r] . w2[e, n]) for the tile's rows r, a(r) their assignment."""
     expert, rows, row_ok, cols, col_ok = _tile(offsets_ptr, num_m_tiles, N, E, E_PAD, BLOCK_M, BLOCK_N, GROUP_M)
@@ -175,20 +193,25 @@ def moe_down_kernel(
     assignment = tl.load(order_ptr + rows, mask=row_ok, other=0)
     ks = tl.arange(0, BLOCK_K)
     a_ptrs = inter_ptr + rows.to(tl.int64)[:, None] * stride_it + ks[None, :]
-    b_ptrs = w2_ptr + expert.to(tl.int64) * stride_we + cols[None, :] * stride_wn + ks[:, None]
+    w_e, s_e = w2_ptr + expert.to(tl.int64) * stride_we, scale_ptr + expert.to(tl.int64) * stride_se
+    b_ptrs = w_e + cols[None, :] * stride_wn + ks[:, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_ok = ks + k0 < K
         a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        b = tl.load(b_ptrs + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0).to(a.dtype)
+        if SCALES == MXFP4_SCALES:
+            b = mxfp4_tile(w_e, s_e, cols, col_ok, k0, K, stride_wn, stride_sn, IEEE, BLOCK_K, BLOCK_N)
+        else:
+            b = tl.load(b_ptrs + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0).to(a.dtype)
         if SCALES == BLOCK_SCALES:
-            s = tl.load(scale_ptr + expert.to(tl.int64) * stride_se + (cols // 128) * stride_sn + k0 // 128,
-                        mask=col_ok, other=0.0)
+            s = tl.load(s_e + (cols // 128) * stride_sn + k0 // 128, mask=col_ok, other=0.0)
             acc += _dot(a, b, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE) * s[None, :]
         else:
             acc = _dot(a, b, acc, IEEE)
     if SCALES == ROW_SCALES:
-        acc = acc * tl.load(scale_ptr + expert.to(tl.int64) * stride_se + cols, mask=col_ok, other=0.0)[None, :]
+        acc = acc * tl.load(s_e + cols, mask=col_ok, other=0.0)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + expert.to(tl.int64) * stride_be + cols, mask=col_ok, other=0.0)[None, :]
     weight = tl.load(weights_ptr + assignment, mask=row_ok, other=0.0)   # float32
     tl.store(out_ptr + assignment.to(tl.int64)[:, None] * stride_ot + cols[None, :],
              (acc * weight[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
@@ -249,46 +272,86 @@ def table_buckets(table: list[int]) -> list[tuple[int, int | None, MoEConfig]]:
 
 def launch_fused_moe(
     hidden: torch.Tensor,         # [T, H]
-    w13: torch.Tensor,            # [E, 2I, H]
-    w2: torch.Tensor,             # [E, H, I]
+    w13: torch.Tensor,            # [E, 2I, H] (mxfp4: [E, 2I, H/2] uint8)
+    w2: torch.Tensor,             # [E, H, I] (mxfp4: [E, H, I/2] uint8)
     topk_weights: torch.Tensor,   # [T, k] float32
     topk_ids: torch.Tensor,       # [T, k] int32, < 0: not on this rank
     table: list[int],             # per bucket: first token count, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages
-    w13_scale: torch.Tensor | None = None,   # [E, 2I] float32 when w13 is e4m3
+    w13_scale: torch.Tensor | None = None,   # [E, 2I] float32 when w13 is e4m3 (or its format's: expert_formats.py)
     w2_scale: torch.Tensor | None = None,    # [E, H] float32 when w2 is e4m3
+    w13_bias: torch.Tensor | None = None,    # [E, 2I] float32
+    w2_bias: torch.Tensor | None = None,     # [E, H] float32
 ) -> torch.Tensor:
     for name, t in (("hidden", hidden), ("w13", w13), ("w2", w2)):
         check_last_dim_contiguous(name, t)
-    if (w13_scale is None) != (w2_scale is None):
-        raise ValueError("fused_moe: w13_scale and w2_scale come together (fp8 experts) or not at all")
-    scales = (NO_SCALES if w13_scale is None else BLOCK_SCALES if w13_scale.dim() == 3 else ROW_SCALES).value
-    s13 = w13_scale.contiguous() if scales != NO_SCALES.value else w13     # not read without scales
-    s2 = w2_scale.contiguous() if scales != NO_SCALES.value else w2
-    block_strides = (s13.stride(1), s2.stride(1)) if scales == BLOCK_SCALES.value else (0, 0)
     num_tokens, hidden_size = hidden.shape
     num_experts, two_inter, _ = w13.shape
     inter_size, top_k = two_inter // 2, topk_ids.shape[1]
+    (s13, s2), scales = _scale_operands(hidden, w13, w2, w13_scale, w2_scale, inter_size)
+    (b13, b2), has_bias = _bias_operands(w13, w2, w13_bias, w2_bias)
     num_slots = num_tokens * top_k
     order, offsets = sort_by_expert(topk_ids, num_experts)
     weights = topk_weights.to(torch.float32).contiguous().view(-1)                  # [T*k]
     inter = torch.empty((num_slots, inter_size), dtype=hidden.dtype, device=hidden.device)
     per_slot = torch.empty((num_slots, hidden_size), dtype=hidden.dtype, device=hidden.device)
-    common = dict(E=num_experts, E_PAD=next_pow2(num_experts), IEEE=hidden.dtype == torch.float32, SCALES=scales)
+    common = dict(E=num_experts, E_PAD=next_pow2(num_experts), IEEE=hidden.dtype == torch.float32, SCALES=scales,
+                  HAS_BIAS=has_bias)
+    strides = [(s.stride(0), s.stride(1) if scales in (BLOCK_SCALES.value, MXFP4_SCALES.value) else 0, b.stride(0))
+               for s, b in ((s13, b13), (s2, b2))]
     for first, next_first, c in table_buckets(table):
-        if scales == BLOCK_SCALES.value and FP8_BLOCK % c.block_k:
-            raise ValueError(f"fused_moe: block-scaled experts need BLOCK_K dividing 128 (a K step inside one "
-                             f"scale block), got {c}")
+        _check_steps(scales, c)
         active = in_bucket(num_tokens, first, next_first)
         num_m_tiles = torch.sym_min(num_slots, (num_slots + num_experts * (c.block_m - 1) + c.block_m - 1) // c.block_m)
         tiles = dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
                      num_warps=c.num_warps, num_stages=c.num_stages, **common)
         wrap_triton(moe_gate_up_kernel)[(active * num_m_tiles * triton.cdiv(inter_size, c.block_n),)](
-            hidden, w13, inter, order, offsets, s13, num_m_tiles, inter_size, hidden_size, top_k,
-            hidden.stride(0), w13.stride(0), w13.stride(1), inter.stride(0), s13.stride(0), block_strides[0], **tiles)
+            hidden, w13, inter, order, offsets, s13, b13, num_m_tiles, inter_size, hidden_size, top_k,
+            hidden.stride(0), w13.stride(0), w13.stride(1), inter.stride(0), *strides[0], **tiles)
         wrap_triton(moe_down_kernel)[(active * num_m_tiles * triton.cdiv(hidden_size, c.block_n),)](
-            inter, w2, per_slot, order, offsets, weights, s2, num_m_tiles, hidden_size, inter_size,
-            inter.stride(0), w2.stride(0), w2.stride(1), per_slot.stride(0), s2.stride(0), block_strides[1], **tiles)
+            inter, w2, per_slot, order, offsets, weights, s2, b2, num_m_tiles, hidden_size, inter_size,
+            inter.stride(0), w2.stride(0), w2.stride(1), per_slot.stride(0), *strides[1], **tiles)
     return combine_slots(per_slot.view(num_tokens, top_k, hidden_size), topk_ids).to(hidden.dtype)
+
+
+def _scale_operands(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, w13_scale: torch.Tensor | None,
+                    w2_scale: torch.Tensor | None, inter_size: int) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
+    """The kernels' (w13 scales, w2 scales) (the weights themselves where there are none: never read) and SCALES
+    mode, after the checks of the experts' format."""
+    if (w13_scale is None) != (w2_scale is None):
+        raise ValueError("fused_moe: w13_scale and w2_scale come together (quantized experts) or not at all")
+    expert_format = format_of(w13, w13_scale)
+    if expert_format.name == "mxfp4":
+        check_mxfp4_shapes(w13, w13_scale)
+        check_mxfp4_shapes(w2, w2_scale)
+        if hidden.dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"fused_moe: mxfp4 experts are widened to bf16 (float32 for tests), and the "
+                             f"activations are {hidden.dtype}")
+        if w13.shape[2] * 2 != hidden.shape[1] or w2.shape[2] * 2 != inter_size or inter_size % MXFP4_BLOCK:
+            raise ValueError(f"fused_moe: mxfp4 stacks w13 [E, 2I, H/2] {tuple(w13.shape)} and w2 [E, H, I/2] "
+                             f"{tuple(w2.shape)} do not fit hidden {tuple(hidden.shape)} (I a multiple of 32)")
+    if w13_scale is None:
+        return (w13, w2), NO_SCALES.value
+    return (w13_scale.contiguous(), w2_scale.contiguous()), SCALE_MODES[expert_format.scale]
+
+
+def _bias_operands(w13: torch.Tensor, w2: torch.Tensor, w13_bias: torch.Tensor | None,
+                   w2_bias: torch.Tensor | None) -> tuple[tuple[torch.Tensor, torch.Tensor], bool]:
+    """The kernels' float32 (w13 biases, w2 biases) (the weights where there are none: never read) and HAS_BIAS."""
+    if (w13_bias is None) != (w2_bias is None):
+        raise ValueError("fused_moe: w13_bias and w2_bias come together or not at all")
+    if w13_bias is None:
+        return (w13, w2), False
+    return (w13_bias.float().contiguous(), w2_bias.float().contiguous()), True
+
+
+def _check_steps(scales: int, c: MoEConfig) -> None:
+    """A K step must stay inside one scale block (fp8 128x128) or cover whole ones (mxfp4's 32)."""
+    if scales == BLOCK_SCALES.value and FP8_BLOCK % c.block_k:
+        raise ValueError(f"fused_moe: block-scaled experts need BLOCK_K dividing 128 (a K step inside one "
+                         f"scale block), got {c}")
+    if scales == MXFP4_SCALES.value and c.block_k % MXFP4_BLOCK:
+        raise ValueError(f"fused_moe: mxfp4 experts need BLOCK_K a multiple of {MXFP4_BLOCK} (whole scale "
+                         f"groups per K step), got {c}")
 
 
 def combine_slots(per_slot: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
@@ -308,5 +371,6 @@ def combine_slots(per_slot: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tenso
 @triton_op("atom_triton::fused_moe", mutates_args=())
 def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, table: list[int], w13_scale: torch.Tensor | None = None,
-              w2_scale: torch.Tensor | None = None) -> torch.Tensor:
-    return launch_fused_moe(hidden, w13, w2, topk_weights, topk_ids, table, w13_scale, w2_scale)
+              w2_scale: torch.Tensor | None = None, w13_bias: torch.Tensor | None = None,
+              w2_bias: torch.Tensor | None = None) -> torch.Tensor:
+    return launch_fused_moe(hidden, w13, w2, topk_weights, topk_ids, table, w13_scale, w2_scale, w13_bias, w2_bias)
