@@ -19,9 +19,10 @@ TINY_DEEPSEEK = dict(
     rope_scaling=YARN, num_nextn_predict_layers=1, tie_word_embeddings=False)
 
 
-def make_tiny_deepseek(out: Path, seed: int = 0, **overrides) -> Path:
+def make_tiny_deepseek(out: Path, seed: int = 0, mtp_tensors: bool = True, **overrides) -> Path:
     """A random DeepseekV3ForCausalLM folder; its safetensors also hold one MTP layer
-    (`model.layers.{num_hidden_layers}.*`), which transformers ignores."""
+    (`model.layers.{num_hidden_layers}.*`), which transformers ignores. `mtp_tensors=False`: the folder as
+    transformers' save_pretrained writes it, with no MTP tensors and num_nextn_predict_layers 1 in config.json."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -41,7 +42,8 @@ def make_tiny_deepseek(out: Path, seed: int = 0, **overrides) -> Path:
     model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(str(out), safe_serialization=True)
-    _add_mtp_layers(out / "model.safetensors", config)
+    if mtp_tensors:
+        _add_mtp_layers(out / "model.safetensors", config)
     return out
 
 

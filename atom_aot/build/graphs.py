@@ -27,16 +27,18 @@ PROBE_MODULE = "atom_aot.runtime.graph_probe"
 log = logging.getLogger("atom_aot")
 
 
-def probe_capture_sizes(config: BuildConfig, staging: Path, max_model_len: int, quant_scheme: str) -> GraphPlan:
+def probe_capture_sizes(config: BuildConfig, staging: Path, max_model_len: int, quant_scheme: str,
+                        mtp_layers: int) -> GraphPlan:
     """`quant_scheme`: the linears' resolved scheme, which the child needs to draw weights the staged tree
-    does not store (--load-format dummy-at-load)."""
+    does not store (--load-format dummy-at-load); `mtp_layers`: the MTP layers the artifact holds (the KV
+    cache's layers count them; build/mtp_layers.py)."""
     if config.arch == "cpu" or not (staging / package_member(Phase.DECODE)).exists():
         return GraphPlan.none(f"no CUDA graphs on the {config.arch} arch")
     if not config.graph_capture_sizes:
         return GraphPlan.none("built with --capture-sizes none: no CUDA graphs")
     args = {"staging": str(staging), "sizes": list(config.graph_capture_sizes), "block_size": config.block_size,
             "kv_dtype": str(config.kv_torch_dtype).removeprefix("torch."), "max_model_len": max_model_len,
-            "split": dataclasses.asdict(config.split),
+            "split": dataclasses.asdict(config.split), "mtp_layers": mtp_layers,
             "draw": ({"dtype": str(config.torch_dtype).removeprefix("torch."), "quant": quant_scheme}
                      if drawn_at_load(config.load_format) else None)}
     out = subprocess.run([sys.executable, "-m", PROBE_MODULE, json.dumps(args)], capture_output=True, text=True)

@@ -41,6 +41,7 @@ from atom_aot.build.export_sampler import export_sampler
 from atom_aot.build.graphs import probe_capture_sizes
 from atom_aot.build.int4_checkpoint import check_int4_model
 from atom_aot.build.key import build_key, key_inputs
+from atom_aot.build.mtp_layers import checkpoint_mtp_layers
 from atom_aot.build.kv_scales import calibrate_kv_scales, calibration_prompts, checkpoint_has_kv_scales
 from atom_aot.build.progress import StageProgress
 from atom_aot.build.quant_config import QuantPlan, resolve_quant_plan
@@ -87,6 +88,7 @@ def plan(model: str | None, config: BuildConfig) -> tuple[ModelSource, ModelConf
     source = resolve_model(model, config.load_format, device_for_arch(config.arch).type)
     model_config = ModelConfig.from_hf_dict(source.config)
     model_class(model_config.architecture)          # fails early on an unsupported architecture
+    model_config = checkpoint_mtp_layers(model_config, source.tensor_names)
     linear_quant = resolve_quant_plan(source.config, config.quant)   # and on a quantization it cannot load
     if (linear_quant.scheme not in MLA_LINEAR_SCHEMES
             and "mla_attention" in model_class(model_config.architecture).ATTENTION_OPS):
@@ -218,7 +220,8 @@ def _stage_all(staging: Path, source: ModelSource, model_config: ModelConfig, co
     (staging / CONFIG).write_text(json.dumps(source.config, indent=1, sort_keys=True))
     (staging / GENERATION_CONFIG).write_text(json.dumps(source.generation_config, indent=1))
     with progress.stage("capture-size probe"):
-        (staging / GRAPHS).write_text(probe_capture_sizes(config, staging, max_len, quant.scheme).to_json())
+        graph_plan = probe_capture_sizes(config, staging, max_len, quant.scheme, model_config.num_mtp_layers)
+        (staging / GRAPHS).write_text(graph_plan.to_json())
     return phases
 
 
@@ -325,7 +328,7 @@ def _manifest(source: ModelSource, model_config: ModelConfig, config: BuildConfi
         format_version=ARTIFACT_FORMAT_VERSION, build_key=key, engine_version=__version__,
         model=ModelIdentity(name=source.name, source=str(source.path), architecture=model_config.architecture,
                             config_hash=build_key({"config": source.config}), weights_hash=inputs["weights"],
-                            tokenizer_hash=inputs["tokenizer"]),
+                            tokenizer_hash=inputs["tokenizer"], mtp_layers=model_config.num_mtp_layers),
         target=Target(arch=config.arch, **toolchain()), build_compiler=inputs["cxx"], options=_options(config),
         numerics=Numerics(_dtype_name(config.torch_dtype), kv_dtype, max_len, config.block_size),
         layout=layout, compiled=compiled,

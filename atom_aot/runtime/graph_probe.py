@@ -27,9 +27,10 @@ MEASURED_SAMPLING = dict(temperature=0.8, top_p=0.9, min_p=0.05, repetition_pena
 
 
 def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_model_len: int,
-          split: Split, draw: dict | None = None) -> GraphPlan:
+          split: Split, mtp_layers: int, draw: dict | None = None) -> GraphPlan:
     """`draw` ({dtype, quant}): the staged weights member holds only what a draw cannot reproduce
-    (--load-format dummy-at-load), so rank 0's weights are drawn here as the loader draws them."""
+    (--load-format dummy-at-load), so rank 0's weights are drawn here as the loader draws them.
+    `mtp_layers`: the MTP layers the artifact holds (its manifest's model.mtp_layers)."""
     import torch
     from safetensors.torch import load_file
 
@@ -39,7 +40,7 @@ def probe(staging: Path, sizes: list[int], block_size: int, kv_dtype: str, max_m
     from atom_aot.runtime.cuda_graphs import DecodeGraphs
     from atom_aot.runtime.kv_cache import allocate_kv_cache
     device = torch.device("cuda")
-    cfg = rank_shapes(ModelConfig.from_json(staging / CONFIG), split)
+    cfg = rank_shapes(ModelConfig.from_json(staging / CONFIG).with_mtp_layers(mtp_layers), split)
     if split.world_size > 1:
         register_stand_in()
     weights = load_file(str(staging / weights_member(0)), device="cuda")
@@ -159,5 +160,5 @@ def peak_allocated(run, device) -> int:
 if __name__ == "__main__":
     a = json.loads(sys.argv[1])
     plan = probe(Path(a["staging"]), a["sizes"], a["block_size"], a["kv_dtype"], a["max_model_len"], Split(**a["split"]),
-                 a["draw"])
+                 a["mtp_layers"], a["draw"])
     print(plan.to_json(indent=None))
