@@ -19,16 +19,19 @@ TINY_DEEPSEEK = dict(
     rope_scaling=YARN, num_nextn_predict_layers=1, tie_word_embeddings=False)
 
 
-def make_tiny_deepseek(out: Path, seed: int = 0, **overrides) -> Path:
+def make_tiny_deepseek(out: Path, seed: int = 0, mtp_tensors: bool = True, **overrides) -> Path:
     """A random DeepseekV3ForCausalLM folder; its safetensors also hold one MTP layer
-    (`model.layers.{num_hidden_layers}.*`), which transformers ignores."""
+    (`model.layers.{num_hidden_layers}.*`), which transformers ignores. `mtp_tensors=False`: the folder as
+    transformers' save_pretrained writes it, with no MTP tensors and num_nextn_predict_layers 1 in config.json."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
-    return make_tiny_routed_moe(out, DeepseekV3Config, DeepseekV3ForCausalLM, {**TINY_DEEPSEEK, **overrides}, seed)
+    return make_tiny_routed_moe(out, DeepseekV3Config, DeepseekV3ForCausalLM, {**TINY_DEEPSEEK, **overrides}, seed,
+                                mtp_tensors)
 
 
-def make_tiny_routed_moe(out: Path, config_class, model_class, fields: dict, seed: int) -> Path:
+def make_tiny_routed_moe(out: Path, config_class, model_class, fields: dict, seed: int,
+                         mtp_tensors: bool = True) -> Path:
     """A random folder of a family with DeepSeek-V3's MoE layers (DeepSeek-V3, GLM-4-MoE), transformers' classes
-    given; `num_nextn_predict_layers` MTP layers appended to its safetensors."""
+    given; `num_nextn_predict_layers` MTP layers appended to its safetensors unless not `mtp_tensors`."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = make_tokenizer(out)
@@ -49,7 +52,7 @@ def make_tiny_routed_moe(out: Path, config_class, model_class, fields: dict, see
     model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(str(out), safe_serialization=True)
-    if config.num_nextn_predict_layers:
+    if mtp_tensors and config.num_nextn_predict_layers:
         add_mtp_layers(out / "model.safetensors", config)
     return out
 

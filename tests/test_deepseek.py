@@ -91,16 +91,6 @@ def test_latent_cache_bytes():
     assert allocate_kv_cache(KVCacheSpec("bfloat16", kv_cache_layout(cfg)), 3, 16, torch.device("cpu")).shape == (5, 1, 3, 16, 1, 48)
 
 
-def test_checkpoint_without_its_mtp_layer_is_refused(q_lora_dir):
-    cfg = ModelConfig.from_json(q_lora_dir / "config.json")
-    model = build_meta_model(model_class(cfg.architecture), cfg, torch.float32, "none", 64)
-    tensors = [(k, v) for k, v in load_file(str(q_lora_dir / "model.safetensors")).items()
-               if not k.startswith("model.layers.4.")]
-    with pytest.raises(ValueError, match="set num_nextn_predict_layers to 0"):
-        convert_state_dict(tensors, model, cfg, "none")
-
-
-
 def test_compiled_artifact_serves_and_packages_the_mtp_step(q_lora_dir, q_lora, build_artifact):
     """The one AOTInductor build: the mixed package decodes like transformers, and the `mtp` package (its own
     member, bound to the same weights) gives the checkpoint MTP block's logits."""

@@ -74,6 +74,15 @@ class TestRoundTrip:
         with pytest.raises(ArtifactError, match="outside"):
             Layout(1, 1, 1).weights_member(1)
 
+    def test_the_mtp_layers_built_survive_and_an_older_manifest_has_none_recorded(self):
+        """0: built without the MTP layers its config declares (build/mtp_layers.py); absent (a manifest from before
+        the field): None, all of them."""
+        data = make_manifest().to_dict()
+        data["model"]["mtp_layers"] = 0
+        assert Manifest.from_json(json.dumps(data).encode()).model.mtp_layers == 0
+        del data["model"]["mtp_layers"]
+        assert Manifest.from_json(json.dumps(data).encode()).model.mtp_layers is None
+
     def test_rebuild_command_reproduces_the_options(self):
         assert make_manifest().rebuild_command("sm90") == "atom-build --model /models/tiny --arch sm90"
         assert make_manifest(compiled=False).rebuild_command() == \
@@ -90,6 +99,8 @@ class TestFieldValidation:
         (["model", "config_hash"], "xyz", "model.config_hash"),
         (["model", "weights_hash"], HEX64, "model.weights_hash must be 32"),
         (["model", "name"], "", "model.name must not be empty"),
+        (["model", "mtp_layers"], -1, "model.mtp_layers must be >= 0"),
+        (["model", "mtp_layers"], "1", "model.mtp_layers must be int"),
         (["target", "arch"], "sm1", "target.arch must be one of"),
         (["target", "torch"], 2, "target.torch must be str"),
         (["numerics", "dtype"], "int8", "numerics.dtype must be one of"),

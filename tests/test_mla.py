@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from atom_aot.models.mla import split_kv_b_proj
-from atom_aot.ops.mla import mla_attention, mla_decode_absorbed, mla_prefill_naive
+from atom_aot.ops.mla import (decode_rows_absorbed, gather_latent, mla_attention, mla_decode_absorbed,
+                              mla_prefill_naive, read_latent)
 from atom_aot.ops.rope import rope_cos_sin_cache, yarn_softmax_scale
 
 H, NOPE, ROPE, RANK, V = 4, 16, 8, 32, 24
@@ -115,6 +116,14 @@ def test_an_fp8_latent_cache_stores_scaled_values_and_reads_them_back():
     assert (out - exact).norm() / exact.norm() < 0.05
 
 
+def assert_each_row_alone(got, q_nope, q_pe, cache, tables, lens, w_uk, w_uv, kv_scale):
+    """Row b of decode_rows_absorbed's output equals mla_decode_absorbed over exactly sequence b's latents."""
+    for b, n in enumerate(lens):
+        latent = read_latent(gather_latent(cache, tables[b], n), torch.float32, RANK, kv_scale)
+        want = mla_decode_absorbed(q_nope[b:b + 1], q_pe[b:b + 1], latent, w_uk, w_uv, 0.15)
+        torch.testing.assert_close(got[b:b + 1], want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("piece", [1 << 27, 2 * H * 20])         # all rows at once; two rows a piece (longest 20)
 @pytest.mark.parametrize("fp8", [False, True])
 def test_decode_rows_together_equal_each_alone(monkeypatch, piece, fp8):
@@ -123,7 +132,6 @@ def test_decode_rows_together_equal_each_alone(monkeypatch, piece, fp8):
     past a sequence's blocks hold other sequences' blocks or garbage ids, masked or clamped), an fp8 cache
     read through its scales."""
     from atom_aot.ops import mla
-    from atom_aot.ops.mla import decode_rows_absorbed, gather_latent, read_latent
     monkeypatch.setattr(mla, "DECODE_ROWS_SCORES", piece)
     rand, _, w_uk, w_uv = random_mla(6, torch.float32)
     cache = (rand(1, 12, 4, 1, RANK + ROPE) * 2).to(torch.float8_e4m3fn if fp8 else torch.float32)
@@ -132,7 +140,25 @@ def test_decode_rows_together_equal_each_alone(monkeypatch, piece, fp8):
     lens = [13, 6, 20, 2]
     q_nope, q_pe = rand(4, H, NOPE), rand(4, H, ROPE)
     got = decode_rows_absorbed(q_nope, q_pe, cache, tables, lens, w_uk, w_uv, 0.15, kv_scale)
+    assert_each_row_alone(got, q_nope, q_pe, cache, tables, lens, w_uk, w_uv, kv_scale)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_decode_rows_ignore_what_slots_past_their_context_hold(fp8):
+    """Rows of different lengths read up to the longest context; the slots past a row's own (its block's
+    unwritten tail, a padded table's block 0) may hold anything, NaN and inf too (the CPU pool starts
+    uninitialized): each row still equals mla_decode_absorbed over exactly its own latents."""
+    rand, _, w_uk, w_uv = random_mla(7, torch.float32)
+    block_size, dtype = 4, torch.float8_e4m3fn if fp8 else torch.float32
+    cache = torch.full((1, 6, block_size, 1, RANK + ROPE), float("nan"))
+    cache[0, 5, 2:, 0, :RANK] = float("inf")                   # e4m3 has no inf: NaN there too
+    tables = torch.tensor([[4, 1, 3], [0, 5, 0], [2, 0, 0]], dtype=torch.int32)
+    lens = [10, 5, 3]       # rows 1 and 2 read 10 positions: their blocks' unwritten tails, block 0 for padding
     for b, n in enumerate(lens):
-        latent = read_latent(gather_latent(cache, tables[b], n), torch.float32, RANK, kv_scale)
-        want = mla_decode_absorbed(q_nope[b:b + 1], q_pe[b:b + 1], latent, w_uk, w_uv, 0.15)
-        torch.testing.assert_close(got[b:b + 1], want, rtol=1e-5, atol=1e-5)
+        for t in range(n):
+            cache[0, tables[b, t // block_size], t % block_size, 0] = rand(RANK + ROPE)
+    cache = cache.to(dtype)
+    kv_scale = torch.tensor([0.5, 2.0]) if fp8 else None
+    q_nope, q_pe = rand(3, H, NOPE), rand(3, H, ROPE)
+    got = decode_rows_absorbed(q_nope, q_pe, cache, tables, lens, w_uk, w_uv, 0.15, kv_scale)
+    assert_each_row_alone(got, q_nope, q_pe, cache, tables, lens, w_uk, w_uv, kv_scale)

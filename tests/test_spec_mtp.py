@@ -18,7 +18,7 @@ from atom_aot.models.registry import kv_cache_layout
 from atom_aot.runtime.execution.kv_cache import allocate_kv_cache
 from atom_aot.runtime.spec.mtp_graphs import MTPGraphs
 from atom_aot.runtime.spec.setup import check_mtp
-from deepseek_factories import make_copying_deepseek, make_tiny_deepseek, mtp_reference
+from deepseek_factories import TINY_DEEPSEEK, make_copying_deepseek, make_tiny_deepseek, mtp_reference
 from engine_factories import poison_kv_cache
 from factories import random_prompts
 from test_deepseek import loaded_model, one_sequence_step
@@ -187,12 +187,16 @@ def test_stops_inside_a_run(artifact, baseline, prompts):
 
 class TestRefusals:
     @staticmethod
-    def loaded(layers: int, forwards: dict, world_size: int = 1, architecture: str = "DeepseekV3ForCausalLM"):
+    def loaded(layers: int, forwards: dict, world_size: int = 1, architecture: str = "DeepseekV3ForCausalLM",
+               declared: int | None = None):
+        """`layers` the artifact holds, of `declared` (default: as many) that its config.json counts."""
         model = SimpleNamespace(name="tiny-deepseek", architecture=architecture)
         manifest = SimpleNamespace(model=model, rebuild_command=lambda: "atom-build tiny-deepseek --compile aoti",
                                    layout=SimpleNamespace(world_size=world_size))
-        return SimpleNamespace(hf_config={"num_nextn_predict_layers": layers}, manifest=manifest, path="m.atom",
-                               forwards=forwards)
+        hf_config = {**TINY_DEEPSEEK, "architectures": [model.architecture], "vocab_size": 64,
+                     "num_nextn_predict_layers": layers if declared is None else declared}
+        return SimpleNamespace(hf_config=hf_config, model_config=SimpleNamespace(num_nextn_predict_layers=layers),
+                               manifest=manifest, path="m.atom", forwards=forwards)
 
     def test_a_model_without_mtp_layers(self):
         with pytest.raises(StartupError, match=r"--method mtp needs a model with MTP layers.*has none"):
@@ -202,6 +206,12 @@ class TestRefusals:
         with pytest.raises(StartupError, match=r"\(Glm4MoeForCausalLM\) is served without the 1 MTP layer\(s\) of its "
                                                r"checkpoint: atom-aot does not build the MTP layers of Glm4MoeForCausalLM"):
             check_mtp(self.loaded(1, {Phase.MIXED: object()}, architecture="Glm4MoeForCausalLM"))
+
+    def test_an_artifact_built_without_its_mtp_layers(self):
+        """tests/test_deepseek_without_mtp.py builds one from a checkpoint as transformers saves it."""
+        with pytest.raises(StartupError, match=r"m\.atom \(tiny-deepseek\) was built without them.*"
+                                               r"num_nextn_predict_layers=1.*has no MTP tensors.*--method ngram"):
+            check_mtp(self.loaded(0, {Phase.MIXED: object()}, declared=1))
 
     def test_an_artifact_without_the_mtp_package(self):
         with pytest.raises(StartupError, match=r"no `mtp` package.*Rebuild it with: atom-build tiny-deepseek"):

@@ -32,12 +32,16 @@ class ModelIdentity:
     config_hash: str          # sha256 of config.json's canonical JSON
     weights_hash: str         # xxh3-128 of the weight files' bytes
     tokenizer_hash: str       # xxh3-128 of the tokenizer files
+    # the multi-token-prediction layers the artifact holds: all that config.json declares, or 0 when the
+    # checkpoint had none of their tensors (build/mtp_layers.py); None: a manifest from before this field,
+    # whose artifact holds all (such a checkpoint was refused then)
+    mtp_layers: int | None = None
 
     @classmethod
     def from_reader(cls, r: Reader) -> "ModelIdentity":
         return cls(_nonempty(r, "name"), r.str("source"), _nonempty(r, "architecture"),
                    r.hex("config_hash", SHA256_HEX), r.hex("weights_hash", XXH3_HEX),
-                   r.hex("tokenizer_hash", XXH3_HEX))
+                   r.hex("tokenizer_hash", XXH3_HEX), r.int("mtp_layers", None, optional=True, minimum=0))
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ log = logging.getLogger("atom_aot")
 def probe_capture_sizes(config: BuildConfig, staging: Path, max_model_len: int, quant_scheme: str,
                         kv_cache: KVCacheSpec) -> GraphPlan:
     """`quant_scheme`: the linears' resolved scheme, which the child needs to draw weights the staged tree
-    does not store (--load-format dummy-at-load)."""
+    does not store (--load-format dummy-at-load); `kv_cache`: the artifact's (its layout counts the MTP layers the
+    artifact holds)."""
     if config.arch == "cpu" or not (staging / package_member(Phase.DECODE)).exists():
         return GraphPlan.none(f"no CUDA graphs on the {config.arch} arch")
     if not config.graph_capture_sizes:

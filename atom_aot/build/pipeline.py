@@ -40,6 +40,7 @@ from atom_aot.build.export_mtp import export_mtp
 from atom_aot.build.export_sampler import export_sampler
 from atom_aot.build.graphs import probe_capture_sizes
 from atom_aot.build.key import build_key, key_inputs
+from atom_aot.build.mtp_layers import checkpoint_mtp_layers, held_mtp_layers
 from atom_aot.build.progress import StageProgress
 from atom_aot.build.resume import StageCheckpoints, build_device_name
 from atom_aot.build.source import ModelSource, resolve_model
@@ -91,6 +92,7 @@ def plan(model: str | None, config: BuildConfig) -> tuple[ModelSource, ModelConf
     source = resolve_model(model, config.load_format, device_for_arch(config.arch).type)
     model_config = ModelConfig.from_hf_dict(source.config)
     model_class(model_config.architecture)          # fails early on an unsupported architecture
+    model_config = checkpoint_mtp_layers(model_config, source.tensor_names)
     linear_quant = resolve_quant_plan(source.config, config.quant)   # and on a quantization it cannot load
     if (linear_scheme(linear_quant.scheme) not in MLA_LINEAR_SCHEMES
             and "mla_attention" in model_class(model_config.architecture).ATTENTION_OPS):
@@ -329,7 +331,7 @@ def _manifest(source: ModelSource, model_config: ModelConfig, config: BuildConfi
         format_version=ARTIFACT_FORMAT_VERSION, build_key=key, engine_version=__version__,
         model=ModelIdentity(name=source.name, source=str(source.path), architecture=model_config.architecture,
                             config_hash=build_key({"config": source.config}), weights_hash=inputs["weights"],
-                            tokenizer_hash=inputs["tokenizer"]),
+                            tokenizer_hash=inputs["tokenizer"], mtp_layers=held_mtp_layers(model_config)),
         target=Target(arch=config.arch, **toolchain()), build_compiler=inputs["cxx"], options=_options(config),
         numerics=Numerics(dtype_name(config.torch_dtype), max_len, config.block_size), kv_cache=kv_cache,
         layout=layout, compiled=compiled, quantization=Quantization(quant.scheme, **quant.manifest_details()),

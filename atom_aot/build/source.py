@@ -7,7 +7,7 @@ import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 import xxhash
@@ -32,6 +32,7 @@ class ModelSource:
     tensors: Callable[[], Iterator[tuple[str, torch.Tensor]]]   # HF-named tensors, one at a time
     save_tokenizer: Callable[[Path], None]
     tokenizer_files: list[Path]   # hashed for the build key (a GGUF's tokenizer is inside its weights file)
+    tensor_names: Callable[[], Iterable[str]]   # the HF names `tensors` gives, without reading the tensors
 
     def weights_hash(self) -> str:
         """xxh3-128 over the weight files' bytes: any changed value changes it."""
@@ -92,7 +93,7 @@ def _named(source: ModelSource, name: str) -> ModelSource:
 
 
 def _dummy_source(model: str | None, load_format: str, draw_device: str | None) -> ModelSource:
-    from atom_aot.weights.random_draw import config_dtype, default_device, random_tensors
+    from atom_aot.weights.random_draw import config_dtype, default_device, parameter_shapes, random_tensors
     hub_id = parse_hub_id(model) if model else None
     path = snapshot_folder(hub_id, weights=False) if hub_id else Path(model).expanduser() if model else None
     if path is None or not (path / "config.json").is_file():
@@ -103,7 +104,7 @@ def _dummy_source(model: str | None, load_format: str, draw_device: str | None) 
     tokenizer_files, save_tokenizer = _tokenizer(path)
     return DummySource(hub_id.name if hub_id else path.name, path, config, generation, [],
                        lambda: random_tensors(path, config_dtype(config), device=device), save_tokenizer,
-                       tokenizer_files, device=device)
+                       tokenizer_files, lambda: parameter_shapes(path).keys(), device=device)
 
 
 def _configs(path: Path) -> tuple[dict, dict]:
@@ -159,12 +160,20 @@ def _hf_folder_source(path: Path) -> ModelSource:
                 for name in fh.keys():
                     yield name, fh.get_tensor(name)
 
+    def tensor_names():
+        from safetensors import safe_open
+        for f in files:
+            with safe_open(f, framework="pt") as fh:     # the header only
+                yield from fh.keys()
+
     tokenizer_files, save_tokenizer = _tokenizer(path)
-    return ModelSource(path.name, path, config, generation, files, tensors, save_tokenizer, tokenizer_files)
+    return ModelSource(path.name, path, config, generation, files, tensors, save_tokenizer, tokenizer_files,
+                       tensor_names)
 
 
 def _gguf_source(path: Path) -> ModelSource:
     from atom_aot.build.gguf_reader import read_gguf
     checkpoint = read_gguf(str(path))
     return ModelSource(path.stem, path, checkpoint.config, checkpoint.generation_config, [path],
-                       checkpoint.tensors, lambda out: checkpoint.save_tokenizer(str(out)), [])
+                       checkpoint.tensors, lambda out: checkpoint.save_tokenizer(str(out)), [],
+                       lambda: (name for name, _ in checkpoint.tensors()))

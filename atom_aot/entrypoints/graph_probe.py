@@ -32,7 +32,8 @@ MEASURED_SAMPLING = dict(temperature=0.8, top_p=0.9, min_p=0.05, repetition_pena
 def probe(staging: Path, sizes: list[int], block_size: int, kv_cache: KVCacheSpec, max_model_len: int,
           split: Split, draw: dict | None = None) -> GraphPlan:
     """`draw` ({dtype, quant}): the staged weights member holds only what a draw cannot reproduce
-    (--load-format dummy-at-load), so rank 0's weights are drawn here as the loader draws them."""
+    (--load-format dummy-at-load), so rank 0's weights are drawn here as the loader draws them. `kv_cache`: the
+    artifact's spec (its layout counts the MTP layers the artifact holds)."""
     import torch
     from safetensors.torch import load_file
 

@@ -7,7 +7,7 @@ else. Both the transformers-4 (`rope_theta`, `rope_scaling`) and transformers-5
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from atom_aot.models.deepseek_config import DeepseekFields
@@ -67,6 +67,15 @@ class ModelConfig:
         """Whether `layer` has experts (Hugging Face's rule for Qwen3-MoE; every layer for Mixtral)."""
         return (self.num_experts > 0 and layer not in self.mlp_only_layers
                 and (layer + 1) % self.decoder_sparse_step == 0)
+
+    def with_mtp_layers(self, count: int) -> "ModelConfig":
+        """The same model holding `count` of its MTP layers: an artifact built from a checkpoint without their
+        tensors holds none (build/mtp_layers.py; its manifest's `model.mtp_layers` says so)."""
+        if count == self.num_nextn_predict_layers:
+            return self
+        if not 0 <= count < self.num_nextn_predict_layers:
+            raise ValueError(f"{count} MTP layers asked of a model whose config declares {self.num_nextn_predict_layers}")
+        return replace(self, num_nextn_predict_layers=count)
 
     @property
     def rope_scaling_dict(self) -> dict:

@@ -6,7 +6,7 @@ the build exports. Attention runs through the backend the tuning row names (atom
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable, Collection, Iterable
 
 import torch
 from torch import nn
@@ -163,6 +163,8 @@ class DecoderForCausalLM(nn.Module):
     EXPERT_MODULES: dict[str, tuple[str, int]] = {}
     # checkpoint module name -> runtime module name, where they differ
     MODULE_RENAMES: dict[str, str] = {}
+    # the config.json field counting the family's multi-token-prediction layers (None: it has none)
+    MTP_CONFIG_FIELD: str | None = None
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None,
                  split: Split = ONE_RANK):
@@ -197,6 +199,12 @@ class DecoderForCausalLM(nn.Module):
                          ) -> Iterable[tuple[str, torch.Tensor]]:
         """Checkpoint tensors renamed/reshaped to this family's names before fusing (none for the dense ones)."""
         return tensors
+
+    @classmethod
+    def mtp_checkpoint_tensors(cls, cfg: ModelConfig, names: Collection[str]) -> dict[str, list[str]]:
+        """Per MTP layer, its checkpoint name prefix -> the tensors a checkpoint of these tensor `names` holds
+        for it (build/mtp_layers.py decides from them; the dense families have no MTP layers)."""
+        return {}
 
     @classmethod
     def kv_cache_layout(cls, cfg: ModelConfig) -> KVCacheLayout:

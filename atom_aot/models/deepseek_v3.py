@@ -8,7 +8,7 @@ only the modules inside differ. docs/deepseek.md describes the cache layout and 
 from __future__ import annotations
 
 import re
-from typing import Iterable, Iterator
+from typing import Collection, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -29,6 +29,8 @@ from atom_aot.ops.backends import make_backend
 LAYER = re.compile(r"model\.layers\.(\d+)\.(.*)$")
 # MTP layer tensors that belong to the MTP module itself (the rest are its decoder block's)
 MTP_OWN = ("enorm.", "hnorm.", "eh_proj.", "embed_tokens.", "shared_head.")
+MTP_OWN_WEIGHTS = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "embed_tokens.weight", "shared_head.norm.weight",
+                   "shared_head.head.weight")
 
 
 class DeepseekModel(DecoderModel):
@@ -47,6 +49,7 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
     EXPERT_MODULES = MoEForCausalLM.EXPERT_MODULES
     ATTENTION_OPS = ("mla_attention",)
     BUILDS_MTP_LAYERS = True
+    MTP_CONFIG_FIELD = "num_nextn_predict_layers"
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None,
                  split: Split = ONE_RANK):
@@ -107,10 +110,9 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
                          ) -> Iterator[tuple[str, torch.Tensor]]:
         """HF DeepSeek names -> this module's, as they stream: kv_b_proj split into W_UK / W_UV, and layers
         >= num_hidden_layers moved under `mtp.{i}`. (Experts are stacked by weights/experts.py.)"""
-        ds, seen_mtp = cfg.deepseek, False
+        ds = cfg.deepseek
         for name, tensor in tensors:
             name = _mtp_name(name, cfg.num_hidden_layers)
-            seen_mtp = seen_mtp or name.startswith("mtp.")
             if name.endswith("self_attn.kv_b_proj.weight"):
                 w_uk, w_uv = split_kv_b_proj(tensor, cfg.num_attention_heads, ds.qk_nope_head_dim)
                 prefix = name.removesuffix("kv_b_proj.weight")
@@ -118,10 +120,19 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
                 yield prefix + "w_uv", w_uv
             else:
                 yield name, tensor
-        if cfg.num_nextn_predict_layers and not seen_mtp:
-            raise ValueError(f"config.json says num_nextn_predict_layers={cfg.num_nextn_predict_layers}, but the "
-                             f"checkpoint has no model.layers.{cfg.num_hidden_layers}.* (MTP) tensors; set "
-                             f"num_nextn_predict_layers to 0 in config.json to build without the MTP layer")
+
+    @classmethod
+    def mtp_checkpoint_tensors(cls, cfg: ModelConfig, names: Collection[str]) -> dict[str, list[str]]:
+        """MTP layer i is the checkpoint's layer num_hidden_layers + i: MTP_OWN_WEIGHTS and a decoder block
+        named as the checkpoint's last decoder layer is (DeepSeek-V3's are both MoE layers; a block of
+        another kind than that layer is left to the conversion's check of every parameter)."""
+        last = cfg.num_hidden_layers - 1
+        block = [n.removeprefix(f"model.layers.{last}.") for n in names if n.startswith(f"model.layers.{last}.")]
+        wanted = {}
+        for layer in range(cfg.num_hidden_layers, cfg.num_hidden_layers + cfg.num_nextn_predict_layers):
+            own_block = block if cfg.is_moe_layer(layer) == cfg.is_moe_layer(last) else []
+            wanted[f"model.layers.{layer}."] = [f"model.layers.{layer}.{n}" for n in (*MTP_OWN_WEIGHTS, *own_block)]
+        return wanted
 
 
 def _mtp_name(name: str, num_hidden_layers: int) -> str:

@@ -121,9 +121,9 @@ def decode_rows_absorbed(q_nope, q_pe, kv_layer, block_tables, context_lens: lis
                          kv_scale=None) -> torch.Tensor:
     """mla_decode_absorbed for D sequences that compute one token each, batched: q_nope [D, H, nope], q_pe
     [D, H, rope], their block tables [D, max_blocks] and context lengths; returns [D, H, v]. Each sequence's
-    latents are gathered up to the longest context and the keys past its own are masked out: their scores, and
-    their values too (slots a sequence has not written hold anything, NaN included, and a zero probability times
-    NaN is NaN: the CPU pool is left uninitialized)."""
+    latents are gathered up to the longest context and the keys past its own are masked out, their latents
+    zeroed too: such a slot may never have been written (the CPU pool starts uninitialized) or hold another
+    sequence's tokens, and a NaN or inf there would turn the masked key's zero weight into NaN (0 x NaN)."""
     rank, block_size = w_uk.shape[2], kv_layer.shape[2]
     longest = max(context_lens)
     lens = torch.tensor(context_lens, device=q_nope.device)
@@ -133,7 +133,7 @@ def decode_rows_absorbed(q_nope, q_pe, kv_layer, block_tables, context_lens: lis
         tables = block_tables[lo:lo + step, :-(-longest // block_size)].long().clamp(0, kv_layer.shape[1] - 1)
         latent = read_latent(kv_layer[0, tables].flatten(1, 2)[:, :longest, 0], q_nope.dtype, rank, kv_scale)
         seen = torch.arange(longest, device=lens.device)[None, :] < lens[lo:lo + step, None]     # [d, L]
-        latent = latent.masked_fill(~seen[..., None], 0)
+        latent = latent.masked_fill(~seen[..., None], 0)                                         # [d, L, r + rope]
         parts.append(absorbed_attention(q_nope[lo:lo + step, None], q_pe[lo:lo + step, None], latent,
                                         seen[:, None, :], w_uk, w_uv, scale)[:, 0])
     return torch.cat(parts)

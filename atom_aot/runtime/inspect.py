@@ -4,10 +4,11 @@ from __future__ import annotations
 from atom_aot.artifact.build_options import drawn_at_load, random_weights
 from atom_aot.artifact.kv_cache import KVCacheSpec
 from atom_aot.artifact.layout import CONFIG
-from atom_aot.artifact.manifest import Quantization
+from atom_aot.artifact.manifest import Manifest, Quantization
 from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.reader import Artifact
 from atom_aot.distributed.symmetric_all_reduce import describe_plan
+from atom_aot.models import ModelConfig, model_class
 from atom_aot.runtime.sampling.sampler import masks_path
 
 WEIGHT_ORIGINS = {"none": "not quantized", "build": "quantized by atom-build --quant",
@@ -38,6 +39,24 @@ def weights_note(load_format: str) -> str:
     return f" - RANDOM weights (--load-format {load_format})" if random_weights(load_format) else ""
 
 
+def mtp_rows(manifest: Manifest, config: dict) -> list[tuple[str, str]]:
+    """The MTP layers config.json declares and whether the artifact holds them (build/mtp_layers.py); none for
+    a model without any."""
+    declared = ModelConfig.from_hf_dict(config).num_nextn_predict_layers
+    built = manifest.model.mtp_layers
+    if not declared:
+        return []
+    if not model_class(manifest.model.architecture).BUILDS_MTP_LAYERS:
+        return [("mtp layers", f"not built: config.json has num_nextn_predict_layers={declared}, and atom-aot does not "
+                               f"build {manifest.model.architecture}'s MTP layers (--method mtp is refused)")]
+    if built is None or built == declared:
+        return [("mtp layers", f"{declared} (MTP cache layers in the KV cache; --method mtp serves them)")]
+    field = model_class(manifest.model.architecture).MTP_CONFIG_FIELD
+    return [("mtp layers", f"none: config.json has {field}={declared}, but the checkpoint has no MTP tensors, so the "
+                           f"artifact was built without them (no MTP cache layer, no mtp package; --method mtp is "
+                           f"refused, --method ngram / draft work)")]
+
+
 def describe(art: Artifact) -> str:
     m = art.manifest
     model, target, numerics, layout = m.model, m.target, m.numerics, m.layout
@@ -52,6 +71,7 @@ def describe(art: Artifact) -> str:
         ("shape", f"{config.get('num_hidden_layers')} layers, hidden {config.get('hidden_size')}, "
                   f"heads {config.get('num_attention_heads')}/{config.get('num_key_value_heads')} (q/kv), "
                   f"vocab {config.get('vocab_size')}"),
+        *mtp_rows(m, config),
         ("target", f"{target.arch}; torch {target.torch}, triton {target.triton}, cuda {target.cuda}, "
                    f"hip {target.hip}, cpu isa {target.cpu_isa}"),
         ("layout", f"tp {layout.tensor_parallel_size}, ep {layout.expert_parallel_size}, "

@@ -148,8 +148,11 @@ def _this_rank_device(arch: str) -> torch.device:
 
 
 def _model_config(artifact: Artifact, hf_config: dict) -> ModelConfig:
+    """config.json's model with the MTP layers the manifest says the artifact holds (build/mtp_layers.py)."""
+    built_mtp_layers = artifact.manifest.model.mtp_layers
     try:
-        return ModelConfig.from_hf_dict(hf_config)
+        cfg = ModelConfig.from_hf_dict(hf_config)
+        return cfg if built_mtp_layers is None else cfg.with_mtp_layers(built_mtp_layers)
     except (KeyError, TypeError, ValueError) as e:
         raise ArtifactError(f"{artifact.path}: {CONFIG} is not a usable model config ({type(e).__name__}: {e}). "
                             f"Rebuild the artifact with atom-build.") from None

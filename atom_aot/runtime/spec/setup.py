@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from atom_aot.artifact.phase import Phase
 from atom_aot.errors import StartupError
-from atom_aot.models import model_class
+from atom_aot.models import ModelConfig, model_class
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.execution.forwards import Forwards
 from atom_aot.runtime.execution.kv_cache import allocate_kv_cache
@@ -182,18 +182,16 @@ def no_verify_graphs_reason(loaded: LoadedArtifact, config: RuntimeConfig, sizes
 
 
 def check_mtp(loaded: LoadedArtifact) -> None:
-    """A model with MTP layers, in an artifact whose packages give what the proposer needs."""
-    layers = loaded.hf_config.get("num_nextn_predict_layers") or 0
-    name = loaded.manifest.model.name
-    if not layers:
-        raise StartupError(f"--method mtp needs a model with MTP layers, and {name} "
-                           f"({loaded.manifest.model.architecture}) has none (its config's num_nextn_predict_layers "
-                           f"is {layers}). Use --method ngram, or --method draft --draft-model ARTIFACT.")
-    architecture = loaded.manifest.model.architecture
-    if not model_class(architecture).BUILDS_MTP_LAYERS:
-        raise StartupError(f"--method mtp: {name} ({architecture}) is served without the {layers} MTP layer(s) of "
+    """A model with MTP layers, in an artifact that holds them and whose packages give what the proposer needs."""
+    name, architecture = loaded.manifest.model.name, loaded.manifest.model.architecture
+    declared = ModelConfig.from_hf_dict(loaded.hf_config).num_nextn_predict_layers
+    if declared and not model_class(architecture).BUILDS_MTP_LAYERS:
+        raise StartupError(f"--method mtp: {name} ({architecture}) is served without the {declared} MTP layer(s) of "
                            f"its checkpoint: atom-aot does not build the MTP layers of {architecture} (the build "
                            f"skipped them). Use --method ngram, or --method draft --draft-model ARTIFACT.")
+    layers = loaded.model_config.num_nextn_predict_layers
+    if not layers:
+        raise StartupError(no_mtp_layers(loaded, declared))
     world = loaded.manifest.layout.world_size
     if world > 1:
         raise StartupError(f"--method mtp runs on one rank, and {loaded.path} ({name}) has {world} tensor-parallel "
@@ -206,6 +204,19 @@ def check_mtp(loaded: LoadedArtifact) -> None:
         raise StartupError(f"--method mtp: {loaded.path} ({name}, {layers} MTP layer(s)) was built with {lacks} "
                            f"(an older atom-build). Rebuild it with: {loaded.manifest.rebuild_command()} ; or serve "
                            f"it with --enforce-eager, or use --method ngram.")
+
+
+def no_mtp_layers(loaded: LoadedArtifact, declared: int) -> str:
+    """Why an artifact without MTP layers cannot serve --method mtp: its model has none, or its checkpoint had none
+    of their tensors (the manifest's model.mtp_layers is 0 where config.json declares `declared`)."""
+    model, others = loaded.manifest.model, "Use --method ngram, or --method draft --draft-model ARTIFACT."
+    if not declared:
+        return f"--method mtp needs a model with MTP layers, and {model.name} ({model.architecture}) has none. {others}"
+    field = model_class(model.architecture).MTP_CONFIG_FIELD
+    return (f"--method mtp needs the model's MTP layers, and {loaded.path} ({model.name}) was built without them: "
+            f"its config.json has {field}={declared}, but the checkpoint it was built from has no MTP tensors (as "
+            f"transformers' save_pretrained writes it). {others} For --method mtp, build it from a checkpoint that "
+            f"holds the MTP layers (as DeepSeek ships it).")
 
 
 def load_draft(target: LoadedArtifact, config: RuntimeConfig, max_model_len: int) -> LoadedArtifact | None:
