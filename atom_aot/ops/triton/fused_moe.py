@@ -43,7 +43,7 @@ from atom_aot.ops.fp8 import BLOCK as FP8_BLOCK
 NO_SCALES = tl.constexpr(0)        # bf16 / fp32 experts
 ROW_SCALES = tl.constexpr(1)       # e4m3 experts, one scale per weight row
 BLOCK_SCALES = tl.constexpr(2)     # e4m3 experts, one scale per 128x128 block
-from atom_aot.ops.triton._common import bucket_rows, check_last_dim_contiguous, in_bucket, next_pow2
+from atom_aot.ops.triton._common import bucket_rows, check_last_dim_contiguous, dot_acc, in_bucket, next_pow2
 
 
 @dataclass(frozen=True)
@@ -115,13 +115,6 @@ def _tile(offsets_ptr, num_m_tiles, N, E: tl.constexpr, E_PAD: tl.constexpr, BLO
 
 
 @triton.jit
-def _dot(a, b, acc, IEEE: tl.constexpr):
-    if IEEE:
-        return tl.dot(a, b, acc, input_precision="ieee")
-    return tl.dot(a, b, acc)
-
-
-@triton.jit
 def moe_gate_up_kernel(
     x_ptr, w13_ptr, inter_ptr, order_ptr, offsets_ptr, scale_ptr, num_m_tiles, N, K, top_k,
     stride_xt, stride_we, stride_wn, stride_it, stride_se, stride_sn,
@@ -147,11 +140,11 @@ def moe_gate_up_kernel(
             blocks = scale_ptr + expert.to(tl.int64) * stride_se + k0 // 128
             s_gate = tl.load(blocks + (cols // 128) * stride_sn, mask=col_ok, other=0.0)
             s_up = tl.load(blocks + ((N + cols) // 128) * stride_sn, mask=col_ok, other=0.0)
-            gate += _dot(a, g, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE) * s_gate[None, :]
-            up += _dot(a, u, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE) * s_up[None, :]
+            gate += dot_acc(a, g, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE) * s_gate[None, :]
+            up += dot_acc(a, u, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE) * s_up[None, :]
         else:
-            gate = _dot(a, g, gate, IEEE)
-            up = _dot(a, u, up, IEEE)
+            gate = dot_acc(a, g, gate, IEEE)
+            up = dot_acc(a, u, up, IEEE)
     if SCALES == ROW_SCALES:       # the rows' scales, once per tile
         scales = scale_ptr + expert.to(tl.int64) * stride_se + cols
         gate = gate * tl.load(scales, mask=col_ok, other=0.0)[None, :]
@@ -184,9 +177,9 @@ def moe_down_kernel(
         if SCALES == BLOCK_SCALES:
             s = tl.load(scale_ptr + expert.to(tl.int64) * stride_se + (cols // 128) * stride_sn + k0 // 128,
                         mask=col_ok, other=0.0)
-            acc += _dot(a, b, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE) * s[None, :]
+            acc += dot_acc(a, b, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE) * s[None, :]
         else:
-            acc = _dot(a, b, acc, IEEE)
+            acc = dot_acc(a, b, acc, IEEE)
     if SCALES == ROW_SCALES:
         acc = acc * tl.load(scale_ptr + expert.to(tl.int64) * stride_se + cols, mask=col_ok, other=0.0)[None, :]
     weight = tl.load(weights_ptr + assignment, mask=row_ok, other=0.0)   # float32
