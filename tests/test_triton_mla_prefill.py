@@ -89,6 +89,14 @@ def test_an_fp8_cache_matches_the_reference():
     assert rel_error(got, want) < 1e-5
 
 
+def test_bf16_matches_the_float64_reference():
+    """bf16 queries, weights and cache (the GPU's dtype): within bf16's rounding of the float64 reference."""
+    step = mla_step([30, 0, 7], [12, 33, 1], 2, seed=5, dtype=torch.bfloat16)
+    step["kv_cache"] = step["kv_cache"].to(torch.bfloat16)
+    got, want = kernels(step), reference(step)
+    assert got.dtype == torch.bfloat16 and rel_error(got, want) < 2e-2
+
+
 @pytest.mark.parametrize("config", CHUNK_CANDIDATES + PREFIX_CANDIDATES, ids=lambda c: "-".join(map(str, c.as_args())))
 def test_every_candidate_matches_the_reference(config):
     step = mla_step([19, 0], [40, 3], 2, seed=4)
@@ -137,3 +145,103 @@ def test_backend_mixed_step_on_an_fp8_cache_equals_reference_backend():
     cache = torch.zeros(model.kv_cache_layout(model.config).shape(16, 16), dtype=torch.float8_e4m3fn, device=DEVICE)
     ref, got = _mixed_logits_both_backends(model, cache, 2)
     torch.testing.assert_close(got, ref, rtol=1e-3, atol=1e-3)
+
+
+EXPORT_MIXED_LAYER = """
+import torch
+from torch.export import Dim, export
+from atom_aot.ops.backends import make_backend
+from atom_aot.ops.backends.base import AttentionInputs
+from atom_aot.ops.backends.mla import MLAArgs
+from export_recording import host_reads, launch_kinds
+from test_triton_mla_prefill import mixed_row
+
+backend = make_backend("mla_attention", mixed_row(2).op("mla_attention"))
+H, NOPE, ROPE, RANK, V = 4, 16, 16, 32, 24
+
+class Layer(torch.nn.Module):
+    def forward(self, q_nope, q_pe, c_kv, k_pe, positions, cos_sin, w_uk, w_uv, kv_cache, slots, tables, lens, starts):
+        return backend(MLAArgs(1, q_nope, q_pe, c_kv, k_pe, positions, cos_sin, w_uk, w_uv, 0.2,
+                               AttentionInputs(kv_cache, slots, tables, lens, starts)))
+
+T, B = 7, 3
+args = (torch.randn(T, H, NOPE), torch.randn(T, H, ROPE), torch.randn(T, RANK), torch.randn(T, ROPE),
+        torch.zeros(T, dtype=torch.int64), torch.randn(64, ROPE), torch.randn(H, NOPE, RANK), torch.randn(H, RANK, V),
+        torch.randn(2, 1, 10, 16, 1, RANK + ROPE), torch.zeros(T, dtype=torch.int64), torch.zeros(B, 4, dtype=torch.int32),
+        torch.ones(B, dtype=torch.int32), torch.arange(B + 1, dtype=torch.int32))
+t, b, w, blocks = Dim("T", min=2, max=8192), Dim("B", min=2, max=512), Dim("W", min=2, max=1024), Dim("blocks", min=2)
+dynamic = ({0: t}, {0: t}, {0: t}, {0: t}, {0: t}, None, None, None, {2: blocks}, {0: t}, {0: b, 1: w}, {0: b},
+           {0: b + 1})
+decomposed = export(Layer(), args, dynamic_shapes=dynamic).run_decompositions(decompose_custom_triton_ops=True)
+kinds = launch_kinds(decomposed)
+print("KERNELS", sorted({name for name, _ in kinds}))
+print("STATIC", sorted({name for name, symbolic in kinds if not symbolic}))
+print("HOST_READS", host_reads(decomposed))
+"""
+
+
+def test_the_mixed_path_exports_with_symbolic_grids_and_no_host_reads():
+    """One layer's triton mixed path exported with the step's sizes dynamic (tokens, sequences, table width, pool
+    size), decomposed as AOTInductor takes it: every kernel's grid is an expression of the sizes and nothing reads
+    a tensor on the host, so the step can be captured in a CUDA graph. In a process of its own: export cannot
+    trace the Triton interpreter these tests run the kernels in."""
+    import ast
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    tests = Path(__file__).resolve().parent
+    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
+           "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", EXPORT_MIXED_LAYER], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line.split(" ")[0].isupper())
+    assert ast.literal_eval(lines["KERNELS"]) == ["merge_splits_kernel", "mla_cache_write_kernel", "mla_chunk_kernel",
+                                                  "mla_decode_kernel", "mla_prefix_kernel"]
+    assert ast.literal_eval(lines["STATIC"]) == [] and int(lines["HOST_READS"]) == 0
+
+
+def with_tuning(artifact, out, row) -> "Path":
+    """A copy of the archive `artifact` whose tuning.json names `row` for the mixed phase (the member's hashes
+    re-recorded in the manifest): how a CPU test runs an engine on a GPU arch's kernel choice."""
+    import json
+    from artifact_tools import forge_archive
+    from atom_aot.artifact.digest import fast_hash, sha256
+    from atom_aot.artifact.tuning import TUNING, Tuning
+    from atom_aot.artifact.phase import Phase
+    from artifact_tools import read_entries
+    tuning = Tuning.from_dict(json.loads(read_entries(artifact)[TUNING]))
+    data = Tuning(tuning.arch, True, {Phase.MIXED: row}, {"mla_attention": "triton (the test's row)"}).to_json().encode()
+
+    def edit(manifest):
+        manifest["members"][TUNING].update(size=len(data), sha256=sha256(data), xxh3=fast_hash(data),
+                                           stored="raw", stored_size=len(data))
+    return forge_archive(artifact, out, edit, change=lambda entries: entries.update({TUNING: data}))
+
+
+@pytest.fixture(scope="module")
+def tiny_deepseek(tmp_path_factory, build_artifact):
+    """The tiny q-LoRA DeepSeek checkpoint, and its eager artifact with the triton mixed path as its mixed row."""
+    from deepseek_factories import make_tiny_deepseek
+    model_dir = make_tiny_deepseek(tmp_path_factory.mktemp("models") / "tiny-deepseek", seed=11)
+    artifact = build_artifact(model_dir, compile="none")
+    return model_dir, with_tuning(artifact, tmp_path_factory.mktemp("forged") / "mixed-triton.atom", mixed_row(2))
+
+
+def test_the_engine_on_the_triton_mixed_path_decodes_like_transformers(tiny_deepseek):
+    """Every step of the engine through the triton mixed path (eager artifacts run the mixed row for every
+    batch): chunked prefill (a 16-token budget), decoding sequences riding along, then two prompts over the
+    cached 32-token prefix of one before them; greedy output token for token equal to transformers."""
+    from atom_aot import LLMEngine, SamplingParams
+    from factories import hf_greedy, random_prompts
+    model_dir, artifact = tiny_deepseek
+    shared = random_prompts(1, 380, seed=7, lengths=(32, 32))[0]
+    prompts = random_prompts(1, 380, seed=24, lengths=(20, 30)) + random_prompts(2, 380, seed=8, lengths=(1, 12),
+                                                                                  prefix=shared)
+    expected = hf_greedy(model_dir, prompts, 4)
+    engine = LLMEngine(str(artifact), enable_prefix_caching=True, max_num_batched_tokens=16)
+    greedy = SamplingParams(temperature=0, max_tokens=4)
+    got = [o["token_ids"] for part in (prompts[:2], prompts[2:]) for o in engine.generate(part, greedy)]
+    assert got == expected
+    assert engine.core.block_manager.prefix_hits >= 32 // 16
