@@ -229,7 +229,7 @@ def tiny_deepseek(tmp_path_factory, build_artifact):
     return model_dir, with_tuning(artifact, tmp_path_factory.mktemp("forged") / "mixed-triton.atom", mixed_row(2))
 
 
-def test_the_engine_on_the_triton_mixed_path_decodes_like_transformers(tiny_deepseek):
+def test_the_engine_on_the_triton_mixed_path_decodes_like_transformers(tiny_deepseek, caplog):
     """Every step of the engine through the triton mixed path (eager artifacts run the mixed row for every
     batch): chunked prefill (a 16-token budget), decoding sequences riding along, then two prompts over the
     cached 32-token prefix of one before them; greedy output token for token equal to transformers."""
@@ -240,7 +240,9 @@ def test_the_engine_on_the_triton_mixed_path_decodes_like_transformers(tiny_deep
     prompts = random_prompts(1, 380, seed=24, lengths=(20, 30)) + random_prompts(2, 380, seed=8, lengths=(1, 12),
                                                                                   prefix=shared)
     expected = hf_greedy(model_dir, prompts, 4)
-    engine = LLMEngine(str(artifact), enable_prefix_caching=True, max_num_batched_tokens=16)
+    with caplog.at_level("INFO", logger="atom_aot"):
+        engine = LLMEngine(str(artifact), enable_prefix_caching=True, max_num_batched_tokens=16)
+    assert "mla_attention: triton (the test's row)" in caplog.text        # the start says which path runs
     greedy = SamplingParams(temperature=0, max_tokens=4)
     got = [o["token_ids"] for part in (prompts[:2], prompts[2:]) for o in engine.generate(part, greedy)]
     assert got == expected
