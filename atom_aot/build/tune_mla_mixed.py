@@ -129,21 +129,28 @@ class MixedSteps:
         return ms
 
     def _step(self, seqs: int, tokens: int, prefix: int) -> MLAArgs:
-        from atom_aot.ops.triton.batch_inputs import make_paged_batch
-        ds, config, dev = self.cfg.deepseek, self.config, "cuda"
-        heads, dt, t = self.cfg.num_attention_heads // config.tensor_parallel_size, config.torch_dtype, seqs * tokens
-        b = make_paged_batch([prefix] * seqs, [tokens] * seqs, 1, ds.latent_dim, block_size=config.block_size,
-                             num_layers=1, dtype=config.kv_torch_dtype, device=dev)
-        fp8 = config.kv_torch_dtype.itemsize == 1
+        return mixed_step(self.cfg, self.config, [prefix] * seqs, [tokens] * seqs)
 
-        def rand(*shape, scale=1.0):
-            return (torch.randn(*shape, device=dev, dtype=torch.float32) * scale).to(dt)
-        return MLAArgs(0, rand(t, heads, ds.qk_nope_head_dim), rand(t, heads, ds.qk_rope_head_dim),
-                       rand(t, ds.kv_lora_rank), rand(t, ds.qk_rope_head_dim), b.positions,
-                       torch.randn(prefix + tokens, ds.qk_rope_head_dim, device=dev),
-                       rand(heads, ds.qk_nope_head_dim, ds.kv_lora_rank, scale=ds.kv_lora_rank ** -0.5),
-                       rand(heads, ds.kv_lora_rank, ds.v_head_dim, scale=ds.kv_lora_rank ** -0.5),
-                       ds.qk_head_dim ** -0.5,
-                       AttentionInputs(b.kv_cache[:, :1], b.slot_mapping, b.block_tables, b.seq_lens,
-                                       b.query_start_loc),
-                       torch.tensor([0.01, 0.05], device=dev) if fp8 else None)
+
+def mixed_step(cfg: ModelConfig, config: BuildConfig, context_lens: list[int], query_lens: list[int],
+               device: str = "cuda") -> MLAArgs:
+    """One layer's call on a random step: sequence b has context_lens[b] cached latents and computes query_lens[b]
+    tokens, at the model's MLA shapes (this rank's heads), in the build's dtypes (an fp8 cache with scales)."""
+    from atom_aot.ops.triton.batch_inputs import make_paged_batch
+    ds, dt, t = cfg.deepseek, config.torch_dtype, sum(query_lens)
+    heads = cfg.num_attention_heads // config.tensor_parallel_size
+    b = make_paged_batch(context_lens, query_lens, 1, ds.latent_dim, block_size=config.block_size, num_layers=1,
+                         dtype=config.kv_torch_dtype, device=device)
+    fp8 = config.kv_torch_dtype.itemsize == 1
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, device=device, dtype=torch.float32) * scale).to(dt)
+    return MLAArgs(0, rand(t, heads, ds.qk_nope_head_dim), rand(t, heads, ds.qk_rope_head_dim),
+                   rand(t, ds.kv_lora_rank), rand(t, ds.qk_rope_head_dim), b.positions,
+                   torch.randn(max(c + n for c, n in zip(context_lens, query_lens)), ds.qk_rope_head_dim,
+                               device=device),
+                   rand(heads, ds.qk_nope_head_dim, ds.kv_lora_rank, scale=ds.kv_lora_rank ** -0.5),
+                   rand(heads, ds.kv_lora_rank, ds.v_head_dim, scale=ds.kv_lora_rank ** -0.5),
+                   ds.qk_head_dim ** -0.5,
+                   AttentionInputs(b.kv_cache[:, :1], b.slot_mapping, b.block_tables, b.seq_lens, b.query_start_loc),
+                   torch.tensor([0.01, 0.05], device=device) if fp8 else None)

@@ -22,8 +22,8 @@ kernel's tile numbering: T // BLOCK_Q + B + 1 tiles cover any batch, the last fa
 the chunk kernel writes as zeros). The chunk kernel's grid is (tiles, H); the prefix kernel's (H, tiles), so the
 programs of one tile's heads run together and read each latent tile from L2.
 
-An fp8 cache (kv_scale [2]: c_kv, k_pe) is widened on load; the prefix kernel folds the scales into q_lat /
-q_pe and the latent output as the decode backend does. The chunk's own keys come in as the cache holds them
+An fp8 cache (kv_scale [2]: c_kv, k_pe) is widened on load; the prefix kernel folds the scales into q_lat / q_pe
+and the latent output as the decode backend does. The chunk's own keys come in as the cache holds them
 (the caller rounds them through the cache's dtype), so every key of a row has the same numerics.
 """
 from __future__ import annotations
@@ -77,8 +77,9 @@ PREFIX_CANDIDATES = (
     MLATileConfig(16, 32, 4, 2),
     MLATileConfig(32, 32, 8, 2),
     MLATileConfig(32, 16, 4, 2),
-    MLATileConfig(64, 16, 8, 2),
-    MLATileConfig(16, 64, 4, 2),
+    MLATileConfig(16, 16, 4, 2),
+    MLATileConfig(16, 32, 8, 2),
+    MLATileConfig(32, 32, 8, 3),
 )
 
 
@@ -216,7 +217,7 @@ def _absorbed_queries(q_nope_ptr, q_pe_ptr, w_uk_ptr, kv_scale_ptr, rows64, row_
     q_p = tl.load(q_pe_ptr + rows64[:, None] * stride_qpt + h * stride_qph + dr[None, :],
                   mask=row_ok[:, None] & dr_ok[None, :], other=0.0)                  # [BLOCK_Q, rope]
     q_lat = tl.zeros([BLOCK_Q, RANK_PAD], tl.float32)
-    for n0 in tl.static_range(0, NOPE, NOPE_STEP):
+    for n0 in range(0, NOPE, NOPE_STEP):
         dn = n0 + tl.arange(0, NOPE_STEP)
         dn_ok = dn < NOPE
         q_n = tl.load(q_nope_ptr + rows64[:, None] * stride_qnt + h * stride_qnh + dn[None, :],
@@ -224,10 +225,11 @@ def _absorbed_queries(q_nope_ptr, q_pe_ptr, w_uk_ptr, kv_scale_ptr, rows64, row_
         w = tl.load(w_uk_ptr + h * stride_wkh + dn[:, None] * stride_wkn + ranks[None, :],
                     mask=dn_ok[:, None] & rank_ok[None, :], other=0.0)               # [NOPE_STEP, r]
         q_lat = dot_acc(q_n, w, q_lat, IEEE)
+    q_pf = q_p.to(tl.float32)
     if KV_SCALED:
         q_lat = q_lat * tl.load(kv_scale_ptr)
-        return q_lat.to(q_p.dtype), (q_p.to(tl.float32) * tl.load(kv_scale_ptr + 1)).to(q_p.dtype)
-    return q_lat.to(q_p.dtype), q_p
+        q_pf = q_pf * tl.load(kv_scale_ptr + 1)
+    return q_lat.to(q_p.dtype), q_pf.to(q_p.dtype)
 
 
 @triton.jit
@@ -241,7 +243,7 @@ def _merge_into_out(o_lat, m_i, l_i, w_uv_ptr, out_ptr, lse_ptr, rows64, row_ok,
     top = tl.maximum(lse_c, lse_p)
     w_c, w_p = tl.exp2(lse_c - top), tl.exp2(lse_p - top)
     w_c, w_p = w_c / (w_c + w_p), w_p / (w_c + w_p)
-    for v0 in tl.static_range(0, V_PAD, V_STEP):
+    for v0 in range(0, V_PAD, V_STEP):
         dv = v0 + tl.arange(0, V_STEP)
         dv_ok = dv < V
         w = tl.load(w_uv_ptr + h * stride_wvh + ranks[:, None] * stride_wvr + dv[None, :],
@@ -294,7 +296,7 @@ def mla_prefix_kernel(
         o_lat = acc / l_i[:, None]                     # l > 0: the prefix has a key, every query sees it
         if KV_SCALED:
             o_lat = o_lat * tl.load(kv_scale_ptr)
-        _merge_into_out(o_lat.to(q_lat.dtype), m_i, l_i, w_uv_ptr, out_ptr, lse_ptr, rows64, row_ok, h, ranks,
+        _merge_into_out(o_lat.to(w_uv_ptr.dtype.element_ty), m_i, l_i, w_uv_ptr, out_ptr, lse_ptr, rows64, row_ok, h, ranks,
                         rank_ok, stride_wvh, stride_wvr, stride_ot, stride_oh, stride_lt, V, V_PAD, V_STEP, IEEE)
 
 
