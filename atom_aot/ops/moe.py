@@ -18,8 +18,8 @@ FP8 experts (`--quant fp8`): w13 and w2 in e4m3 with one float32 scale per outpu
 `w13_scale [E, 2I]` and `w2_scale [E, H]` (weight-only: the activations stay in the model dtype, the
 rows' products are scaled after each GEMM; what pays at decode, where the experts' weight bytes bound
 the step). Block-scaled fp8 checkpoints (128x128 weight blocks, Qwen3-FP8 and DeepSeek-V3 style):
-`w13_scale [E, 2I/128, H/128]`, `w2_scale [E, H/128, I/128]`, each K block's products scaled by its
-block's scale.
+`w13_scale [E, 2I/128, H/128]`, `w2_scale [E, H/128, I/128]`, W8A8 as the block-scaled linears: the
+activations quantized per token and 1x128 group, each K block's products scaled by both scales.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from atom_aot.ops.fp8 import dequantize_weight
+from atom_aot.ops.fp8 import fp8_linear_reference
 
 # A fragment of the `atom` namespace that atom_aot/ops/attention.py defines; registered through the
 # dispatcher directly for the same reason (custom_op's wrapper imports torch._dynamo on first call).
@@ -107,12 +107,13 @@ def fused_moe_reference(
 
 def expert_linear(x: torch.Tensor, stacked: torch.Tensor, scale: torch.Tensor | None, expert: int) -> torch.Tensor:
     """x [n, cols] times one expert's [rows, cols] weight: an e4m3 stack is widened (exact in bf16) and its
-    row scales applied to the product, in float32, as the Triton kernel does; block scales (a 3-d scale
-    stack) are applied to the weight, in float32 (the kernel scales each K block's product: the same sum)."""
+    row scales applied to the product, in float32, as the Triton kernel does; with block scales (a 3-d scale
+    stack) the expert is W8A8 as the block-scaled linears are (ops/fp8.py): x quantized per token and 1x128
+    group, float32 sums over the dequantized values (the kernel scales each K step's fp8 product: the same sum)."""
     if scale is None:
         return F.linear(x, stacked[expert])
     if scale.dim() == 3:
-        return F.linear(x.float(), dequantize_weight(stacked[expert], scale[expert])).to(x.dtype)
+        return fp8_linear_reference(x, stacked[expert], scale[expert], None, None)
     return (F.linear(x, stacked[expert].to(x.dtype)).float() * scale[expert]).to(x.dtype)
 
 
