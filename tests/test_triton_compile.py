@@ -35,6 +35,7 @@ CHECKS = {   # a test's `check` -> the flags of its triton_aot_check.py run, lon
     "all-reduce-norm": ("--targets", "sm90,gfx942", "--all-reduce-norm"),
     "int4": ("--targets", "sm90,gfx942", "--int4"),
     "all-candidates": ("--model", "qwen3-0.6b", "--targets", "sm90", "--all-candidates"),
+    "mla-mixed": ("--targets", "sm90", "--mla-mixed"),
     "small-m": ("--targets", "sm90", "--small-m"),
     "silu-mul-quant": ("--targets", "sm90,gfx942", "--silu-mul-quant"),
     "fp8-cache": ("--model", "llama-3.1-8b", "--targets", "sm90,gfx942", "--fp8-cache"),
@@ -42,7 +43,6 @@ CHECKS = {   # a test's `check` -> the flags of its triton_aot_check.py run, lon
     "moe-glue": ("--targets", "sm90,gfx942", "--moe-glue"),
     "bf16-cache": ("--model", "llama-3.1-8b", "--targets", "sm90,gfx942"),
     "sampling": ("--targets", "sm90,gfx942", "--sampling"),
-    "mla-mixed": ("--targets", "sm90", "--mla-mixed"),
 }
 
 

@@ -40,8 +40,8 @@ class TritonMixedMLA:
         step = args.inputs
         torch.ops.atom_triton.mla_cache_write(args.c_kv, k_pe, step.kv_cache, args.layer, step.slot_mapping,
                                               args.kv_scale)
-        c_kv, k_pe = as_cached(args.c_kv, step.kv_cache.dtype, args.kv_scale, 0), \
-            as_cached(k_pe, step.kv_cache.dtype, args.kv_scale, 1)
+        c_kv = as_cached(args.c_kv, step.kv_cache.dtype, args.kv_scale, 0)                      # [T, r]
+        k_pe = as_cached(k_pe, step.kv_cache.dtype, args.kv_scale, 1)                            # [T, rope]
         heads, nope = args.w_uk.shape[:2]
         k_nope = (c_kv @ args.w_uk.flatten(0, 1).T).unflatten(-1, (heads, nope))                # [T, H, nope]
         v = torch.einsum("tr,hrv->thv", c_kv, args.w_uv)                                         # [T, H, v]
