@@ -149,12 +149,22 @@ def test_backend_mixed_step_on_an_fp8_cache_equals_reference_backend():
 
 EXPORT_MIXED_LAYER = """
 import torch
+import triton
 from torch.export import Dim, export
+from triton.backends.compiler import GPUTarget
 from atom_aot.ops.backends import make_backend
 from atom_aot.ops.backends.base import AttentionInputs
 from atom_aot.ops.backends.mla import MLAArgs
-from export_recording import host_reads, launch_kinds
+from export_recording import host_reads, launch_kinds, written
 from test_triton_mla_prefill import mixed_row
+
+
+class Hopper:        # torch's mutation analysis compiles the kernels to TTIR for the active target: sm90 stands in
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+
+triton.runtime.driver.set_active(Hopper())
 
 backend = make_backend("mla_attention", mixed_row(2).op("mla_attention"))
 H, NOPE, ROPE, RANK, V = 4, 16, 16, 32, 24
@@ -177,14 +187,16 @@ kinds = launch_kinds(decomposed)
 print("KERNELS", sorted({name for name, _ in kinds}))
 print("STATIC", sorted({name for name, symbolic in kinds if not symbolic}))
 print("HOST_READS", host_reads(decomposed))
+print("WRITTEN", sorted({(name, tuple(w)) for (name, _), w in zip(kinds, written(decomposed))}))
 """
 
 
 def test_the_mixed_path_exports_with_symbolic_grids_and_no_host_reads():
     """One layer's triton mixed path exported with the step's sizes dynamic (tokens, sequences, table width, pool
     size), decomposed as AOTInductor takes it: every kernel's grid is an expression of the sizes and nothing reads
-    a tensor on the host, so the step can be captured in a CUDA graph. In a process of its own: export cannot
-    trace the Triton interpreter these tests run the kernels in."""
+    a tensor on the host, so the step can be captured in a CUDA graph; torch's mutation analysis sees each kernel
+    write only its outputs (one it could not read would have the package copy the KV cache around it). In a
+    process of its own: export cannot trace the Triton interpreter these tests run the kernels in."""
     import ast
     import os
     import subprocess
@@ -200,6 +212,12 @@ def test_the_mixed_path_exports_with_symbolic_grids_and_no_host_reads():
     assert ast.literal_eval(lines["KERNELS"]) == ["merge_splits_kernel", "mla_cache_write_kernel", "mla_chunk_kernel",
                                                   "mla_decode_kernel", "mla_prefix_kernel"]
     assert ast.literal_eval(lines["STATIC"]) == [] and int(lines["HOST_READS"]) == 0
+    outputs = {"mla_cache_write_kernel": {"kv_ptr"}, "mla_decode_kernel": {"out_ptr", "part_ptr", "lse_ptr"},
+               "merge_splits_kernel": {"out_ptr"}, "mla_chunk_kernel": {"out_ptr", "lse_ptr"},
+               "mla_prefix_kernel": {"out_ptr"}}
+    for kernel, writes in ast.literal_eval(lines["WRITTEN"]):
+        # the analysis also counts the tile search's loads of query_start_loc ([B + 1] ints) as possible writes
+        assert set(writes) - {"query_start_loc_ptr"} <= outputs[kernel], (kernel, writes)
 
 
 def with_tuning(artifact, out, row) -> "Path":
