@@ -23,17 +23,26 @@ def random_problem(tokens: int, experts: int, top_k: int, hidden: int = 32, inte
     return cast(x), cast(w13), cast(w2), weights.to(device), ids.to(device)
 
 
-def naive_moe(x, w13, w2, weights, ids) -> torch.Tensor:
-    """Token by token, slot by slot, in float64: the independent check of both implementations."""
+def naive_moe(x, w13, w2, weights, ids, activations=lambda a: a) -> torch.Tensor:
+    """Token by token, slot by slot, in float64: the independent check of both implementations. `activations`
+    maps each GEMM's input row (float64) to what the GEMM multiplies (W8A8 experts: `group_quantized`)."""
     x, w13, w2, weights = x.double().cpu(), w13.double().cpu(), w2.double().cpu(), weights.double().cpu()
     out = torch.zeros_like(x)
     for t in range(x.shape[0]):
         for j, e in enumerate(ids[t].tolist()):
             if e < 0:
                 continue
-            gate, up = (w13[e] @ x[t]).chunk(2)
-            out[t] += weights[t, j] * (w2[e] @ (F.silu(gate) * up))
+            gate, up = (w13[e] @ activations(x[t])).chunk(2)
+            out[t] += weights[t, j] * (w2[e] @ activations(F.silu(gate) * up))
     return out
+
+
+def group_quantized(row: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """A float64 activation row as W8A8's 1x128 groups give it back: rounded to `dtype` (the activations' own),
+    then to e4m3 with each group's amax / 448 scale (computed in float32, as ops/fp8.quantize_activations)."""
+    from atom_aot.ops.fp8 import quantize_activations
+    q, scale = quantize_activations(row.to(dtype)[None], None, block_scaled=True)
+    return (q.double().unflatten(1, (-1, 128)) * scale.double()[..., None]).flatten(1)[0]
 
 
 def one_layer_qwen3_moe():

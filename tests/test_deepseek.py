@@ -179,7 +179,7 @@ def test_a_block_fp8_checkpoint_as_deepseek_ships_it_builds_and_decodes_near_its
     got, expected = (prefill_logits(artifact) for artifact in (fp8, build_artifact(twin, compile="none")))
     rel = ((got - expected).norm() / expected.norm()).item()
     agree = (got.argmax(-1) == expected.argmax(-1)).float().mean().item()
-    # measured 0.29 / 0.81: a dense Llama's W8A8 error (tests/test_fp8_model.py: < 0.15) plus expert choices
+    # measured 0.29 / 0.79: a dense Llama's W8A8 error (tests/test_fp8_model.py: < 0.15) plus expert choices
     # that flip under it (an fp8 latent cache alone: 0.05 all-dense, 0.23 with these MoE layers)
     assert rel < 0.4 and agree >= 0.7, (rel, agree)
 

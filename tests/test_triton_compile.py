@@ -35,6 +35,7 @@ CHECKS = {   # a test's `check` -> the flags of its triton_aot_check.py run, lon
     "all-reduce-norm": ("--targets", "sm90,gfx942", "--all-reduce-norm"),
     "int4": ("--targets", "sm90,gfx942", "--int4"),
     "all-candidates": ("--model", "qwen3-0.6b", "--targets", "sm90", "--all-candidates"),
+    "mla-mixed": ("--targets", "sm90", "--mla-mixed"),
     "small-m": ("--targets", "sm90", "--small-m"),
     "silu-mul-quant": ("--targets", "sm90,gfx942", "--silu-mul-quant"),
     "fp8-cache": ("--model", "llama-3.1-8b", "--targets", "sm90,gfx942", "--fp8-cache"),
@@ -168,3 +169,15 @@ def test_int4_gemms_compile_for_sm90_without_conversions_and_for_gfx942(compiled
     assert max(r["shared_bytes"] for r in results if r["target"] == "sm90") <= 227 * 1024
     assert all(r["int_to_float_instructions"] == 0 for r in results if r["target"] == "sm90")
     assert all("error" not in r for r in results if r["target"] == "gfx942")
+
+
+@pytest.mark.parametrize("check", ["mla-mixed"])
+def test_the_mla_mixed_kernels_compile_for_sm90(compiled, check):
+    """The MLA mixed step's causal chunk kernel (q 192 wide, v 128) and absorbed prefix kernel (q_lat and its
+    accumulator 512 wide, W_UK / W_UV in pieces in the loops before and after the key loop) at DeepSeek-V3's shapes:
+    the first candidates over a bf16 cache with no register spills, the prefix kernel over an fp8 cache too
+    (every candidate of both compiled once by hand: docs/kernels.md)."""
+    results = compiled[check].result()
+    assert sorted(r["kernel"] for r in results) == ["mla_chunk_kernel"] + ["mla_prefix_kernel"] * 3
+    assert_compiled_without_spills(results)
+    assert all(r["stack_bytes"] == 0 for r in results[:-1]), results          # bf16: not even a stack frame

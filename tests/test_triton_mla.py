@@ -120,12 +120,18 @@ def test_an_mla_models_tuning_is_written_as_json(monkeypatch):
     cfg = random_deepseek().config
     monkeypatch.setattr(tune_mla, "_time_decode", lambda cfg, config, candidates, context:
                         {c.as_args(): 1.0 + i for i, c in enumerate(candidates)})
+    mixed = BackendChoice("triton", {"mla_chunk": (64, 64, 4, 2), "mla_prefix": (16, 32, 4, 2), "absorbed_runs": (2,)})
+    monkeypatch.setattr(tune_mla, "tune_mixed", lambda cfg, config, decode, best:
+                        (BackendChoice("triton", {**decode, **mixed.params}), {"mla_chunk": {"1x2048+0": {"64,64,4,2": 0.9}}},
+                         "mixed: triton"))
     moe = BackendChoice("triton", {"fused_moe@1": (16, 16, 32, 1, 2, 1)})
     tuning = tune_mla.tune_mla(BuildConfig(arch="sm90"), cfg, 4096,
                                lambda cfg, config: (moe, {1: {(16, 16, 32, 1, 2, 1): 0.5}}), "triton fused_moe")
     read = Tuning.from_dict(json.loads(tuning.to_json()))
     assert read.for_phase(Phase.DECODE).op("moe") == moe
     assert read.measurements_ms["moe"] == {"1": {"16,16,32,1,2,1": 0.5}}
+    assert read.measurements_ms["mla_mixed"] == {"mla_chunk": {"1x2048+0": {"64,64,4,2": 0.9}}}
+    assert read.for_phase(Phase.MIXED).op("mla_attention").params["absorbed_runs"] == (2,)
     # candidate 0 is the fastest at every batch: each bucket names it
     params = read.for_phase(Phase.DECODE).op("mla_attention").params
     assert params == {f"mla_decode@{b}": CANDIDATE_CONFIGS[0].as_args() for b in tune_mla.DECODE_BATCHES}

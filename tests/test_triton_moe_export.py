@@ -135,7 +135,7 @@ def cdiv(a, b):
 def test_export_keeps_table_and_symbolic_grids(lines):
     assert f"TABLE {json.dumps(TABLE)}" in lines
     launches = json.loads(next(line for line in lines if line.startswith("LAUNCHES"))[9:])
-    assert [name for name, _ in launches] == ["sort_by_expert_kernel"] + ["moe_gate_up_kernel", "moe_down_kernel"] * 3
+    assert [name for name, _ in launches] == ["sort_by_expert_kernel"] + ["moe_gate_up_kernel"] * 3 + ["moe_down_kernel"] * 3
     assert not launches[0][1] and all(symbolic for _, symbolic in launches[1:]), launches
     assert "HOST_READS 0" in lines
 
@@ -148,7 +148,7 @@ def test_each_token_count_runs_only_its_bucket(lines):
         active = max(i for i, (first, _, _) in enumerate(buckets) if tokens >= first)
         assert launches[0][:2] == ["sort_by_expert_kernel", E + 1]
         for i, (_, block_m, block_n) in enumerate(buckets):
-            gate_up, down = launches[1 + 2 * i], launches[2 + 2 * i]
+            gate_up, down = launches[1 + i], launches[1 + len(buckets) + i]     # the gate_ups, then the downs
             assert gate_up[2] == down[2] == block_m
             slots = tokens * K
             tiles = min(slots, cdiv(slots + E * (block_m - 1), block_m))

@@ -140,3 +140,18 @@ def test_two_tensor_parallel_ranks_verify_decode_rows_as_one_rank_decodes(build_
         assert engine.print_mtp_statistics()["accepted_total"] > 0
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("mla,route", [(None, "mixed"), ("reference", "decode-rows"), ("triton", "decode-rows")])
+def test_the_route_by_the_artifacts_mixed_row(monkeypatch, mla, route):
+    """`auto`: the mixed package's verify graphs, except for MLA models, whose verify tokens go through the decode
+    kernel as decode rows whatever their mixed row (with the reference op the package cannot be captured; the
+    triton mixed path's graphs are not measured against decode rows)."""
+    from types import SimpleNamespace
+    from atom_aot.artifact.phase import Phase
+    from atom_aot.artifact.tuning import BackendChoice, PhaseTuning, Tuning
+    from atom_aot.runtime.spec.setup import verify_route
+    monkeypatch.delenv(VERIFY_ROUTE_VARIABLE, raising=False)
+    ops = {"attention": BackendChoice("triton")} if mla is None else {"mla_attention": BackendChoice(mla)}
+    loaded = SimpleNamespace(tuning=Tuning("sm90", True, {Phase.MIXED: PhaseTuning(ops)}))
+    assert verify_route(loaded)[0] == route

@@ -23,8 +23,9 @@ from triton.compiler import ASTSource
 
 from atom_aot.build.tune_fp8 import small_m_configs
 from atom_aot.distributed.peer_table import TABLE_SIZE
-from atom_aot.ops.triton import (all_reduce_norm, fused_moe, int4_gemm, int4_small_m, moe_routing, paged_attention,
-                                 rms_norm_quant, rope_cache, sampling_threshold, silu_mul_quant, small_m_gemm)
+from atom_aot.ops.triton import (all_reduce_norm, fused_moe, int4_gemm, int4_small_m, mla_prefill, moe_routing,
+                                 paged_attention, rms_norm_quant, rope_cache, sampling_threshold, silu_mul_quant,
+                                 small_m_gemm)
 
 TARGETS = {
     "sm90": GPUTarget("cuda", 90, 32),
@@ -283,6 +284,27 @@ def int4_launches(n: int = 4096, k: int = 14336) -> list[Launch]:
     return launches
 
 
+def mla_mixed_launches(chunks=mla_prefill.CHUNK_CANDIDATES[:1], prefixes=mla_prefill.PREFIX_CANDIDATES[:2]) -> list[Launch]:
+    """The MLA mixed step's chunk and prefix kernels at DeepSeek-V3's shapes (128 heads, nope 128, rope 64, r 512,
+    v 128; q_nope a view of q): `chunks` and `prefixes` configs over a bf16 cache, the first prefix config over an
+    fp8 one too (meta tensors, nothing runs)."""
+    meta, heads, tokens, seqs = dict(device="meta"), 128, 4096, 8
+    bf16, i32 = dict(dtype=torch.bfloat16, **meta), dict(dtype=torch.int32, **meta)
+
+    def one(chunk, prefix, cache_dtype):
+        cache = torch.empty(2, 1, 4096, 16, 1, 576, dtype=cache_dtype, **meta)
+        return record_launches(mla_prefill, mla_prefill.launch_mla_prefill,
+                               torch.empty(tokens, heads, 192, **bf16)[..., :128], torch.empty(tokens, heads, 64, **bf16),
+                               torch.empty(tokens, heads, 128, **bf16), torch.empty(tokens, heads, 128, **bf16),
+                               torch.empty(tokens, 64, **bf16), torch.empty(seqs * 2, heads, 128, **bf16), cache, 1,
+                               torch.empty(seqs, 512, **i32), torch.empty(seqs, **i32), torch.empty(seqs + 1, **i32),
+                               torch.empty(heads, 128, 512, **bf16), torch.empty(heads, 512, 128, **bf16), 0.1, 2,
+                               chunk, prefix, torch.empty(2, **meta) if cache_dtype.itemsize == 1 else None)
+    launches = [one(c, prefixes[0], torch.bfloat16)[0] for c in chunks]
+    launches += [one(chunks[0], p, torch.bfloat16)[1] for p in prefixes]
+    return launches + [one(chunks[0], prefixes[0], torch.float8_e4m3fn)[1]]
+
+
 MODELS = {"qwen3-0.6b": dict(num_heads=16, num_kv_heads=8, head_dim=128),
           "llama-3.1-8b": dict(num_heads=32, num_kv_heads=8, head_dim=128),
           "glm-4.5-air": dict(num_heads=96, num_kv_heads=8, head_dim=128, rotary_dim=64)}
@@ -334,10 +356,11 @@ def main() -> None:
     parser.add_argument("--rms-norm-quant", action="store_true", help="only the one-pass add + RMSNorm fp8 quantization")
     parser.add_argument("--int4", action="store_true", help="only the int4 GEMMs (large-M and small-M)")
     parser.add_argument("--moe-mxfp4", action="store_true", help="only the fused MoE GEMMs on mxfp4 experts")
+    parser.add_argument("--mla-mixed", action="store_true", help="only the MLA mixed step's chunk and prefix kernels")
     args = parser.parse_args()
     only = {"rms_norm_quant": rms_norm_quant_launches, "silu_mul_quant": silu_mul_quant_launches,
             "sampling": sampling_launches, "all_reduce_norm": all_reduce_norm_launches,
-            "moe_glue": moe_glue_launches, "int4": int4_launches}      # flag (its dest) -> the launches it compiles alone
+            "moe_glue": moe_glue_launches, "int4": int4_launches, "mla_mixed": mla_mixed_launches}      # flag (its dest) -> the launches it compiles alone
     chosen = [launches for flag, launches in only.items() if getattr(args, flag)]
     if args.moe_mxfp4:
         print(json.dumps(compile_all(moe_mxfp4_launches(args.all_candidates), args.targets.split(","))))

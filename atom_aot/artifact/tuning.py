@@ -69,6 +69,11 @@ class Tuning:
         if Phase.MIXED not in self.phases:
             raise ArtifactError("tuning.json must have a row for the mixed phase")
 
+    def describe(self, op: str) -> str:
+        """What runs `op`, in words: the build's description, else the backend each phase names."""
+        return self.kernels.get(op) or "; ".join(f"{phase.value}: {row.ops[op].backend}"
+                                                 for phase, row in self.phases.items() if op in row.ops)
+
     def for_phase(self, phase: Phase) -> PhaseTuning:
         """The row of `phase`; a phase without its own row uses the mixed one."""
         return self.phases.get(phase, self.phases[Phase.MIXED])

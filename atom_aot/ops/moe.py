@@ -18,8 +18,8 @@ FP8 experts (`--quant fp8`): w13 and w2 in e4m3 with one float32 scale per outpu
 `w13_scale [E, 2I]` and `w2_scale [E, H]` (weight-only: the activations stay in the model dtype, the
 rows' products are scaled after each GEMM; what pays at decode, where the experts' weight bytes bound
 the step). Block-scaled fp8 checkpoints (128x128 weight blocks, Qwen3-FP8 and DeepSeek-V3 style):
-`w13_scale [E, 2I/128, H/128]`, `w2_scale [E, H/128, I/128]`, each K block's products scaled by its
-block's scale. MXFP4 experts (GPT-OSS checkpoints): w13 [E, 2I, H/2] and w2 [E, H, I/2] uint8 (two e2m1 values a
+`w13_scale [E, 2I/128, H/128]`, `w2_scale [E, H/128, I/128]`, W8A8 as the block-scaled linears: the
+activations quantized per token and 1x128 group, each K block's products scaled by both scales. MXFP4 experts (GPT-OSS checkpoints): w13 [E, 2I, H/2] and w2 [E, H, I/2] uint8 (two e2m1 values a
 byte) with uint8 e8m0 scales per 32 values along K, w13_scale [E, 2I, H/32] and w2_scale [E, H, I/32] (ops/mxfp4.py).
 ops/expert_formats.py lists the formats; the op tells them apart by the stacks' dtypes.
 
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from atom_aot.ops.expert_formats import format_of
-from atom_aot.ops.fp8 import dequantize_weight
+from atom_aot.ops.fp8 import fp8_linear_reference
 from atom_aot.ops.mxfp4 import dequantize_mxfp4
 
 # A fragment of the `atom` namespace that atom_aot/ops/attention.py defines; registered through the
@@ -143,12 +143,13 @@ def with_bias(y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
 
 # x [n, cols] times one expert's weight [rows, cols] (as stored) -> [n, rows] in x's dtype, by scale kind:
 # an e4m3 weight is widened (exact in bf16) and its row scales applied to the product, in float32, as the Triton
-# kernel does; block scales are applied to the weight in float32 (the kernel scales each K block's product: the
-# same sum); mxfp4 is dequantized to x's dtype (exact: ops/mxfp4.py) and multiplied there.
+# kernel does; with block scales the expert is W8A8 as the block-scaled linears are (ops/fp8.py): x quantized per
+# token and 1x128 group, float32 sums over the dequantized values (the kernel scales each K step's fp8 product:
+# the same sum); mxfp4 is dequantized to x's dtype (exact: ops/mxfp4.py) and multiplied there.
 EXPERT_LINEARS = {
     "none": lambda x, w, s: F.linear(x, w),
     "row": lambda x, w, s: (F.linear(x, w.to(x.dtype)).float() * s).to(x.dtype),
-    "block": lambda x, w, s: F.linear(x.float(), dequantize_weight(w, s)).to(x.dtype),
+    "block": lambda x, w, s: fp8_linear_reference(x, w, s, None, None),
     "mxfp4": lambda x, w, s: F.linear(x, dequantize_mxfp4(w, s, x.dtype)),
 }
 

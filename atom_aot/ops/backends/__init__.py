@@ -28,7 +28,7 @@ REGISTRY: dict[str, dict[str, BackendEntry]] = {
     },
     "mla_attention": {
         "reference": BackendEntry("atom_aot.ops.backends.mla", "ReferenceMLA"),
-        "triton": BackendEntry("atom_aot.ops.backends.mla", "TritonMLA"),
+        "triton": BackendEntry("atom_aot.ops.backends.mla_mixed", "triton_mla"),
     },
     "moe": {
         "reference": BackendEntry("atom_aot.ops.backends.moe", "ReferenceMoE"),

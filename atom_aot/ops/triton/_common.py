@@ -50,6 +50,14 @@ def bucket_rows(table: list[int], row: int, what: str) -> list[tuple[int, int | 
     return [(first, nxt, ints) for (first, ints), nxt in zip(merged, nexts)]
 
 
+@triton.jit
+def dot_acc(a, b, acc, IEEE: tl.constexpr):
+    """acc + a @ b; IEEE: in full fp32 (fp32 operands: no tf32), as the references compute."""
+    if IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
 @dataclass(frozen=True)
 class GemmConfig:
     """A tiled GEMM kernel's launch config (the FP8 and INT4 linears'): what the build measures and stores."""

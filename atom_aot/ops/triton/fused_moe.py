@@ -17,8 +17,11 @@ Four steps, none of which reads a tensor value on the host (so a CUDA graph capt
 FP8 experts (e4m3 w13 / w2 with per-row scales, ops/moe.py): each weight tile is widened to the
 activations' dtype in registers (exact) and the tile's fp32 products are scaled by their rows' scales
 once, after the K loop (a row scale factors out of the sum): half the weight bytes, the same MMAs.
-With 128x128 block scales (SCALES == BLOCK_SCALES) each K step's product is scaled by its block's scales before it
-is added (BLOCK_K divides 128, so a step stays inside one block). MXFP4 experts (SCALES == MXFP4_SCALES: uint8 stacks
+With 128x128 block scales (SCALES == BLOCK_SCALES) the experts are W8A8, as the block-scaled linears are
+(ops/fp8.py; vLLM's and DeepSeek's own fp8 inference alike): the tokens and the SiLU-mul output are quantized
+per token and 1x128 group (torch, in the op's body: Inductor fuses it) and each K step is an e4m3 x e4m3 MMA,
+its fp32 product scaled by the rows' group scales and the block's scale before it is added (BLOCK_K divides
+128, so a step stays inside one group and one block). MXFP4 experts (SCALES == MXFP4_SCALES: uint8 stacks
 of two e2m1 values a byte, an e8m0 scale per 32 along K) load each step's packed bytes and scales and widen them to
 the exact bf16 weight in registers (ops/triton/mxfp4_tiles.py); the dot is bf16's with fp32 accumulation (BLOCK_K a
 multiple of 32). Expert biases (HAS_BIAS, float32) are added to the fp32 products: gate and up's before SiLU-mul,
@@ -42,9 +45,9 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from atom_aot.ops.expert_formats import format_of
-from atom_aot.ops.fp8 import BLOCK as FP8_BLOCK
+from atom_aot.ops.fp8 import BLOCK as FP8_BLOCK, quantize_activations
 from atom_aot.ops.mxfp4 import BLOCK as MXFP4_BLOCK, check_mxfp4_shapes
-from atom_aot.ops.triton._common import bucket_rows, check_last_dim_contiguous, in_bucket, next_pow2
+from atom_aot.ops.triton._common import bucket_rows, check_last_dim_contiguous, dot_acc, in_bucket, next_pow2
 from atom_aot.ops.triton.mxfp4_tiles import mxfp4_tile
 
 # The kernels' SCALES modes: how (whether) the expert weights are scaled.
@@ -125,16 +128,9 @@ def _tile(offsets_ptr, num_m_tiles, N, E: tl.constexpr, E_PAD: tl.constexpr, BLO
 
 
 @triton.jit
-def _dot(a, b, acc, IEEE: tl.constexpr):
-    if IEEE:
-        return tl.dot(a, b, acc, input_precision="ieee")
-    return tl.dot(a, b, acc)
-
-
-@triton.jit
 def moe_gate_up_kernel(
-    x_ptr, w13_ptr, inter_ptr, order_ptr, offsets_ptr, scale_ptr, bias_ptr, num_m_tiles, N, K, top_k,
-    stride_xt, stride_we, stride_wn, stride_it, stride_se, stride_sn, stride_be,
+    x_ptr, w13_ptr, inter_ptr, order_ptr, offsets_ptr, scale_ptr, bias_ptr, x_scale_ptr, num_m_tiles, N, K, top_k,
+    stride_xt, stride_we, stride_wn, stride_it, stride_se, stride_sn, stride_be, stride_xst,
     E: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, IEEE: tl.constexpr, SCALES: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
@@ -158,15 +154,16 @@ def moe_gate_up_kernel(
         else:
             g = tl.load(g_ptrs + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0).to(a.dtype)
             u = tl.load(g_ptrs + N * stride_wn + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0).to(a.dtype)
-        if SCALES == BLOCK_SCALES:     # this K step's block scales, per column
+        if SCALES == BLOCK_SCALES:     # e4m3 x e4m3; this K step's group scales per row, block scales per column
+            s_x = tl.load(x_scale_ptr + tokens.to(tl.int64) * stride_xst + k0 // 128, mask=row_ok, other=0.0)
             blocks = scale_ptr + expert.to(tl.int64) * stride_se + k0 // 128
             s_gate = tl.load(blocks + (cols // 128) * stride_sn, mask=col_ok, other=0.0)
             s_up = tl.load(blocks + ((N + cols) // 128) * stride_sn, mask=col_ok, other=0.0)
-            gate += _dot(a, g, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE) * s_gate[None, :]
-            up += _dot(a, u, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE) * s_up[None, :]
+            gate += dot_acc(a, g, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE) * s_x[:, None] * s_gate[None, :]
+            up += dot_acc(a, u, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE) * s_x[:, None] * s_up[None, :]
         else:
-            gate = _dot(a, g, gate, IEEE)
-            up = _dot(a, u, up, IEEE)
+            gate = dot_acc(a, g, gate, IEEE)
+            up = dot_acc(a, u, up, IEEE)
     if SCALES == ROW_SCALES:       # the rows' scales, once per tile
         gate = gate * tl.load(s_e + cols, mask=col_ok, other=0.0)[None, :]
         up = up * tl.load(s_e + N + cols, mask=col_ok, other=0.0)[None, :]
@@ -181,8 +178,8 @@ def moe_gate_up_kernel(
 
 @triton.jit
 def moe_down_kernel(
-    inter_ptr, w2_ptr, out_ptr, order_ptr, offsets_ptr, weights_ptr, scale_ptr, bias_ptr, num_m_tiles, N, K,
-    stride_it, stride_we, stride_wn, stride_ot, stride_se, stride_sn, stride_be,
+    inter_ptr, w2_ptr, out_ptr, order_ptr, offsets_ptr, weights_ptr, scale_ptr, bias_ptr, inter_scale_ptr,
+    num_m_tiles, N, K, stride_it, stride_we, stride_wn, stride_ot, stride_se, stride_sn, stride_be, stride_ist,
     E: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, IEEE: tl.constexpr, SCALES: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
@@ -204,10 +201,11 @@ def moe_down_kernel(
         else:
             b = tl.load(b_ptrs + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0).to(a.dtype)
         if SCALES == BLOCK_SCALES:
+            s_a = tl.load(inter_scale_ptr + rows.to(tl.int64) * stride_ist + k0 // 128, mask=row_ok, other=0.0)
             s = tl.load(s_e + (cols // 128) * stride_sn + k0 // 128, mask=col_ok, other=0.0)
-            acc += _dot(a, b, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE) * s[None, :]
+            acc += dot_acc(a, b, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE) * s_a[:, None] * s[None, :]
         else:
-            acc = _dot(a, b, acc, IEEE)
+            acc = dot_acc(a, b, acc, IEEE)
     if SCALES == ROW_SCALES:
         acc = acc * tl.load(s_e + cols, mask=col_ok, other=0.0)[None, :]
     if HAS_BIAS:
@@ -277,8 +275,9 @@ def launch_fused_moe(
     topk_weights: torch.Tensor,   # [T, k] float32
     topk_ids: torch.Tensor,       # [T, k] int32, < 0: not on this rank
     table: list[int],             # per bucket: first token count, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages
-    w13_scale: torch.Tensor | None = None,   # [E, 2I] float32 when w13 is e4m3 (or its format's: expert_formats.py)
-    w2_scale: torch.Tensor | None = None,    # [E, H] float32 when w2 is e4m3
+    w13_scale: torch.Tensor | None = None,   # [E, 2I] (rows) or [E, 2I/128, H/128] (blocks) float32 when w13 is e4m3
+                                             # (or its format's: expert_formats.py)
+    w2_scale: torch.Tensor | None = None,    # [E, H] or [E, H/128, I/128] float32 when w2 is e4m3
     w13_bias: torch.Tensor | None = None,    # [E, 2I] float32
     w2_bias: torch.Tensor | None = None,     # [E, H] float32
 ) -> torch.Tensor:
@@ -294,22 +293,28 @@ def launch_fused_moe(
     weights = topk_weights.to(torch.float32).contiguous().view(-1)                  # [T*k]
     inter = torch.empty((num_slots, inter_size), dtype=hidden.dtype, device=hidden.device)
     per_slot = torch.empty((num_slots, hidden_size), dtype=hidden.dtype, device=hidden.device)
-    common = dict(E=num_experts, E_PAD=next_pow2(num_experts), IEEE=hidden.dtype == torch.float32, SCALES=scales,
-                  HAS_BIAS=has_bias)
+    w8a8 = scales == BLOCK_SCALES.value
+    x, x_scale = quantize_activations(hidden, None, block_scaled=True) if w8a8 else (hidden, hidden)  # [T, H/128]
+    common = dict(E=num_experts, E_PAD=next_pow2(num_experts), IEEE=hidden.dtype == torch.float32 and not w8a8,
+                  SCALES=scales, HAS_BIAS=has_bias)
     strides = [(s.stride(0), s.stride(1) if scales in (BLOCK_SCALES.value, MXFP4_SCALES.value) else 0, b.stride(0))
                for s, b in ((s13, b13), (s2, b2))]
+    buckets = []
     for first, next_first, c in table_buckets(table):
         _check_steps(scales, c)
-        active = in_bucket(num_tokens, first, next_first)
         num_m_tiles = torch.sym_min(num_slots, (num_slots + num_experts * (c.block_m - 1) + c.block_m - 1) // c.block_m)
         tiles = dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
                      num_warps=c.num_warps, num_stages=c.num_stages, **common)
+        buckets.append((in_bucket(num_tokens, first, next_first), num_m_tiles, c, tiles))
+    for active, num_m_tiles, c, tiles in buckets:      # every gate_up first: the downs' inputs are quantized once
         wrap_triton(moe_gate_up_kernel)[(active * num_m_tiles * triton.cdiv(inter_size, c.block_n),)](
-            hidden, w13, inter, order, offsets, s13, b13, num_m_tiles, inter_size, hidden_size, top_k,
-            hidden.stride(0), w13.stride(0), w13.stride(1), inter.stride(0), *strides[0], **tiles)
+            x, w13, inter, order, offsets, s13, b13, x_scale, num_m_tiles, inter_size, hidden_size, top_k,
+            x.stride(0), w13.stride(0), w13.stride(1), inter.stride(0), *strides[0], x_scale.stride(0), **tiles)
+    a, a_scale = quantize_activations(inter, None, block_scaled=True) if w8a8 else (inter, inter)   # [T*k, I/128]
+    for active, num_m_tiles, c, tiles in buckets:
         wrap_triton(moe_down_kernel)[(active * num_m_tiles * triton.cdiv(hidden_size, c.block_n),)](
-            inter, w2, per_slot, order, offsets, weights, s2, b2, num_m_tiles, hidden_size, inter_size,
-            inter.stride(0), w2.stride(0), w2.stride(1), per_slot.stride(0), *strides[1], **tiles)
+            a, w2, per_slot, order, offsets, weights, s2, b2, a_scale, num_m_tiles, hidden_size, inter_size,
+            a.stride(0), w2.stride(0), w2.stride(1), per_slot.stride(0), *strides[1], a_scale.stride(0), **tiles)
     return combine_slots(per_slot.view(num_tokens, top_k, hidden_size), topk_ids).to(hidden.dtype)
 
 

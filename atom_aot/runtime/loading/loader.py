@@ -122,6 +122,8 @@ def load_artifact(path: str | Path, enforce_eager: bool = False, rank: int = 0,
     log.info("model path: %s (%s)", execution,
              "compiled package from the artifact" if compiled else
              "--enforce-eager" if enforce_eager else "the artifact has no compiled code (built with --compile none)")
+    for op in model_class(model_config.architecture).ATTENTION_OPS:     # which kernels the phases were built with
+        log.info("%s: %s", op, tuning.describe(op))
     return LoadedArtifact(
         path=artifact.path, manifest=manifest, tuning=tuning, graph_plan=artifact.read_graph_plan(),
         model_config=model_config, hf_config=hf_config, rank=rank, weights=weights, forwards=forwards,

@@ -75,7 +75,8 @@ def start_speculation(loaded: LoadedArtifact, config: RuntimeConfig, runner: Mod
 
 def verify_route(loaded: LoadedArtifact) -> tuple[str, str]:
     """How verify steps run, and why: DECODE_ROWS (runtime/spec/verify_rows.py) where the mixed package cannot be
-    captured, else MIXED (the mixed package, as CUDA graphs where it can be); ATOM_VERIFY_ROUTE decides instead."""
+    captured and for MLA models, else MIXED (the mixed package, as CUDA graphs where it can be); ATOM_VERIFY_ROUTE
+    decides instead."""
     forced = os.environ.get(VERIFY_ROUTE_VARIABLE, "auto")
     if forced not in (*VERIFY_ROUTES, "auto"):
         raise StartupError(f"{VERIFY_ROUTE_VARIABLE}={forced!r}: use one of auto, {', '.join(VERIFY_ROUTES)}")
@@ -84,6 +85,10 @@ def verify_route(loaded: LoadedArtifact) -> tuple[str, str]:
     mla = loaded.tuning.for_phase(Phase.MIXED).ops.get("mla_attention")
     if mla is not None and mla.backend == "reference":
         return DECODE_ROWS, "the mixed package's MLA is the reference op, which reads the batch layout on the host"
+    if mla is not None:       # measured on an H200 with the reference op only (docs/speculative.md)
+        return DECODE_ROWS, ("MLA: each verify token through the decode kernel in the decode graphs; the mixed "
+                             f"package's verify graphs are not measured against them ({VERIFY_ROUTE_VARIABLE}="
+                             f"{MIXED_ROUTE} takes them)")
     return MIXED_ROUTE, "the mixed package attends over several query tokens per sequence"
 
 

@@ -8,8 +8,9 @@ decode package (its kernels, its CUDA graphs) computes it as it computes a row o
 verified tokens come from the same kernels as decoding without speculation. The price is that a
 sequence's cache is read once per row (n times) where a multi-query kernel reads it once.
 
-runtime/spec/setup.py takes this route where the mixed package cannot be captured (the MLA models' mixed phase
-runs the reference op, which reads the batch layout on the host) or where ATOM_VERIFY_ROUTE says so.
+runtime/spec/setup.py takes this route where the mixed package cannot be captured (an MLA model whose mixed row is the
+reference op, which reads the batch layout on the host), for MLA models whatever their mixed row, or where
+ATOM_VERIFY_ROUTE says so.
 """
 from __future__ import annotations
 
