@@ -6,7 +6,7 @@ from atom_aot.artifact.tuning import BackendChoice
 from atom_aot.errors import ArtifactError
 from atom_aot.ops.backends import make_backend
 from atom_aot.ops.backends.moe import bucket_table
-from atom_aot.ops.moe import fused_moe, softmax_topk
+from atom_aot.ops.moe import ExpertWeights, fused_moe, softmax_topk
 from moe_checks import naive_moe, random_problem
 
 
@@ -77,8 +77,11 @@ class TestReference:
 
 class TestBackendChoice:
     def test_reference_backend_runs_the_op(self):
-        problem = random_problem(3, 4, 2, seed=6)
-        assert torch.equal(make_backend("moe", BackendChoice("reference"))(*problem), fused_moe(*problem))
+        x, w13, w2, weights, ids = random_problem(3, 4, 2, seed=6)
+        backend = make_backend("moe", BackendChoice("reference"))
+        assert torch.equal(backend(x, ExpertWeights(w13, w2), weights, ids), fused_moe(x, w13, w2, weights, ids))
+        with pytest.raises(TypeError, match="no kernel for experts stored as tuple"):
+            backend(x, (w13, w2), weights, ids)
 
     def test_bucket_table_sorted_by_first_token_count(self):
         choice = BackendChoice("triton", {"fused_moe@64": (64, 64, 32, 8, 4, 3), "fused_moe@1": (16, 32, 64, 1, 4, 2)})

@@ -14,6 +14,14 @@ registers its kernel for it). Expert weights are stacked per layer:
 An id < 0 means "this expert is not on this rank" (expert parallelism masks remote experts so):
 that slot contributes nothing.
 
+Options of the op, each a fact of a family's model file (GPT-OSS uses all of them):
+- biases `w13_bias [E, 2I]` (gate's, then up's, like w13's rows) and `w2_bias [E, H]`, added after each
+  projection (before the routing weight multiplies the expert's output);
+- the activation between the projections (`ExpertActivation`): SiLU(gate) * up, or GPT-OSS's clamped SwiGLU
+  (gate clamped above at `limit`, up clamped to [-limit, limit], (up + 1) * gate * sigmoid(alpha * gate)).
+The backends take a layer's stacks as one typed `ExpertWeights`, so a weight format that needs other tensors
+(MXFP4 blocks and scales) is another type the backends dispatch on, not more arguments.
+
 FP8 experts (`--quant fp8`): w13 and w2 in e4m3 with one float32 scale per output row,
 `w13_scale [E, 2I]` and `w2_scale [E, H]` (weight-only: the activations stay in the model dtype, the
 rows' products are scaled after each GEMM; what pays at decode, where the experts' weight bytes bound
@@ -34,7 +42,54 @@ from atom_aot.ops.fp8 import dequantize_weight
 # dispatcher directly for the same reason (custom_op's wrapper imports torch._dynamo on first call).
 LIBRARY = torch.library.Library("atom", "FRAGMENT")
 LIBRARY.define("fused_moe(Tensor hidden, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids, "
-               "Tensor? w13_scale=None, Tensor? w2_scale=None) -> Tensor")
+               "Tensor? w13_scale=None, Tensor? w2_scale=None, Tensor? w13_bias=None, Tensor? w2_bias=None, "
+               "str activation='silu', float alpha=1.0, float limit=0.0) -> Tensor")
+
+ACTIVATIONS = ("silu", "swiglu_clamped")
+
+
+@dataclass(frozen=True)
+class ExpertActivation:
+    """How an expert combines its gate and up rows (module docstring); `alpha` and `limit` are the clamped SwiGLU's
+    (GPT-OSS's config: swiglu_alpha, swiglu_limit)."""
+    kind: str = "silu"
+    alpha: float = 1.0
+    limit: float = 0.0
+
+    def __post_init__(self):
+        if self.kind not in ACTIVATIONS:
+            raise ValueError(f"expert activation {self.kind!r} is not one of {', '.join(ACTIVATIONS)}")
+        if self.kind == "swiglu_clamped" and not self.limit > 0:
+            raise ValueError(f"the clamped SwiGLU needs a limit > 0, got {self.limit}")
+
+
+SILU = ExpertActivation()
+
+
+@dataclass(frozen=True)
+class ExpertWeights:
+    """One layer's experts as the `moe` backends take them: stacks in the model dtype, or e4m3 with their scales
+    (module docstring), with optional biases."""
+    w13: torch.Tensor                        # [E, 2I, H]
+    w2: torch.Tensor                         # [E, H, I]
+    w13_scale: torch.Tensor | None = None    # [E, 2I] or [E, 2I/128, H/128] float32: w13 in e4m3
+    w2_scale: torch.Tensor | None = None     # [E, H] or [E, H/128, I/128]
+    w13_bias: torch.Tensor | None = None     # [E, 2I]
+    w2_bias: torch.Tensor | None = None      # [E, H]
+
+    def op_tensors(self) -> tuple:
+        """The op's weight arguments after hidden (w13, w2) and after the routing (the rest), in its order."""
+        return self.w13_scale, self.w2_scale, self.w13_bias, self.w2_bias
+
+
+def gated_activation(gate_up: torch.Tensor, activation: ExpertActivation) -> torch.Tensor:
+    """gate_up [n, 2I] (gate's columns, then up's) -> [n, I]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    if activation.kind == "silu":
+        return F.silu(gate) * up
+    gate = gate.clamp(max=activation.limit)
+    up = up.clamp(min=-activation.limit, max=activation.limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * activation.alpha))
 
 
 def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,6 +103,15 @@ def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> 
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, ids.to(torch.int32)
+
+
+def top_k_softmax(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top_k of the logits, then a softmax over those k in float32 (GPT-OSS's router, as transformers computes
+    it; the same weights as softmax_topk renormalized, in another order of operations).
+
+    router_logits [T, E] -> (weights [T, k] float32, ids [T, k] int32)."""
+    values, ids = torch.topk(router_logits, top_k, dim=-1)              # [T, k]
+    return torch.softmax(values, dim=-1, dtype=torch.float32), ids.to(torch.int32)
 
 
 @dataclass(frozen=True)
@@ -92,17 +156,25 @@ def fused_moe_reference(
     topk_ids: torch.Tensor,       # [T, k] int32, < 0: not on this rank
     w13_scale: torch.Tensor | None = None,   # [E, 2I] float32: w13 in e4m3, scaled per row
     w2_scale: torch.Tensor | None = None,    # [E, H] float32
+    w13_bias: torch.Tensor | None = None,    # [E, 2I]
+    w2_bias: torch.Tensor | None = None,     # [E, H]
+    activation: str = "silu", alpha: float = 1.0, limit: float = 0.0,   # ExpertActivation's fields
 ) -> torch.Tensor:
     """Expert by expert in plain torch; the weighted sum accumulates in float32, then casts to hidden's dtype."""
+    act = ExpertActivation(activation, alpha, limit)
     out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)   # [T, H]
     for expert in range(w13.shape[0]):
         tokens, slots = torch.where(topk_ids == expert)                  # [n] each
         if tokens.numel() == 0:
             continue
-        gate, up = expert_linear(hidden[tokens], w13, w13_scale, expert).chunk(2, dim=-1)   # [n, I] each
-        y = expert_linear(F.silu(gate) * up, w2, w2_scale, expert)                         # [n, H]
+        gate_up = _biased(expert_linear(hidden[tokens], w13, w13_scale, expert), w13_bias, expert)   # [n, 2I]
+        y = _biased(expert_linear(gated_activation(gate_up, act), w2, w2_scale, expert), w2_bias, expert)   # [n, H]
         out.index_add_(0, tokens, y.float() * topk_weights[tokens, slots, None])
     return out.to(hidden.dtype)
+
+
+def _biased(y: torch.Tensor, bias: torch.Tensor | None, expert: int) -> torch.Tensor:
+    return y if bias is None else y + bias[expert]
 
 
 def expert_linear(x: torch.Tensor, stacked: torch.Tensor, scale: torch.Tensor | None, expert: int) -> torch.Tensor:
@@ -123,7 +195,8 @@ for _key in ("CPU", "CUDA"):
 
 
 @torch.library.register_fake("atom::fused_moe", lib=LIBRARY)
-def _(hidden, w13, w2, topk_weights, topk_ids, w13_scale=None, w2_scale=None):
+def _(hidden, w13, w2, topk_weights, topk_ids, w13_scale=None, w2_scale=None, w13_bias=None, w2_bias=None,
+      activation="silu", alpha=1.0, limit=0.0):
     return torch.empty_like(hidden)
 
 

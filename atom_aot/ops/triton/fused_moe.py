@@ -20,6 +20,10 @@ once, after the K loop (a row scale factors out of the sum): half the weight byt
 With 128x128 block scales (SCALES == BLOCK_SCALES) each K step's product is scaled by its block's scales before it
 is added (BLOCK_K divides 128, so a step stays inside one block).
 
+Biases (HAS_BIAS; GPT-OSS) are added to the tile's fp32 gate and up columns before the activation, and to the
+down tile before the routing weight; the activation (ACTIVATION: SiLU, or GPT-OSS's clamped SwiGLU with its alpha
+and limit) is computed on the fp32 tile, as the reference computes it on each expert's rows (ops/moe.py).
+
 Each expert has ceil(count / BLOCK_M) row tiles, so the tiles number at most
 min(T*k, cdiv(T*k + E*(BLOCK_M - 1), BLOCK_M)): the grid's static bound; programs past the last tile return.
 
@@ -38,12 +42,15 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from atom_aot.ops.fp8 import BLOCK as FP8_BLOCK
+from atom_aot.ops.moe import ACTIVATIONS, ExpertActivation
+from atom_aot.ops.triton._common import bucket_rows, check_last_dim_contiguous, in_bucket, next_pow2
 
 # The kernels' SCALES modes: how (whether) the expert weights are scaled.
 NO_SCALES = tl.constexpr(0)        # bf16 / fp32 experts
 ROW_SCALES = tl.constexpr(1)       # e4m3 experts, one scale per weight row
 BLOCK_SCALES = tl.constexpr(2)     # e4m3 experts, one scale per 128x128 block
-from atom_aot.ops.triton._common import bucket_rows, check_last_dim_contiguous, in_bucket, next_pow2
+# The ACTIVATION mode is the index of ExpertActivation.kind in ops/moe.py ACTIVATIONS (0: SiLU(gate) * up).
+SWIGLU_CLAMPED = tl.constexpr(ACTIVATIONS.index("swiglu_clamped"))
 
 
 @dataclass(frozen=True)
@@ -122,13 +129,27 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _activate(gate, up, alpha, limit, ACTIVATION: tl.constexpr):
+    """The fp32 tiles' activation: SiLU(gate) * up, or (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g) with
+    g = min(gate, limit)."""
+    if ACTIVATION == SWIGLU_CLAMPED:
+        limit = tl.cast(limit, tl.float32)
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        return (up + 1.0) * (gate * tl.sigmoid(gate * tl.cast(alpha, tl.float32)))
+    return gate * tl.sigmoid(gate) * up
+
+
+@triton.jit
 def moe_gate_up_kernel(
-    x_ptr, w13_ptr, inter_ptr, order_ptr, offsets_ptr, scale_ptr, num_m_tiles, N, K, top_k,
-    stride_xt, stride_we, stride_wn, stride_it, stride_se, stride_sn,
+    x_ptr, w13_ptr, inter_ptr, order_ptr, offsets_ptr, scale_ptr, bias_ptr, num_m_tiles, N, K, top_k, alpha, limit,
+    stride_xt, stride_we, stride_wn, stride_it, stride_se, stride_sn, stride_be,
     E: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, IEEE: tl.constexpr, SCALES: tl.constexpr,
+    GROUP_M: tl.constexpr, IEEE: tl.constexpr, SCALES: tl.constexpr, HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,
 ):
-    """inter[r, n] = SiLU(x[tok(r)] . w13[e, n]) * (x[tok(r)] . w13[e, N + n]) for the tile's rows r of expert e."""
+    """inter[r, n] = act(x[tok(r)] . w13[e, n] (+ b13[e, n]), x[tok(r)] . w13[e, N + n] (+ b13[e, N + n])) for the
+    tile's rows r of expert e."""
     expert, rows, row_ok, cols, col_ok = _tile(offsets_ptr, num_m_tiles, N, E, E_PAD, BLOCK_M, BLOCK_N, GROUP_M)
     if expert >= E:
         return
@@ -156,19 +177,24 @@ def moe_gate_up_kernel(
         scales = scale_ptr + expert.to(tl.int64) * stride_se + cols
         gate = gate * tl.load(scales, mask=col_ok, other=0.0)[None, :]
         up = up * tl.load(scales + N, mask=col_ok, other=0.0)[None, :]
-    h = gate * tl.sigmoid(gate) * up
+    if HAS_BIAS:
+        biases = bias_ptr + expert.to(tl.int64) * stride_be + cols
+        gate += tl.load(biases, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        up += tl.load(biases + N, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    h = _activate(gate, up, alpha, limit, ACTIVATION)
     tl.store(inter_ptr + rows.to(tl.int64)[:, None] * stride_it + cols[None, :],
              h.to(inter_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
 def moe_down_kernel(
-    inter_ptr, w2_ptr, out_ptr, order_ptr, offsets_ptr, weights_ptr, scale_ptr, num_m_tiles, N, K,
-    stride_it, stride_we, stride_wn, stride_ot, stride_se, stride_sn,
+    inter_ptr, w2_ptr, out_ptr, order_ptr, offsets_ptr, weights_ptr, scale_ptr, bias_ptr, num_m_tiles, N, K,
+    stride_it, stride_we, stride_wn, stride_ot, stride_se, stride_sn, stride_be,
     E: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, IEEE: tl.constexpr, SCALES: tl.constexpr,
+    GROUP_M: tl.constexpr, IEEE: tl.constexpr, SCALES: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
-    """per_slot[a(r), n] = weight[a(r)] * (inter[r] . w2[e, n]) for the tile's rows r, a(r) their assignment."""
+    """per_slot[a(r), n] = weight[a(r)] * (inter[r] . w2[e, n] (+ b2[e, n])) for the tile's rows r, a(r) their
+    assignment."""
     expert, rows, row_ok, cols, col_ok = _tile(offsets_ptr, num_m_tiles, N, E, E_PAD, BLOCK_M, BLOCK_N, GROUP_M)
     if expert >= E:
         return
@@ -189,6 +215,8 @@ def moe_down_kernel(
             acc = _dot(a, b, acc, IEEE)
     if SCALES == ROW_SCALES:
         acc = acc * tl.load(scale_ptr + expert.to(tl.int64) * stride_se + cols, mask=col_ok, other=0.0)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + expert.to(tl.int64) * stride_be + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     weight = tl.load(weights_ptr + assignment, mask=row_ok, other=0.0)   # float32
     tl.store(out_ptr + assignment.to(tl.int64)[:, None] * stride_ot + cols[None, :],
              (acc * weight[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
@@ -256,11 +284,18 @@ def launch_fused_moe(
     table: list[int],             # per bucket: first token count, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages
     w13_scale: torch.Tensor | None = None,   # [E, 2I] float32 when w13 is e4m3
     w2_scale: torch.Tensor | None = None,    # [E, H] float32 when w2 is e4m3
+    w13_bias: torch.Tensor | None = None,    # [E, 2I]
+    w2_bias: torch.Tensor | None = None,     # [E, H]
+    activation: ExpertActivation = ExpertActivation(),
 ) -> torch.Tensor:
     for name, t in (("hidden", hidden), ("w13", w13), ("w2", w2)):
         check_last_dim_contiguous(name, t)
     if (w13_scale is None) != (w2_scale is None):
         raise ValueError("fused_moe: w13_scale and w2_scale come together (fp8 experts) or not at all")
+    if (w13_bias is None) != (w2_bias is None):
+        raise ValueError("fused_moe: w13_bias and w2_bias come together (experts with biases) or not at all")
+    b13 = w13 if w13_bias is None else w13_bias.contiguous()        # not read without biases
+    b2 = w2 if w2_bias is None else w2_bias.contiguous()
     scales = (NO_SCALES if w13_scale is None else BLOCK_SCALES if w13_scale.dim() == 3 else ROW_SCALES).value
     s13 = w13_scale.contiguous() if scales != NO_SCALES.value else w13     # not read without scales
     s2 = w2_scale.contiguous() if scales != NO_SCALES.value else w2
@@ -273,7 +308,8 @@ def launch_fused_moe(
     weights = topk_weights.to(torch.float32).contiguous().view(-1)                  # [T*k]
     inter = torch.empty((num_slots, inter_size), dtype=hidden.dtype, device=hidden.device)
     per_slot = torch.empty((num_slots, hidden_size), dtype=hidden.dtype, device=hidden.device)
-    common = dict(E=num_experts, E_PAD=next_pow2(num_experts), IEEE=hidden.dtype == torch.float32, SCALES=scales)
+    common = dict(E=num_experts, E_PAD=next_pow2(num_experts), IEEE=hidden.dtype == torch.float32, SCALES=scales,
+                  HAS_BIAS=w13_bias is not None)
     for first, next_first, c in table_buckets(table):
         if scales == BLOCK_SCALES.value and FP8_BLOCK % c.block_k:
             raise ValueError(f"fused_moe: block-scaled experts need BLOCK_K dividing 128 (a K step inside one "
@@ -283,11 +319,13 @@ def launch_fused_moe(
         tiles = dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
                      num_warps=c.num_warps, num_stages=c.num_stages, **common)
         wrap_triton(moe_gate_up_kernel)[(active * num_m_tiles * triton.cdiv(inter_size, c.block_n),)](
-            hidden, w13, inter, order, offsets, s13, num_m_tiles, inter_size, hidden_size, top_k,
-            hidden.stride(0), w13.stride(0), w13.stride(1), inter.stride(0), s13.stride(0), block_strides[0], **tiles)
+            hidden, w13, inter, order, offsets, s13, b13, num_m_tiles, inter_size, hidden_size, top_k,
+            activation.alpha, activation.limit, hidden.stride(0), w13.stride(0), w13.stride(1), inter.stride(0),
+            s13.stride(0), block_strides[0], b13.stride(0), ACTIVATION=ACTIVATIONS.index(activation.kind), **tiles)
         wrap_triton(moe_down_kernel)[(active * num_m_tiles * triton.cdiv(hidden_size, c.block_n),)](
-            inter, w2, per_slot, order, offsets, weights, s2, num_m_tiles, hidden_size, inter_size,
-            inter.stride(0), w2.stride(0), w2.stride(1), per_slot.stride(0), s2.stride(0), block_strides[1], **tiles)
+            inter, w2, per_slot, order, offsets, weights, s2, b2, num_m_tiles, hidden_size, inter_size,
+            inter.stride(0), w2.stride(0), w2.stride(1), per_slot.stride(0), s2.stride(0), block_strides[1],
+            b2.stride(0), **tiles)
     return combine_slots(per_slot.view(num_tokens, top_k, hidden_size), topk_ids).to(hidden.dtype)
 
 
@@ -308,5 +346,8 @@ def combine_slots(per_slot: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tenso
 @triton_op("atom_triton::fused_moe", mutates_args=())
 def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, table: list[int], w13_scale: torch.Tensor | None = None,
-              w2_scale: torch.Tensor | None = None) -> torch.Tensor:
-    return launch_fused_moe(hidden, w13, w2, topk_weights, topk_ids, table, w13_scale, w2_scale)
+              w2_scale: torch.Tensor | None = None, w13_bias: torch.Tensor | None = None,
+              w2_bias: torch.Tensor | None = None, activation: str = "silu", alpha: float = 1.0,
+              limit: float = 0.0) -> torch.Tensor:
+    return launch_fused_moe(hidden, w13, w2, topk_weights, topk_ids, table, w13_scale, w2_scale, w13_bias, w2_bias,
+                            ExpertActivation(activation, alpha, limit))
