@@ -22,7 +22,8 @@ HEAD_ROWS = ("q_b_proj", "q_proj")          # latent attention's query projectio
 PER_HEAD = ("w_uk", "w_uv")                 # its per-head up-projections [H, ...]
 WHOLE_PREFIX = "mtp."                       # the MTP layers' own embedding and head stay whole
 EXPERT_START = "expert_start"                   # under --ep, each MoE layer's first expert on the rank
-EXPERT_STACKS = ("w13", "w2", "w13_scale", "w2_scale")   # the stacks, and fp8 experts' per-row scales
+EXPERT_STACKS = ("w13", "w2", "w13_scale", "w2_scale", "w13_bias", "w2_bias")   # stacks, fp8 scales, biases
+PER_QUERY_HEAD = ("sinks",)                 # one value per attention head [H]: this rank's heads'
 
 
 def shard_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, split: Split,
@@ -37,9 +38,11 @@ def shard_tensors(tensors: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig,
     that draws the model (weights drawn at load) holds the rank's part, not the whole model.
 
     Column-parallel qkv and gate_up split their output rows (weights, biases, per-row scales);
-    stacked experts split each expert's width, or with `ep` hand out whole experts;
-    anything else a rank holds whole (norms, the rotary table, scalar scales, the router). With
-    data-parallel attention (`dp` ranks, tp 1) a rank holds everything whole but its E/dp experts."""
+    row-parallel o_proj and down_proj split their input columns, and their biases stay on rank 0 (zero on the
+    others: the partial sums add them once); attention sinks split with their heads; stacked experts split each
+    expert's width, or with `ep` hand out whole experts; anything else a rank holds whole (norms, the rotary
+    table, scalar scales, the router). With data-parallel attention (`dp` ranks, tp 1) a rank holds everything
+    whole but its E/dp experts."""
     tp, ep = split.tp, split.ep
     out = {}
     for name, tensor in tensors:
@@ -59,6 +62,10 @@ def shard_tensors(tensors: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig,
             part = torch.cat([half.chunk(tp)[rank] for half in tensor.chunk(2)])    # [gate_r; up_r]
         elif module in ROW_PARALLEL and param == "weight":
             part = tensor.chunk(tp, dim=1)[rank]
+        elif module in ROW_PARALLEL and param == "bias":
+            part = tensor if rank == 0 else torch.zeros_like(tensor)
+        elif param in PER_QUERY_HEAD:
+            part = tensor.chunk(tp)[rank]
         elif module in VOCAB_PARALLEL and not name.startswith(WHOLE_PREFIX):
             part = _vocab_rows(tensor, tp, rank)
         else:
@@ -71,17 +78,20 @@ def shard_tensors(tensors: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig,
 
 def _expert_part(name: str, stacked: torch.Tensor, tp: int, rank: int, ep: bool,
                  ranks: int) -> dict[str, torch.Tensor]:
-    """Rank's part of a stacked expert weight (w13 [E, 2I, H] = [gate; up] per expert, w2 [E, H, I]) or of
-    fp8 experts' row scales (w13_scale [E, 2I], w2_scale [E, H]): experts [r*E/ranks, (r+1)*E/ranks) whole
-    under `ep` (and where they start), else every expert's width columns r of tp (w13 and its scales: of
-    gate and of up, kept [gate_r; up_r]; w2: its input columns, its scales whole)."""
+    """Rank's part of a stacked expert weight (w13 [E, 2I, H] = [gate; up] per expert, w2 [E, H, I]), of
+    fp8 experts' row scales (w13_scale [E, 2I], w2_scale [E, H]) or of the biases (w13_bias [E, 2I], w2_bias
+    [E, H]): experts [r*E/ranks, (r+1)*E/ranks) whole under `ep` (and where they start), else every expert's
+    width columns r of tp (w13, its scales and bias: of gate and of up, kept [gate_r; up_r]; w2: its input
+    columns, its scales whole, its bias on rank 0 only, as a row-parallel linear's)."""
     if ep:
         count = stacked.shape[0] // ranks
         start = name.rsplit(".", 1)[0] + "." + EXPERT_START
         return {name: stacked[rank * count:(rank + 1) * count].contiguous().clone(),
                 start: torch.tensor(rank * count, dtype=torch.int64)}
-    if name.endswith(("w13", "w13_scale")):
+    if name.endswith(("w13", "w13_scale", "w13_bias")):
         part = torch.cat([half.chunk(tp, dim=1)[rank] for half in stacked.chunk(2, dim=1)], dim=1)
+    elif name.endswith("w2_bias"):
+        part = stacked if rank == 0 else torch.zeros_like(stacked)
     elif name.endswith("w2_scale"):
         part = stacked.chunk(tp, dim=2)[rank] if stacked.dim() == 3 else stacked    # block scales: K blocks
     else:

@@ -13,6 +13,7 @@ from pathlib import Path
 from atom_aot.models.deepseek_config import DeepseekFields
 
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,12 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool = False
     rope_scaling: tuple[tuple[str, float | str], ...] | None = None  # frozen form of a dict
-    sliding_window: int | None = None      # attention window, if the config enables one (not implemented)
+    sliding_window: int | None = None      # attention window, if the config enables one (which layers: the family's
+    layer_types: tuple[str, ...] | None = None    # rule, DecoderForCausalLM.layer_window), per layer "sliding_attention"
+    max_window_layers: int | None = None          # or "full_attention"; Qwen3: layers from this one on slide
+    # GPT-OSS's clamped SwiGLU experts (ops/moe.py ExpertActivation); None elsewhere
+    swiglu_alpha: float | None = None
+    swiglu_limit: float | None = None
     # mixture of experts (0 experts: a dense model); router aux-loss fields are training-only, ignored
     num_experts: int = 0                   # HF `num_experts`, `num_local_experts` or `n_routed_experts` (DeepSeek)
     num_experts_per_tok: int = 0           # top-k
@@ -50,6 +56,12 @@ class ModelConfig:
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(f"rope scaling type {rope_type!r} is not supported; "
                              f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+        if self.layer_types is not None and (len(self.layer_types) != self.num_hidden_layers
+                                             or not set(self.layer_types) <= set(LAYER_TYPES)):
+            raise ValueError(f"layer_types must name one of {', '.join(LAYER_TYPES)} for each of the "
+                             f"{self.num_hidden_layers} layers, got {list(self.layer_types)}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1 (or null), got {self.sliding_window}")
         if self.num_experts and not (1 <= self.num_experts_per_tok <= self.num_experts
                                      and self.moe_intermediate_size > 0 and self.decoder_sparse_step >= 1):
             raise ValueError(f"a mixture of experts needs 1 <= num_experts_per_tok ({self.num_experts_per_tok}) "
@@ -95,6 +107,10 @@ class ModelConfig:
             attention_bias=bool(d.get("attention_bias", False)),
             rope_scaling=tuple(sorted(scaling.items())) or None,
             sliding_window=d.get("sliding_window") if d.get("use_sliding_window", True) else None,
+            layer_types=tuple(d["layer_types"]) if d.get("layer_types") else None,
+            max_window_layers=d.get("max_window_layers"),
+            swiglu_alpha=d.get("swiglu_alpha"),
+            swiglu_limit=d.get("swiglu_limit"),
             **_moe_fields(d),
             deepseek=DeepseekFields.from_hf_dict(d) if "kv_lora_rank" in d else None,
         )

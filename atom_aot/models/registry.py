@@ -4,6 +4,7 @@ from __future__ import annotations
 from atom_aot.errors import UnsupportedArchitectureError
 from atom_aot.models.decoder import DecoderForCausalLM
 from atom_aot.models.deepseek_v3 import DeepseekV3ForCausalLM
+from atom_aot.models.gpt_oss import GptOssForCausalLM
 from atom_aot.models.llama import LlamaForCausalLM
 from atom_aot.models.mixtral import MixtralForCausalLM
 from atom_aot.models.qwen3 import Qwen3ForCausalLM
@@ -11,6 +12,7 @@ from atom_aot.models.qwen3_moe import Qwen3MoeForCausalLM
 
 MODEL_REGISTRY: dict[str, type[DecoderForCausalLM]] = {
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
