@@ -138,6 +138,19 @@ class TestConfig:
             list(cls.adapt_checkpoint(ModelConfig.from_hf_dict(GPT_OSS), tensors))
 
 
+@pytest.mark.parametrize("family", ["w8-6x2"], indirect=True)
+def test_tp2_and_ep2_greedy_equal_tp1(family, build_artifact):
+    """Ranks as processes (gloo): each rank's heads and sinks, biases added once over the ranks' partial sums."""
+    model_dir, artifact, prompts, _ = family
+    greedy = dict(max_new=8, num_kv_blocks=64, num_threads=1)
+    expected = factories.engine_greedy(artifact, prompts[:5], **greedy)[1]
+    for layout in (dict(tensor_parallel_size=2), dict(tensor_parallel_size=2, enable_expert_parallel=True)):
+        engine, got = factories.engine_greedy(build_artifact(model_dir, compile="none", **layout), prompts[:5],
+                                              **greedy)
+        engine.close()
+        assert got == expected, layout
+
+
 def test_tensor_parallel_ranks_split_sinks_and_add_biases_once():
     """Over two ranks: each holds its heads' sinks, o_proj's and the experts' down biases sit on rank 0 only (the
     partial sums add them once), the experts' gate/up biases split with their columns."""
