@@ -129,6 +129,21 @@ def test_which_requests_read_harmony():
         ServerOptions(enable_auto_tool_choice=True, tool_call_parser="hermes", reasoning_parser="openai_gptoss")
 
 
+def test_a_returned_assistant_message_with_its_reasoning_is_taken_back():
+    """A response's message sent back in the next request (reasoning under either name) reaches the template, which
+    reads it as `thinking` (GPT-OSS's template renders it before a tool call)."""
+    from atom_aot.runtime.fast_tokenizer import render_chat
+    from atom_aot.server.protocol import ChatCompletionRequest
+    message, _ = harmony_message(HarmonyFields(reasoning=True, tools=True), CALL)
+    for name in ("reasoning", "reasoning_content"):
+        returned = {"role": "assistant", "content": None, name: message["reasoning"],
+                    "tool_calls": message["tool_calls"]}
+        req = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}, returned]})
+        rendered = render_chat("{% for m in messages %}[{{ m.thinking }}]{% endfor %}",
+                               [m.as_template_input() for m in req.messages], None, None, False, {})
+        assert rendered == "[][Need the weather; call get_weather.]"
+
+
 # -- live: the tiny llama server, its output forced into harmony by a regex (byte-level pieces spell the markers);
 # its end-of-text token (<|im_end|>, kept in the text with the special tokens) follows GPT-OSS's <|return|> / <|call|>
 WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -16,7 +16,8 @@ user) is the content. Messages to the built-in tools (browser, python, container
 Why not the `openai-harmony` package that vLLM uses: it reads token ids through its own o200k encoding, which
 tiktoken downloads at first use (a server here has no network, and the tests' tokenizers are tiny ones); the
 format is these seven special tokens and a one-line header, which the model's own tokenizer decodes to text when
-special tokens are kept (the server asks for them: serving_chat.py), so it is read from that text here.
+special tokens are kept (the server asks for them: serving_chat.py), so it is read from that text here. (A content
+that spells a marker as ordinary text is read as that marker: the one thing token ids would tell apart.)
 """
 from __future__ import annotations
 
