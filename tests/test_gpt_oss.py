@@ -131,11 +131,17 @@ class TestConfig:
         given = ModelConfig.from_hf_dict(dict(GPT_OSS, swiglu_limit=3.0))
         assert model_class(given.architecture)(given, torch.float32).model.layers[0].mlp.experts.activation.limit == 3.0
 
-    def test_mxfp4_experts_refused_by_name(self):
-        cls = model_class("GptOssForCausalLM")
-        tensors = [("model.layers.0.mlp.experts.gate_up_proj_blocks", torch.zeros(4, 32, 1, 16, dtype=torch.uint8))]
-        with pytest.raises(BuildError, match="MXFP4"):
-            list(cls.adapt_checkpoint(ModelConfig.from_hf_dict(GPT_OSS), tensors))
+    def test_mxfp4_stacks_have_their_rows_reordered_as_the_bf16_ones(self):
+        """An MXFP4 checkpoint's blocks and scales (rows = outputs, gate and up interleaved) get gate's rows first,
+        as the bf16 stacks and the biases do; down's pass on unchanged; anything else of the experts is refused."""
+        cls, cfg = model_class("GptOssForCausalLM"), ModelConfig.from_hf_dict(GPT_OSS)
+        rows = torch.arange(32, dtype=torch.uint8).view(1, 32, 1, 1).expand(4, 32, 1, 16).contiguous()
+        tensors = dict(cls.adapt_checkpoint(cfg, [("m.experts.gate_up_proj_blocks", rows),
+                                                  ("m.experts.down_proj_scales", rows[..., 0])]))
+        assert tensors["m.experts.gate_up_proj_blocks"][0, :, 0, 0].tolist() == [*range(0, 32, 2), *range(1, 32, 2)]
+        assert torch.equal(tensors["m.experts.down_proj_scales"], rows[..., 0])
+        with pytest.raises(BuildError, match="not an expert tensor"):
+            list(cls.adapt_checkpoint(cfg, [("m.experts.gate_up_proj_other", rows)]))
 
 
 @pytest.mark.parametrize("family", ["w8-6x2"], indirect=True)

@@ -21,12 +21,18 @@ from atom_aot.models.parallel import ONE_RANK, Split
 from atom_aot.ops.moe import ExpertActivation
 
 DEFAULT_SWIGLU_ALPHA, DEFAULT_SWIGLU_LIMIT = 1.702, 7.0     # transformers' GptOssConfig defaults
-# checkpoint name of a layer's expert tensor -> (our stacked name, how it becomes ours)
+# checkpoint name of a layer's expert tensor -> (the name it goes on under, how it becomes ours)
 EXPERT_TENSORS = {
     "gate_up_proj": ("w13", lambda t: gate_then_up(t.transpose(1, 2), dim=1)),    # [E, H, 2I] -> [E, 2I, H]
     "gate_up_proj_bias": ("w13_bias", lambda t: gate_then_up(t, dim=1)),          # [E, 2I]
     "down_proj": ("w2", lambda t: t.transpose(1, 2)),                              # [E, I, H] -> [E, H, I]
     "down_proj_bias": ("w2_bias", lambda t: t),                                    # [E, H]
+    # MXFP4 checkpoints store the stacks as they are multiplied (rows = outputs), only gate/up interleaved; they
+    # keep their names for the build's expert stacker (build/experts.py), rows reordered
+    "gate_up_proj_blocks": ("gate_up_proj_blocks", lambda t: gate_then_up(t, dim=1)),   # [E, 2I, H/32, 16]
+    "gate_up_proj_scales": ("gate_up_proj_scales", lambda t: gate_then_up(t, dim=1)),   # [E, 2I, H/32]
+    "down_proj_blocks": ("down_proj_blocks", lambda t: t),
+    "down_proj_scales": ("down_proj_scales", lambda t: t),
 }
 
 
@@ -73,9 +79,6 @@ class GptOssForCausalLM(MoEForCausalLM):
             elif leaf in EXPERT_TENSORS:
                 target, convert = EXPERT_TENSORS[leaf]
                 yield f"{block}.experts.{target}", convert(tensor)
-            elif leaf.endswith(("_blocks", "_scales")):
-                raise BuildError(f"{name}: this checkpoint stores its experts in MXFP4 (blocks and scales), which this "
-                                 f"build does not read; build the bf16 checkpoint of the model")
             else:
                 raise BuildError(f"{name}: not an expert tensor of transformers' GptOssExperts "
                                  f"({', '.join(EXPERT_TENSORS)})")

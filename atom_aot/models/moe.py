@@ -47,8 +47,8 @@ class MoEExperts(nn.Module):
 
     With the `fp8` linear scheme the stacks are e4m3 with one float32 scale per row (`w13_scale`,
     `w2_scale`; ops/moe.py), with `fp8-block` (checkpoints) one per 128x128 block; other schemes keep the
-    experts in the model dtype. `bias`: biases `w13_bias [E, 2I]`, `w2_bias [E, H]` in the model dtype (over tp
-    ranks w2's bias is whole on rank 0 and zero on the others, so the partial sums add it once: build/shard.py).
+    experts in the model dtype. `bias`: float32 biases `w13_bias [E, 2I]`, `w2_bias [E, H]` (over tp ranks without
+    ep, w2's bias is whole on rank 0 and zero on the others, so the partial sums add it once: build/shard.py).
     """
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, dtype: torch.dtype,
@@ -73,8 +73,8 @@ class MoEExperts(nn.Module):
             self.w2_scale = nn.Parameter(torch.empty(local_experts, *shapes[1]), requires_grad=False)
         self.w13_bias = self.w2_bias = None
         if bias:
-            self.w13_bias = nn.Parameter(torch.empty(local_experts, 2 * width, dtype=dtype), requires_grad=False)
-            self.w2_bias = nn.Parameter(torch.empty(local_experts, hidden_size, dtype=dtype), requires_grad=False)
+            self.w13_bias = nn.Parameter(torch.empty(local_experts, 2 * width), requires_grad=False)
+            self.w2_bias = nn.Parameter(torch.empty(local_experts, hidden_size), requires_grad=False)
         if split.ep:   # rank * E/ranks: a weight, not a constant, so the ranks' graphs are the same
             self.register_buffer("expert_start", torch.empty((), dtype=torch.int64))
         # the reference backend until use_moe_kernels sets the phase's choice
@@ -88,11 +88,11 @@ class MoEExperts(nn.Module):
             local = topk_ids - self.expert_start                                    # [T, k]
             mine = (local >= 0) & (local < self.w13.shape[0])
             topk_ids = torch.where(mine, local, -1).to(torch.int32)
-        partial = self.moe_backend(hidden, self.expert_weights(), topk_weights, topk_ids, self.activation)
+        partial = self.moe_backend(hidden, self.weights(), topk_weights, topk_ids, self.activation)
         return reduce_partial_sums(partial, self.tp, deferred)     # tp is 1 under dp: the block reduce-scatters
 
-    def expert_weights(self) -> ExpertWeights:
-        """This layer's stacks as the backends take them (another weight format is another ExpertWeights type)."""
+    def weights(self) -> ExpertWeights:
+        """This layer's stacks, scales and biases as the backends take them."""
         return ExpertWeights(self.w13, self.w2, self.w13_scale, self.w2_scale, self.w13_bias, self.w2_bias)
 
 

@@ -15,12 +15,13 @@ An id < 0 means "this expert is not on this rank" (expert parallelism masks remo
 that slot contributes nothing.
 
 Options of the op, each a fact of a family's model file (GPT-OSS uses all of them):
-- biases `w13_bias [E, 2I]` (gate's, then up's, like w13's rows) and `w2_bias [E, H]`, added after each
-  projection (before the routing weight multiplies the expert's output);
+- biases `w13_bias [E, 2I]` (gate's, then up's, like w13's rows) and `w2_bias [E, H]`, float32, added to each
+  projection's product in float32 (before the activation, and before the routing weight multiplies the output);
 - the activation between the projections (`ExpertActivation`): SiLU(gate) * up, or GPT-OSS's clamped SwiGLU
   (gate clamped above at `limit`, up clamped to [-limit, limit], (up + 1) * gate * sigmoid(alpha * gate)).
-The backends take a layer's stacks as one typed `ExpertWeights`, so a weight format that needs other tensors
-(MXFP4 blocks and scales) is another type the backends dispatch on, not more arguments.
+The backends take a layer's stacks as one typed `ExpertWeights` and hand its tensors to the op, which tells the
+storage formats apart by their dtypes (another format, MXFP4's blocks and scales, is more of them, not more
+arguments).
 
 FP8 experts (`--quant fp8`): w13 and w2 in e4m3 with one float32 scale per output row,
 `w13_scale [E, 2I]` and `w2_scale [E, H]` (weight-only: the activations stay in the model dtype, the
@@ -68,18 +69,18 @@ SILU = ExpertActivation()
 
 @dataclass(frozen=True)
 class ExpertWeights:
-    """One layer's experts as the `moe` backends take them: stacks in the model dtype, or e4m3 with their scales
-    (module docstring), with optional biases."""
+    """One layer's stacked experts as the `moe` backends hand them to the op (stored in the model dtype, or e4m3 with
+    their scales: module docstring), with optional float32 biases."""
     w13: torch.Tensor                        # [E, 2I, H]
     w2: torch.Tensor                         # [E, H, I]
     w13_scale: torch.Tensor | None = None    # [E, 2I] or [E, 2I/128, H/128] float32: w13 in e4m3
     w2_scale: torch.Tensor | None = None     # [E, H] or [E, H/128, I/128]
-    w13_bias: torch.Tensor | None = None     # [E, 2I]
-    w2_bias: torch.Tensor | None = None      # [E, H]
+    w13_bias: torch.Tensor | None = None     # [E, 2I] float32
+    w2_bias: torch.Tensor | None = None      # [E, H] float32
 
-    def op_tensors(self) -> tuple:
-        """The op's weight arguments after hidden (w13, w2) and after the routing (the rest), in its order."""
-        return self.w13_scale, self.w2_scale, self.w13_bias, self.w2_bias
+    def optional(self) -> tuple[torch.Tensor | None, ...]:
+        """The op's optional tensor arguments, in its order."""
+        return (self.w13_scale, self.w2_scale, self.w13_bias, self.w2_bias)
 
 
 def gated_activation(gate_up: torch.Tensor, activation: ExpertActivation) -> torch.Tensor:
@@ -167,14 +168,19 @@ def fused_moe_reference(
         tokens, slots = torch.where(topk_ids == expert)                  # [n] each
         if tokens.numel() == 0:
             continue
-        gate_up = _biased(expert_linear(hidden[tokens], w13, w13_scale, expert), w13_bias, expert)   # [n, 2I]
-        y = _biased(expert_linear(gated_activation(gate_up, act), w2, w2_scale, expert), w2_bias, expert)   # [n, H]
-        out.index_add_(0, tokens, y.float() * topk_weights[tokens, slots, None])
+        gate_up = with_bias(expert_linear(hidden[tokens], w13, w13_scale, expert), _at(w13_bias, expert))  # [n, 2I]
+        y = with_bias(expert_linear(gated_activation(gate_up, act), w2, w2_scale, expert), _at(w2_bias, expert))
+        out.index_add_(0, tokens, y.float() * topk_weights[tokens, slots, None])       # y: [n, H]
     return out.to(hidden.dtype)
 
 
-def _biased(y: torch.Tensor, bias: torch.Tensor | None, expert: int) -> torch.Tensor:
-    return y if bias is None else y + bias[expert]
+def _at(stack: torch.Tensor | None, expert: int) -> torch.Tensor | None:
+    return None if stack is None else stack[expert]
+
+
+def with_bias(y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """y + bias, added in float32 (as the kernels add it to their float32 products), cast back to y's dtype."""
+    return y if bias is None else (y.float() + bias.float()).to(y.dtype)
 
 
 def expert_linear(x: torch.Tensor, stacked: torch.Tensor, scale: torch.Tensor | None, expert: int) -> torch.Tensor:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from atom_aot.server.harmony import FUNCTIONS, START, HarmonyMessage, held_back, parse_messages, read_output
 from atom_aot.server.options import ServerOptions
+from atom_aot.server.tool_calls import ToolPlan
 from atom_aot.server.tool_parsers import ParsedOutput, ToolCall
 
 
@@ -24,7 +25,7 @@ class HarmonyFields:
     max_calls: int | None = None     # 1 with parallel_tool_calls false
 
 
-def harmony_fields(options: ServerOptions, plan) -> HarmonyFields | None:
+def harmony_fields(options: ServerOptions, plan: ToolPlan | None) -> HarmonyFields | None:
     """How this request's output is read as harmony; None where it is not: the server reads no harmony (neither
     `--reasoning-parser openai_gptoss` nor `--tool-call-parser openai`), or a grammar writes the output (tool_choice
     required or named: plain JSON, read by the plan)."""
@@ -54,7 +55,7 @@ def harmony_message(fields: HarmonyFields, text: str) -> tuple[dict, ParsedOutpu
 @dataclass
 class HarmonyStream:
     fields: HarmonyFields
-    plan: object | None = None       # the request's ToolPlan (auto), for the finish reason
+    plan: ToolPlan | None = None     # the request's tool plan (auto), for the finish reason
     text: str = ""
     base: int = 0                    # where the first message not yet wholly sent starts in `text`
     done: int = 0                    # messages before `base`

@@ -7,8 +7,7 @@ GROUP_M, num_warps, num_stages]; the op picks the bucket from T when it runs (ne
 routers are `atom_triton::softmax_topk`, `atom_triton::top_k_softmax` and `atom_triton::grouped_sigmoid_topk`
 (one kernel each, nothing tuned).
 
-Both take a layer's experts as `ExpertWeights` (ops/moe.py) and refuse, by name, a weight format they have no
-kernel for.
+Both take a layer's experts as one `ExpertWeights` (ops/moe.py) and hand its tensors to their op.
 """
 from __future__ import annotations
 
@@ -39,13 +38,6 @@ class MoEBackend(Protocol):
                       routing: GroupedTopK) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
-def stacked_experts(backend: str, experts) -> ExpertWeights:
-    """`experts` if it is a format the op's kernels read (ExpertWeights); else an error naming both."""
-    if not isinstance(experts, ExpertWeights):
-        raise TypeError(f"the {backend!r} moe backend has no kernel for experts stored as {type(experts).__name__}")
-    return experts
-
-
 class ReferenceMoE:
     def __init__(self, choice: BackendChoice):
         launch_configs(choice, {})     # nothing to tune
@@ -54,8 +46,7 @@ class ReferenceMoE:
         self.route_top_k_softmax = top_k_softmax
 
     def __call__(self, hidden, experts, topk_weights, topk_ids, activation=SILU):
-        experts = stacked_experts("reference", experts)
-        return self.op(hidden, experts.w13, experts.w2, topk_weights, topk_ids, *experts.op_tensors(),
+        return self.op(hidden, experts.w13, experts.w2, topk_weights, topk_ids, *experts.optional(),
                        activation.kind, activation.alpha, activation.limit)
 
 
@@ -71,8 +62,7 @@ class TritonMoE:
         self.op = torch.ops.atom_triton.fused_moe
 
     def __call__(self, hidden, experts, topk_weights, topk_ids, activation=SILU):
-        experts = stacked_experts("triton", experts)
-        return self.op(hidden, experts.w13, experts.w2, topk_weights, topk_ids, self.table, *experts.op_tensors(),
+        return self.op(hidden, experts.w13, experts.w2, topk_weights, topk_ids, self.table, *experts.optional(),
                        activation.kind, activation.alpha, activation.limit)
 
     def route(self, router_logits, top_k, renormalize):
