@@ -41,19 +41,20 @@ def naive_attention(q, kv_layer, batch, scale, sinks, window):
 
 
 def random_case(context_lens, query_lens, num_heads, num_kv_heads, head_dim, *, sinks: bool, seed: int,
-                dtype=torch.float32, pad_tokens=0):
+                dtype=torch.float32, pad_tokens=0, device=DEVICE):
     g = torch.Generator().manual_seed(seed)
     batch = make_paged_batch(context_lens, query_lens, num_kv_heads, head_dim, block_size=16, pad_tokens=pad_tokens,
-                             dtype=dtype, device=DEVICE, generator=g)
-    q = torch.randn(batch.slot_mapping.shape[0], num_heads, head_dim, generator=g).to(dtype).to(DEVICE)  # [T, H, D]
-    sink_logits = (2 * torch.randn(num_heads, generator=g)).to(dtype).to(DEVICE) if sinks else None
+                             dtype=dtype, device=device, generator=g)
+    q = torch.randn(batch.slot_mapping.shape[0], num_heads, head_dim, generator=g).to(dtype).to(device)  # [T, H, D]
+    sink_logits = (2 * torch.randn(num_heads, generator=g)).to(dtype).to(device) if sinks else None
     return batch, q, sink_logits
 
 
 class TestReference:
     @pytest.mark.parametrize("sinks,window", [(True, None), (False, 5), (True, 5), (True, 1), (True, 400)])
     def test_matches_naive_softmax(self, sinks, window):
-        batch, q, sink_logits = random_case([0, 9, 30], [12, 1, 4], 4, 2, 8, sinks=sinks, seed=window or 0)
+        batch, q, sink_logits = random_case([0, 9, 30], [12, 1, 4], 4, 2, 8, sinks=sinks, seed=window or 0,
+                                            device="cpu")
         scale = 8 ** -0.5
         got = reference_attention(q.double(), batch.kv_cache[1].double(), batch.block_tables, batch.seq_lens,
                                   batch.query_start_loc, scale, sinks=None if sink_logits is None
@@ -62,7 +63,7 @@ class TestReference:
         assert rel_error(got, want) < 1e-12
 
     def test_a_sink_shrinks_every_row_and_a_window_drops_old_keys(self):
-        batch, q, _ = random_case([20], [1], 2, 1, 8, sinks=False, seed=3)
+        batch, q, _ = random_case([20], [1], 2, 1, 8, sinks=False, seed=3, device="cpu")
         args = (q.double(), batch.kv_cache[0].double(), batch.block_tables, batch.seq_lens, batch.query_start_loc, 1.0)
         plain = reference_attention(*args)
         assert not torch.allclose(reference_attention(*args, sinks=torch.tensor([3.0, -1.0]).double()), plain)
