@@ -48,7 +48,7 @@ def make_config_folder(out: Path, config: dict) -> Path:
 
 def make_tiny_model(out: Path, architecture: str = "LlamaForCausalLM", seed: int = 0, **overrides) -> Path:
     """Write a random-weight HF model folder; returns it. MoE families store one tensor per expert, as on the Hub."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, MixtralConfig, Qwen3Config, Qwen3MoeConfig
+    from transformers import AutoModelForCausalLM, GptOssConfig, LlamaConfig, MixtralConfig, Qwen3Config, Qwen3MoeConfig
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = make_tokenizer(out)
@@ -60,14 +60,18 @@ def make_tiny_model(out: Path, architecture: str = "LlamaForCausalLM", seed: int
         config = config_class(head_dim=fields.pop("head_dim", 24), **fields)
     elif architecture == "MixtralForCausalLM":
         config = MixtralConfig(**fields)
+    elif architecture == "GptOssForCausalLM":
+        config = GptOssConfig(head_dim=fields.pop("head_dim", 16), **fields)
     else:
         config = LlamaConfig(**fields)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():     # larger than HF's init, so greedy choices are clear-cut, not near ties
-        for p in model.parameters():
-            if p.dim() > 1:
+        for name, p in model.named_parameters():
+            if p.dim() > 1 and not name.endswith("bias"):
                 p.normal_(0, 0.08)
+            elif name.endswith(("bias", "sinks")):      # HF starts most biases at 0: drawn, so they count
+                p.normal_(0, 1.0 if name.endswith("sinks") else 0.05)
     model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(str(out), safe_serialization=True)
@@ -109,3 +113,32 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int, ig
 def random_prompts(n: int, vocab: int, seed: int, lengths=(3, 60), prefix: list[int] | None = None):
     rng = random.Random(seed)
     return [(prefix or []) + [rng.randrange(3, vocab) for _ in range(rng.randint(*lengths))] for _ in range(n)]
+
+
+def engine_greedy(artifact, prompts: list[list[int]], max_new: int, **config):
+    """(the engine, its greedy tokens for `prompts` in one batch); `config`: LLMEngine's runtime options."""
+    from atom_aot import LLMEngine, SamplingParams
+    engine = LLMEngine(str(artifact), **config)
+    outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=max_new))
+    return engine, [o["token_ids"] for o in outs]
+
+
+def prefix_cached_greedy(artifact, count: int, max_new: int, prefix_len: int = 40):
+    """`count` prompts sharing a `prefix_len`-token prefix, the first alone then the rest (which find its blocks
+    cached): (the engine, the prompts, the greedy tokens of all)."""
+    from atom_aot import LLMEngine, SamplingParams
+    shared = random_prompts(1, 380, seed=7, lengths=(prefix_len, prefix_len))[0]
+    prompts = random_prompts(count, 380, seed=8, lengths=(1, 20), prefix=shared)
+    engine = LLMEngine(str(artifact), enable_prefix_caching=True)
+    first = engine.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=max_new))
+    rest = engine.generate(prompts[1:], SamplingParams(temperature=0, max_tokens=max_new))
+    return engine, prompts, [o["token_ids"] for o in first + rest]
+
+
+def parity_case(folder: Path, architecture: str, build_artifact, max_new: int, *, seed: int,
+                lengths=(3, 60), **overrides):
+    """(model folder, its eager artifact, 9 random prompts, transformers' greedy tokens for them): a tiny random
+    model of `architecture` written to `folder`, for the parity tests."""
+    model_dir = make_tiny_model(folder, architecture, seed=seed, **overrides)
+    prompts = random_prompts(9, 380, seed=21, lengths=lengths)
+    return model_dir, build_artifact(model_dir, compile="none"), prompts, hf_greedy(model_dir, prompts, max_new)

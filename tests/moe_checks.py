@@ -23,17 +23,25 @@ def random_problem(tokens: int, experts: int, top_k: int, hidden: int = 32, inte
     return cast(x), cast(w13), cast(w2), weights.to(device), ids.to(device)
 
 
-def naive_moe(x, w13, w2, weights, ids, activations=lambda a: a) -> torch.Tensor:
-    """Token by token, slot by slot, in float64: the independent check of both implementations. `activations`
-    maps each GEMM's input row (float64) to what the GEMM multiplies (W8A8 experts: `group_quantized`)."""
+def naive_moe(x, w13, w2, weights, ids, b13=None, b2=None, swiglu: tuple[float, float] | None = None,
+              activations=lambda a: a) -> torch.Tensor:
+    """Token by token, slot by slot, in float64: the independent check of both implementations. `b13`, `b2`: the
+    experts' biases; `swiglu` (alpha, limit): GPT-OSS's clamped SwiGLU, written out from its definition;
+    `activations` maps each GEMM's input row (float64) to what the GEMM multiplies (W8A8 experts: `group_quantized`)."""
     x, w13, w2, weights = x.double().cpu(), w13.double().cpu(), w2.double().cpu(), weights.double().cpu()
     out = torch.zeros_like(x)
     for t in range(x.shape[0]):
         for j, e in enumerate(ids[t].tolist()):
             if e < 0:
                 continue
-            gate, up = (w13[e] @ activations(x[t])).chunk(2)
-            out[t] += weights[t, j] * (w2[e] @ activations(F.silu(gate) * up))
+            gate, up = (w13[e] @ activations(x[t]) + (0 if b13 is None else b13[e].double().cpu())).chunk(2)
+            if swiglu is None:
+                h = F.silu(gate) * up
+            else:
+                alpha, limit = swiglu
+                g = torch.minimum(gate, torch.tensor(limit, dtype=torch.float64))
+                h = (up.clamp(-limit, limit) + 1) * g / (1 + torch.exp(-alpha * g))
+            out[t] += weights[t, j] * (w2[e] @ activations(h) + (0 if b2 is None else b2[e].double().cpu()))
     return out
 
 
@@ -43,6 +51,13 @@ def group_quantized(row: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
     from atom_aot.ops.fp8 import quantize_activations
     q, scale = quantize_activations(row.to(dtype)[None], None, block_scaled=True)
     return (q.double().unflatten(1, (-1, 128)) * scale.double()[..., None]).flatten(1)[0]
+
+
+def expert_biases(experts: int, hidden: int, inter: int, *, seed: int, dtype=torch.float32, device="cpu"):
+    """(b13 [E, 2I], b2 [E, H]) drawn fresh, large enough to move the result."""
+    g = torch.Generator().manual_seed(seed)
+    return (0.5 * torch.randn(experts, 2 * inter, generator=g)).to(device, dtype), \
+        (0.5 * torch.randn(experts, hidden, generator=g)).to(device, dtype)
 
 
 def one_layer_qwen3_moe():

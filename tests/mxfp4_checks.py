@@ -65,12 +65,13 @@ def naive_moe_biased(x, w13, w2, weights, ids, b13=None, b2=None) -> torch.Tenso
     return out
 
 
-def write_mxfp4_moe(src, mxfp4_dir, reference_dir, seed: int = 0, exponents=(120, 124)):
-    """From `src` (a tiny HF MoE folder whose transformers model stacks its experts, Qwen3-MoE / Mixtral):
-    `mxfp4_dir`, the same model with every layer's experts replaced by fresh random mxfp4 bytes, stored as GPT-OSS
-    stores them (`mlp.experts.gate_up_proj_blocks [E, 2I, H/32, 16]`, `_scales [E, 2I, H/32]`, down_proj's likewise,
-    quantization_config mxfp4), and `reference_dir`, an unquantized checkpoint whose experts are transformers'
-    dequantization of those bytes (integrations/mxfp4.py convert_moe_packed_tensors). Returns both folders."""
+def write_mxfp4_moe(src, mxfp4_dir, reference_dir, seed: int = 0, exponents=(120, 124), router: str = "gate"):
+    """From `src` (a tiny HF MoE folder whose transformers model stacks its experts: Qwen3-MoE / Mixtral [E, N, K],
+    GPT-OSS [E, K, N]): `mxfp4_dir`, the same model with every layer's experts replaced by fresh random mxfp4 bytes,
+    stored as GPT-OSS stores them (`mlp.experts.gate_up_proj_blocks [E, 2I, H/32, 16]`, `_scales [E, 2I, H/32]`,
+    down_proj's likewise; the experts' biases, where there are any, as they are; quantization_config mxfp4), and
+    `reference_dir`, an unquantized checkpoint whose experts are transformers' dequantization of those bytes
+    (integrations/mxfp4.py convert_moe_packed_tensors). `router`: the router module's name. Returns both folders."""
     import json
     import shutil
     from pathlib import Path
@@ -84,11 +85,14 @@ def write_mxfp4_moe(src, mxfp4_dir, reference_dir, seed: int = 0, exponents=(120
     for i, layer in enumerate(model.model.layers):
         experts = getattr(layer.mlp, "experts", None)
         for proj in ("gate_up_proj", "down_proj") if experts is not None else ():
-            param = getattr(experts, proj)                                              # [E, N, K]
-            blocks, scales = random_mxfp4(param.shape[0], param.shape[1], param.shape[2], exponents, g)
+            param = getattr(experts, proj)                                  # [E, N, K], GPT-OSS's [E, K, N]
+            outputs_last = type(experts).__name__ == "GptOssExperts"
+            n, k = (param.shape[2], param.shape[1]) if outputs_last else (param.shape[1], param.shape[2])
+            blocks, scales = random_mxfp4(param.shape[0], n, k, exponents, g)
             blocks = blocks.unflatten(-1, (-1, 16))                                     # [E, N, K/32, 16]
+            dequantized = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)    # [E, K, N]
             with torch.no_grad():
-                param.copy_(convert_moe_packed_tensors(blocks, scales, dtype=torch.float32).transpose(1, 2))
+                param.copy_(dequantized if outputs_last else dequantized.transpose(1, 2))
             packed |= {f"model.layers.{i}.mlp.experts.{proj}_blocks": blocks,
                        f"model.layers.{i}.mlp.experts.{proj}_scales": scales}
     shutil.copytree(src, reference_dir)
@@ -97,11 +101,11 @@ def write_mxfp4_moe(src, mxfp4_dir, reference_dir, seed: int = 0, exponents=(120
     for f in Path(mxfp4_dir).glob("*.safetensors"):
         f.unlink()
     tensors = {name: t for f in Path(reference_dir).glob("*.safetensors") for name, t in load_file(str(f)).items()
-               if ".mlp.experts." not in name}
+               if ".mlp.experts." not in name or name.endswith("_bias")}
     save_file({**tensors, **packed}, str(Path(mxfp4_dir) / "model.safetensors"))
     config = json.loads((Path(mxfp4_dir) / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
-        "model.layers.*.self_attn", "model.layers.*.mlp.gate", "model.embed_tokens", "lm_head"]}
+        "model.layers.*.self_attn", f"model.layers.*.mlp.{router}", "model.embed_tokens", "lm_head"]}
     (Path(mxfp4_dir) / "config.json").write_text(json.dumps(config))
     return mxfp4_dir, reference_dir
 

@@ -4,11 +4,10 @@ build's expert stacking."""
 import pytest
 import torch
 
-from atom_aot import LLMEngine, SamplingParams
-from atom_aot.errors import BuildError
 from atom_aot.models import ModelConfig, model_class
 from atom_aot.weights.experts import ExpertStacker
-from factories import hf_greedy, make_tiny_model, random_prompts
+from factories import hf_greedy
+import factories
 
 MAX_NEW = 24
 FAMILIES = {    # name -> (architecture, config overrides)
@@ -20,6 +19,10 @@ FAMILIES = {    # name -> (architecture, config overrides)
                                                               decoder_sparse_step=2)),
     "mixtral-8x2": ("MixtralForCausalLM", dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=48)),
     "mixtral-5x3": ("MixtralForCausalLM", dict(num_local_experts=5, num_experts_per_tok=3, intermediate_size=40)),
+    # every layer slides (transformers' Qwen3-MoE applies the window to all), over a window shorter than most prompts
+    "qwen3moe-6x2-window12": ("Qwen3MoeForCausalLM", dict(num_experts=6, num_experts_per_tok=2,
+                                                          moe_intermediate_size=32, norm_topk_prob=True,
+                                                          use_sliding_window=True, sliding_window=12)),
 }
 
 
@@ -27,16 +30,12 @@ FAMILIES = {    # name -> (architecture, config overrides)
 def family(request, tmp_path_factory, build_artifact):
     """(model folder, eager artifact, 9 prompts, transformers' greedy tokens) of FAMILIES[request.param]."""
     architecture, overrides = FAMILIES[request.param]
-    model_dir = make_tiny_model(tmp_path_factory.mktemp("moe") / request.param, architecture, seed=11,
-                                    **overrides)
-    prompts = random_prompts(9, 380, seed=21)
-    return model_dir, build_artifact(model_dir, compile="none"), prompts, hf_greedy(model_dir, prompts, MAX_NEW)
+    return factories.parity_case(tmp_path_factory.mktemp("moe") / request.param, architecture, build_artifact,
+                                 MAX_NEW, seed=11, **overrides)
 
 
 def engine_greedy(artifact, prompts, **config):
-    engine = LLMEngine(str(artifact), **config)
-    outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_NEW))
-    return engine, [o["token_ids"] for o in outs]
+    return factories.engine_greedy(artifact, prompts, MAX_NEW, **config)
 
 
 class TestParity:
@@ -57,12 +56,8 @@ class TestParity:
     @pytest.mark.parametrize("family", ["qwen3moe-8x2-nonorm-step2", "mixtral-5x3"], indirect=True)
     def test_prefix_caching_matches_hf(self, family):
         model_dir, artifact, _, _ = family
-        shared = random_prompts(1, 380, seed=7, lengths=(40, 40))[0]
-        prompts = random_prompts(8, 380, seed=8, lengths=(1, 20), prefix=shared)
-        engine = LLMEngine(str(artifact), enable_prefix_caching=True)
-        first = engine.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=MAX_NEW))
-        rest = engine.generate(prompts[1:], SamplingParams(temperature=0, max_tokens=MAX_NEW))
-        assert [o["token_ids"] for o in first + rest] == hf_greedy(model_dir, prompts, MAX_NEW)
+        engine, prompts, got = factories.prefix_cached_greedy(artifact, 8, MAX_NEW)
+        assert got == hf_greedy(model_dir, prompts, MAX_NEW)
         assert engine.core.block_manager.prefix_hits >= 7 * (40 // 16)
 
 
@@ -96,11 +91,10 @@ class TestConfig:
                                        | {"architectures": ["Qwen3ForCausalLM"]})
         assert cfg.num_experts == 0 and not any(cfg.is_moe_layer(i) for i in range(6))
 
-    def test_sliding_window_smaller_than_served_length_refused(self):
+    def test_sliding_window_applies_to_every_layer(self):
         cfg = ModelConfig.from_hf_dict(dict(self.QWEN3_MOE, use_sliding_window=True))
-        with pytest.raises(BuildError, match="sliding_window=64.*--max-model-len 64"):
-            model_class(cfg.architecture)(cfg, torch.float32, max_positions=128)
-        model_class(cfg.architecture)(cfg, torch.float32, max_positions=64)    # fits in the window: fine
+        model = model_class(cfg.architecture)(cfg, torch.float32, max_positions=128)
+        assert [layer.self_attn.sliding_window for layer in model.model.layers] == [64] * 6
 
     def test_bad_top_k_refused(self):
         with pytest.raises(ValueError, match="num_experts_per_tok"):

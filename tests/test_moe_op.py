@@ -77,9 +77,9 @@ class TestReference:
 
 class TestBackendChoice:
     def test_reference_backend_runs_the_op(self):
-        x, w13, w2, weights, ids = problem = random_problem(3, 4, 2, seed=6)
+        x, w13, w2, weights, ids = random_problem(3, 4, 2, seed=6)
         backend = make_backend("moe", BackendChoice("reference"))
-        assert torch.equal(backend(x, ExpertWeights(w13, w2), weights, ids), fused_moe(*problem))
+        assert torch.equal(backend(x, ExpertWeights(w13, w2), weights, ids), fused_moe(x, w13, w2, weights, ids))
 
     def test_bucket_table_sorted_by_first_token_count(self):
         choice = BackendChoice("triton", {"fused_moe@64": (64, 64, 32, 8, 4, 3), "fused_moe@1": (16, 32, 64, 1, 4, 2)})

@@ -7,15 +7,14 @@ import pytest
 import torch
 
 from atom_aot import LLMEngine, SamplingParams
+import factories
 from factories import hf_greedy, make_tiny_model, random_prompts
 
 MAX_NEW = 24
 
 
 def engine_greedy(artifact, prompts, max_new=MAX_NEW, **config):
-    engine = LLMEngine(str(artifact), **config)
-    outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=max_new))
-    return engine, [o["token_ids"] for o in outs]
+    return factories.engine_greedy(artifact, prompts, max_new, **config)
 
 
 @pytest.fixture(scope="module")
@@ -52,13 +51,8 @@ class TestLlama:
 def check_shared_prefixes(model_dir, artifact):
     """8 prompts sharing a 40-token prefix, the first run alone: the rest hit its cached blocks and
     every output equals transformers'."""
-    shared = random_prompts(1, 380, seed=7, lengths=(40, 40))[0]
-    prompts = random_prompts(8, 380, seed=8, lengths=(1, 20), prefix=shared)
-    expected = hf_greedy(model_dir, prompts, MAX_NEW)
-    engine = LLMEngine(str(artifact), enable_prefix_caching=True)
-    first = engine.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=MAX_NEW))
-    rest = engine.generate(prompts[1:], SamplingParams(temperature=0, max_tokens=MAX_NEW))
-    assert [o["token_ids"] for o in first + rest] == expected
+    engine, prompts, got = factories.prefix_cached_greedy(artifact, 8, MAX_NEW)
+    assert got == hf_greedy(model_dir, prompts, MAX_NEW)
     bm = engine.core.block_manager
     assert bm.prefix_hits >= 7 * (40 // 16)       # every later prompt reuses the shared blocks
     assert bm.num_free_blocks == bm.num_blocks

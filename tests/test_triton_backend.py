@@ -16,9 +16,9 @@ TRITON = BackendChoice("triton", {"paged_attention": (16, 16, 4, 2, 1 << 20, 2),
 REFERENCE = BackendChoice("reference")
 
 
-def run_steps(model, choice: BackendChoice):
+def run_steps(model, choice: BackendChoice, moe: BackendChoice | None = None):
     """A mixed step, then one decode token for each of its sequences: (logits of both, the cache)."""
-    model.use_kernels(PhaseTuning({"attention": choice}))
+    model.use_kernels(PhaseTuning({"attention": choice, **({} if moe is None else {"moe": moe})}))
     mixed = mixed_step(model)
     ends = mixed.query_start_loc[1:].long() - 1
     decode = mixed._replace(
@@ -38,6 +38,22 @@ def test_triton_equals_reference(architecture):
         assert rel_error(got, want) < 1e-5
     written = ref_cache.flatten(2, 3).abs().sum((0, 1, 3, 4)) > 0        # slots either backend wrote
     assert rel_error(cache.flatten(2, 3)[:, :, written], ref_cache.flatten(2, 3)[:, :, written]) < 1e-5
+
+
+def test_gpt_oss_triton_equals_reference():
+    """Sinks, a window shorter than the first prompt (5 tokens), biases, the clamped SwiGLU experts and the top-k-first
+    router, all through the triton backends."""
+    model = tiny_model(architectures=["GptOssForCausalLM"], num_local_experts=4, num_experts_per_tok=2,
+                       intermediate_size=32, sliding_window=3, attention_bias=True, swiglu_alpha=1.702,
+                       swiglu_limit=0.5, layer_types=["sliding_attention", "full_attention"])
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0, 1.0)
+    *ref_logits, ref_cache = run_steps(model, REFERENCE, BackendChoice("reference"))
+    *logits, cache = run_steps(model, TRITON, BackendChoice("triton", {"fused_moe@1": (16, 16, 32, 1, 2, 1)}))
+    for got, want in zip(logits, ref_logits):
+        assert rel_error(got, want) < 1e-5
+    assert rel_error(cache, ref_cache) < 1e-5
 
 
 def test_malformed_params_are_refused():

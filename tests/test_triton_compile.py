@@ -45,6 +45,7 @@ CHECKS = {   # a test's `check` -> the flags of its triton_aot_check.py run, lon
     "bf16-cache": ("--model", "llama-3.1-8b", "--targets", "sm90,gfx942"),
     "partial-rotary": ("--model", "glm-4.5-air", "--targets", "sm90,gfx942"),
     "sampling": ("--targets", "sm90,gfx942", "--sampling"),
+    "gpt-oss": ("--targets", "sm90,gfx942", "--gpt-oss"),
 }
 
 
@@ -109,7 +110,18 @@ def test_the_moe_sort_and_routers_compile_for_sm90_and_gfx942(compiled, check):
     results = compiled[check].result()
     assert {r["kernel"] for r in results} == {"sort_by_expert_kernel", "softmax_topk_kernel",
                                              "grouped_sigmoid_topk_kernel"}
-    assert len(results) == 9 * 2
+    assert len(results) == 10 * 2
+    assert_compiled_without_spills(results)
+
+
+@pytest.mark.parametrize("check", ["gpt-oss"])
+def test_attention_with_sinks_and_a_window_compiles_for_sm90_and_gfx942(compiled, check):
+    """GPT-OSS's layers: the default prefill and decode configs with sinks and a 128-token window (the split
+    decode's merge kernel beside them)."""
+    results = compiled[check].result()
+    attention = [r for r in results if r["kernel"] == "paged_attention_kernel"]
+    assert len(attention) == 2 * 2 and all(r["constexprs"]["HAS_SINKS"] and r["constexprs"]["SLIDING"]
+                                           for r in attention)
     assert_compiled_without_spills(results)
 
 

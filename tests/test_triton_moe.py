@@ -114,7 +114,7 @@ def test_block_scaled_fp8_experts_match_the_reference():
     assert s13.shape == (4, 2, 2) and s2.shape == (4, 2, 1)
     reference = fused_moe_reference(x.cpu(), q13.cpu(), q2.cpu(), weights.cpu(), ids.cpu(), s13.cpu(), s2.cpu())
     w13d, w2d = block_dequantized(q13.cpu(), s13.cpu()), block_dequantized(q2.cpu(), s2.cpu())
-    assert rel_error(reference.double(), naive_moe(x, w13d, w2d, weights, ids, group_quantized)) < 1e-5
+    assert rel_error(reference.double(), naive_moe(x, w13d, w2d, weights, ids, activations=group_quantized)) < 1e-5
     assert 1e-3 < rel_error(reference.double(), naive_moe(x, w13d, w2d, weights, ids)) < 0.1
     table = [1, 16, 32, 64, 1, 2, 1]         # BLOCK_K 64: two steps per scale block
     got = torch.ops.atom_triton.fused_moe(x, q13, q2, weights, ids, table, s13, s2)

@@ -194,6 +194,8 @@ def moe_glue_launches() -> list[Launch]:
         launches += record_launches(moe_routing, moe_routing.launch_grouped_sigmoid_topk,
                                     torch.empty(256, experts, **meta), torch.empty(experts, **meta), groups,
                                     topk_groups, 8, True, 2.5)
+    launches += record_launches(moe_routing, moe_routing.launch_softmax_topk,      # GPT-OSS-20B's: 32, top 4
+                                torch.empty(256, 32, dtype=torch.bfloat16, **meta), 4, False, True)
     return launches
 
 
@@ -222,6 +224,23 @@ def moe_mxfp4_launches(all_candidates: bool = False) -> list[Launch]:
         launches += [launch for launch in record_launches(fused_moe, fused_moe.launch_fused_moe, x, *stacks, *routing,
                                                           [1, *config.as_args()], *scales, *biases)
                      if launch.kernel is not fused_moe.sort_by_expert_kernel]
+    return launches
+
+
+def gpt_oss_attention_launches() -> list[Launch]:
+    """Paged attention with sinks and a 128-token window at GPT-OSS's heads (64 over 8 of 64), each default config,
+    bf16 cache (meta tensors, nothing runs)."""
+    meta = dict(device="meta")
+    num_heads, num_kv_heads, head_dim, tokens, seqs = 64, 8, 64, 64, 8
+    q = torch.empty(tokens, num_heads, head_dim, dtype=torch.bfloat16, **meta)
+    cache = torch.empty(2, 2, 4096, 16, num_kv_heads, head_dim, dtype=torch.bfloat16, **meta)
+    int32 = dict(dtype=torch.int32, **meta)
+    tables, lens, starts = torch.empty(seqs, 512, **int32), torch.empty(seqs, **int32), torch.empty(seqs + 1, **int32)
+    launches = []
+    for config in paged_attention.DEFAULT_CONFIGS.values():
+        launches += record_launches(paged_attention, paged_attention.launch_paged_attention, q, cache, 1, tables,
+                                    lens, starts, head_dim ** -0.5, *config.as_args(),
+                                    sinks=torch.empty(num_heads, **meta), sliding_window=128)
     return launches
 
 
@@ -357,10 +376,12 @@ def main() -> None:
     parser.add_argument("--int4", action="store_true", help="only the int4 GEMMs (large-M and small-M)")
     parser.add_argument("--moe-mxfp4", action="store_true", help="only the fused MoE GEMMs on mxfp4 experts")
     parser.add_argument("--mla-mixed", action="store_true", help="only the MLA mixed step's chunk and prefix kernels")
+    parser.add_argument("--gpt-oss", action="store_true", help="only paged attention with sinks and a window")
     args = parser.parse_args()
     only = {"rms_norm_quant": rms_norm_quant_launches, "silu_mul_quant": silu_mul_quant_launches,
             "sampling": sampling_launches, "all_reduce_norm": all_reduce_norm_launches,
-            "moe_glue": moe_glue_launches, "int4": int4_launches, "mla_mixed": mla_mixed_launches}      # flag (its dest) -> the launches it compiles alone
+            "moe_glue": moe_glue_launches, "int4": int4_launches, "mla_mixed": mla_mixed_launches,
+            "gpt_oss": gpt_oss_attention_launches}      # flag (its dest) -> the launches it compiles alone
     chosen = [launches for flag, launches in only.items() if getattr(args, flag)]
     if args.moe_mxfp4:
         print(json.dumps(compile_all(moe_mxfp4_launches(args.all_candidates), args.targets.split(","))))

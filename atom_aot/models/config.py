@@ -15,6 +15,7 @@ from atom_aot.models.grouped_moe_config import GroupedMoEFields
 
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn")
 SUPPORTED_ACTIVATIONS = ("silu", "swish")      # transformers' two names of x * sigmoid(x), what GatedMLP computes
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,12 @@ class ModelConfig:
     rope_scaling: tuple[tuple[str, float | str], ...] | None = None  # frozen form of a dict
     partial_rotary_factor: float | None = None   # rope on this share of each head's dims; None: the family's default
     use_qk_norm: bool = False              # per-head RMSNorm of q and k where a family makes it optional (GLM-4-MoE)
-    sliding_window: int | None = None      # attention window, if the config enables one (not implemented)
+    sliding_window: int | None = None      # attention window, if the config enables one (which layers: the family's
+    layer_types: tuple[str, ...] | None = None    # rule, DecoderForCausalLM.layer_window), per layer "sliding_attention"
+    max_window_layers: int | None = None          # or "full_attention"; Qwen3: layers from this one on slide
+    # GPT-OSS's clamped SwiGLU experts (ops/moe.py ExpertActivation); None elsewhere
+    swiglu_alpha: float | None = None
+    swiglu_limit: float | None = None
     # mixture of experts (0 experts: a dense model); router aux-loss fields are training-only, ignored
     num_experts: int = 0                   # HF `num_experts`, `num_local_experts` or `n_routed_experts` (DeepSeek)
     num_experts_per_tok: int = 0           # top-k
@@ -56,6 +62,12 @@ class ModelConfig:
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(f"rope scaling type {rope_type!r} is not supported; "
                              f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+        if self.layer_types is not None and (len(self.layer_types) != self.num_hidden_layers
+                                             or not set(self.layer_types) <= set(LAYER_TYPES)):
+            raise ValueError(f"layer_types must name one of {', '.join(LAYER_TYPES)} for each of the "
+                             f"{self.num_hidden_layers} layers, got {list(self.layer_types)}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1 (or null), got {self.sliding_window}")
         if self.num_experts and not (1 <= self.num_experts_per_tok <= self.num_experts
                                      and self.moe_intermediate_size > 0 and self.decoder_sparse_step >= 1):
             raise ValueError(f"a mixture of experts needs 1 <= num_experts_per_tok ({self.num_experts_per_tok}) "
@@ -117,6 +129,10 @@ class ModelConfig:
             partial_rotary_factor=None if partial is None else float(partial),
             use_qk_norm=bool(d.get("use_qk_norm", False)),
             sliding_window=d.get("sliding_window") if d.get("use_sliding_window", True) else None,
+            layer_types=tuple(d["layer_types"]) if d.get("layer_types") else None,
+            max_window_layers=d.get("max_window_layers"),
+            swiglu_alpha=d.get("swiglu_alpha"),
+            swiglu_limit=d.get("swiglu_limit"),
             **_moe_fields(d),
             grouped_moe=GroupedMoEFields.from_hf_dict(d) if d.get("n_routed_experts") else None,
             deepseek=DeepseekFields.from_hf_dict(d) if "kv_lora_rank" in d else None,

@@ -6,6 +6,7 @@ the build exports. Attention runs through the backend the tuning row names (atom
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Collection, Iterable
 
 import torch
@@ -25,8 +26,20 @@ from atom_aot.ops.backends.base import AttentionArgs, AttentionBackend, Attentio
 from atom_aot.ops.backends.silu_mul_quant import silu_mul
 
 
+@dataclass(frozen=True)
+class AttentionOptions:
+    """What a family's attention adds to Llama's, from its model class (DecoderForCausalLM)."""
+    qk_norm: bool = False                  # per-head RMSNorm of q and k before rope (Qwen3)
+    sinks: bool = False                    # a learned logit per head in the softmax's denominator (GPT-OSS)
+    windows: tuple[int | None, ...] = ()   # per layer: its sliding window (ops/attention.py), None: full
+    o_proj_bias: bool = False              # o_proj has a bias (transformers ties it to attention_bias but in GLM)
+
+
 class DecoderAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, quant: str, qk_norm: bool, tp: int = 1):
+    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, quant: str, options: AttentionOptions,
+                 tp: int = 1):
+        """`cfg.attention_bias`: q, k and v have biases, o_proj one where `options.o_proj_bias`; over tp ranks
+        o_proj's bias is whole on rank 0 and zero on the others, so the partial sums add it once (weights/shard.py)."""
         super().__init__()
         self.layer, self.tp = layer, tp
         # this rank's heads (models/parallel.py; the model checked that they split)
@@ -36,9 +49,12 @@ class DecoderAttention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim ** -0.5
         self.qkv_proj = make_linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, cfg.attention_bias, dtype, quant)
-        self.o_proj = make_linear(self.q_size, cfg.hidden_size, False, dtype, quant)
-        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if qk_norm else None
+        self.o_proj = make_linear(self.q_size, cfg.hidden_size, options.o_proj_bias, dtype, quant)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if options.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if options.qk_norm else None
+        # this rank's heads' sink logits, in float32 (a bf16 checkpoint's convert exactly)
+        self.sinks = nn.Parameter(torch.empty(self.num_heads)) if options.sinks else None
+        self.sliding_window = options.windows[layer] if options.windows else None
         # an fp8 KV cache's per-tensor (k, v) scales: the checkpoint's or calibrated at build (1.0 otherwise)
         self.register_buffer("kv_scale", torch.ones(2, dtype=torch.float32))
         # the reference backend until DecoderForCausalLM.use_kernels sets the phase's choice
@@ -53,7 +69,7 @@ class DecoderAttention(nn.Module):
         qk_norm = None if self.q_norm is None else QKNorm(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
         kv_scale = self.kv_scale if attn.kv_cache.element_size() == 1 else None   # only an fp8 cache is scaled
         o = self.attention_backend(AttentionArgs(self.layer, q, k, v, positions, rotary.cos_sin_cache, qk_norm,
-                                                 self.scale, attn, kv_scale))   # [T, H, D]
+                                                 self.scale, attn, kv_scale, self.sinks, self.sliding_window))  # [T, H, D]
         return reduce_partial_sums(self.o_proj(o.flatten(-2)), self.tp, self.defer_reduce)
 
 
@@ -82,11 +98,11 @@ class DecoderLayer(nn.Module):
     # whether attention / the MLP hand their partial sums to the norm after them (DecoderModel.defer_reductions)
     attn_partial = mlp_partial = False
 
-    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, quant: str, qk_norm: bool, mlp: nn.Module,
-                 tp: int = 1):
+    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, quant: str, attention: AttentionOptions,
+                 mlp: nn.Module, tp: int = 1):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.self_attn = DecoderAttention(cfg, layer, dtype, quant, qk_norm, tp)
+        self.self_attn = DecoderAttention(cfg, layer, dtype, quant, attention, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.mlp = mlp     # [T, hidden] -> [T, hidden]: GatedMLP, or a family's MoE block
 
@@ -116,13 +132,13 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str, qk_norm: bool, max_positions: int,
-                 make_mlp: Callable[[int], nn.Module], tp: int = 1, rotary_dim: int | None = None):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str, attention: AttentionOptions,
+                 max_positions: int, make_mlp: Callable[[int], nn.Module], tp: int = 1, rotary_dim: int | None = None):
         """`rotary_dim`: the dims of each head rope rotates (the family's `rotary_dim`; default all)."""
         super().__init__()
         self.embed_tokens = make_embedding(cfg.vocab_size, cfg.hidden_size, dtype, tp)
         self.rotary = RotaryEmbedding(rotary_dim or cfg.head_dim, max_positions)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, quant, qk_norm, make_mlp(i), tp)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, quant, attention, make_mlp(i), tp)
                                     for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.defer_reductions(tp)
@@ -146,13 +162,14 @@ class DecoderModel(nn.Module):
 
 
 class DecoderForCausalLM(nn.Module):
-    """Base of the causal-LM families. Subclasses set `qk_norm`, may extend `PACKED_MODULES` and
-    override `make_mlp` (the MoE families: atom_aot/models/moe.py)."""
+    """Base of the causal-LM families. Subclasses set `qk_norm`, `attention_sinks` and `o_proj_bias`, may
+    extend `PACKED_MODULES` and override `make_mlp` (the MoE families: atom_aot/models/moe.py) and `layer_window`."""
 
     qk_norm = False
     # the share of each head's dims rope rotates where config.json sets no partial_rotary_factor
     PARTIAL_ROTARY_FACTOR = 1.0
     BUILDS_MTP_LAYERS = False      # whether the checkpoint's MTP layers (num_nextn_predict_layers) are built
+    attention_sinks = False
     ATTENTION_OPS = ("attention",)     # the backend-registry ops this family calls (tuning.json has a row for each)
     # checkpoint module name -> (runtime module name, index of its part in the fused parameter)
     PACKED_MODULES = {
@@ -166,13 +183,21 @@ class DecoderForCausalLM(nn.Module):
     # the config.json field counting the family's multi-token-prediction layers (None: it has none)
     MTP_CONFIG_FIELD: str | None = None
 
+    @property
+    def o_proj_bias(self) -> bool:
+        """Whether o_proj has a bias: `attention_bias` says so in Llama, Qwen3 and GPT-OSS (transformers' rule)."""
+        return self.config.attention_bias
+
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: str = "none", max_positions: int | None = None,
                  split: Split = ONE_RANK):
         """`split`: the module is one rank's part of the model cut that way (models/parallel.py)."""
         super().__init__()
         check_splittable(cfg, split)
         self.config, self.split = cfg, split
-        self.model = DecoderModel(cfg, dtype, quant, self.qk_norm, max_positions or cfg.max_position_embeddings,
+        attention = AttentionOptions(self.qk_norm, self.attention_sinks,
+                                     tuple(self.layer_window(cfg, i) for i in range(cfg.num_hidden_layers)),
+                                     self.o_proj_bias)
+        self.model = DecoderModel(cfg, dtype, quant, attention, max_positions or cfg.max_position_embeddings,
                                   lambda layer: self.make_mlp(layer, dtype, quant), split.tp, self.rotary_dim(cfg))
         # lm_head stays unquantized: it decides the argmax. It splits over the vocabulary like the embedding.
         vocab_rows = self.model.embed_tokens.weight.shape[0]
@@ -193,6 +218,16 @@ class DecoderForCausalLM(nn.Module):
     def make_mlp(self, layer: int, dtype: torch.dtype, quant: str) -> nn.Module:
         """The feed-forward block of `layer` (a family with experts chooses per layer)."""
         return GatedMLP(self.config, dtype, quant, self.split.tp)
+
+    @classmethod
+    def layer_window(cls, cfg: ModelConfig, layer: int) -> int | None:
+        """The sliding window of `layer` (None: full attention), by transformers' rule for this family: the config's
+        `layer_types` where it has them, else every layer slides (Mixtral, Qwen3-MoE)."""
+        if cfg.sliding_window is None:
+            return None
+        if cfg.layer_types is None:
+            return cfg.sliding_window
+        return cfg.sliding_window if cfg.layer_types[layer] == "sliding_attention" else None
 
     @classmethod
     def adapt_checkpoint(cls, cfg: ModelConfig, tensors: Iterable[tuple[str, torch.Tensor]]

@@ -42,6 +42,11 @@ class Glm4MoeForCausalLM(MoEForCausalLM):
         """QK-norm is the config's choice in this family (`use_qk_norm`: GLM-4.5 has it, GLM-4.5-Air not)."""
         return self.config.use_qk_norm
 
+    @property
+    def o_proj_bias(self) -> bool:
+        """GLM's `attention_bias` covers q, k and v only: its o_proj has none (transformers' Glm4MoeAttention)."""
+        return False
+
     def make_mlp(self, layer: int, dtype: torch.dtype, quant: str) -> nn.Module:
         if self.config.is_moe_layer(layer):
             return DeepseekMoE(self.config, dtype, quant, self.split)

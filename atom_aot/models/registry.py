@@ -7,6 +7,7 @@ from atom_aot.models.config import ModelConfig
 from atom_aot.models.decoder import DecoderForCausalLM
 from atom_aot.models.deepseek_v3 import DeepseekV3ForCausalLM
 from atom_aot.models.glm4_moe import Glm4MoeForCausalLM
+from atom_aot.models.gpt_oss import GptOssForCausalLM
 from atom_aot.models.llama import LlamaForCausalLM
 from atom_aot.models.mixtral import MixtralForCausalLM
 from atom_aot.models.qwen3 import Qwen3ForCausalLM
@@ -15,6 +16,7 @@ from atom_aot.models.qwen3_moe import Qwen3MoeForCausalLM
 MODEL_REGISTRY: dict[str, type[DecoderForCausalLM]] = {
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,       # Kimi-K2 too (model_type kimi_k2)
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,

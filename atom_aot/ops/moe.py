@@ -14,17 +14,24 @@ registers its kernel for it). Expert weights are stacked per layer:
 An id < 0 means "this expert is not on this rank" (expert parallelism masks remote experts so):
 that slot contributes nothing.
 
+Options of the op, each a fact of a family's model file (GPT-OSS uses all of them):
+- biases `w13_bias [E, 2I]` (gate's, then up's, like w13's rows) and `w2_bias [E, H]`, float32, added to each
+  projection's product in float32 (before the activation, and before the routing weight multiplies the output);
+- the activation between the projections (`ExpertActivation`): SiLU(gate) * up, or GPT-OSS's clamped SwiGLU
+  (gate clamped above at `limit`, up clamped to [-limit, limit], (up + 1) * gate * sigmoid(alpha * gate)).
+The backends take a layer's stacks as one typed `ExpertWeights` and hand its tensors to the op, which tells the
+storage formats apart by their dtypes (another format, MXFP4's blocks and scales, is more of them, not more
+arguments).
+
 FP8 experts (`--quant fp8`): w13 and w2 in e4m3 with one float32 scale per output row,
 `w13_scale [E, 2I]` and `w2_scale [E, H]` (weight-only: the activations stay in the model dtype, the
 rows' products are scaled after each GEMM; what pays at decode, where the experts' weight bytes bound
 the step). Block-scaled fp8 checkpoints (128x128 weight blocks, Qwen3-FP8 and DeepSeek-V3 style):
 `w13_scale [E, 2I/128, H/128]`, `w2_scale [E, H/128, I/128]`, W8A8 as the block-scaled linears: the
-activations quantized per token and 1x128 group, each K block's products scaled by both scales. MXFP4 experts (GPT-OSS checkpoints): w13 [E, 2I, H/2] and w2 [E, H, I/2] uint8 (two e2m1 values a
-byte) with uint8 e8m0 scales per 32 values along K, w13_scale [E, 2I, H/32] and w2_scale [E, H, I/32] (ops/mxfp4.py).
-ops/expert_formats.py lists the formats; the op tells them apart by the stacks' dtypes.
-
-Expert biases (any format), w13_bias [E, 2I] and w2_bias [E, H] float32, are added to the products before the
-activation and before the routing weight: out[t] += w * (down_e(h) + b2_e), h from gate_e(x) + b13_e.
+activations quantized per token and 1x128 group, each K block's products scaled by both scales. MXFP4 experts
+(GPT-OSS checkpoints): w13 [E, 2I, H/2] and w2 [E, H, I/2] uint8 (two e2m1 values a byte) with uint8 e8m0 scales
+per 32 values along K, w13_scale [E, 2I, H/32] and w2_scale [E, H, I/32] (ops/mxfp4.py). ops/expert_formats.py
+lists the formats.
 """
 from __future__ import annotations
 
@@ -41,7 +48,28 @@ from atom_aot.ops.mxfp4 import dequantize_mxfp4
 # dispatcher directly for the same reason (custom_op's wrapper imports torch._dynamo on first call).
 LIBRARY = torch.library.Library("atom", "FRAGMENT")
 LIBRARY.define("fused_moe(Tensor hidden, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids, "
-               "Tensor? w13_scale=None, Tensor? w2_scale=None, Tensor? w13_bias=None, Tensor? w2_bias=None) -> Tensor")
+               "Tensor? w13_scale=None, Tensor? w2_scale=None, Tensor? w13_bias=None, Tensor? w2_bias=None, "
+               "str activation='silu', float alpha=1.0, float limit=0.0) -> Tensor")
+
+ACTIVATIONS = ("silu", "swiglu_clamped")
+
+
+@dataclass(frozen=True)
+class ExpertActivation:
+    """How an expert combines its gate and up rows (module docstring); `alpha` and `limit` are the clamped SwiGLU's
+    (GPT-OSS's config: swiglu_alpha, swiglu_limit)."""
+    kind: str = "silu"
+    alpha: float = 1.0
+    limit: float = 0.0
+
+    def __post_init__(self):
+        if self.kind not in ACTIVATIONS:
+            raise ValueError(f"expert activation {self.kind!r} is not one of {', '.join(ACTIVATIONS)}")
+        if self.kind == "swiglu_clamped" and not self.limit > 0:
+            raise ValueError(f"the clamped SwiGLU needs a limit > 0, got {self.limit}")
+
+
+SILU = ExpertActivation()
 
 
 @dataclass(frozen=True)
@@ -60,6 +88,16 @@ class ExpertWeights:
         return (self.w13_scale, self.w2_scale, self.w13_bias, self.w2_bias)
 
 
+def gated_activation(gate_up: torch.Tensor, activation: ExpertActivation) -> torch.Tensor:
+    """gate_up [n, 2I] (gate's columns, then up's) -> [n, I]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    if activation.kind == "silu":
+        return F.silu(gate) * up
+    gate = gate.clamp(max=activation.limit)
+    up = up.clamp(min=-activation.limit, max=activation.limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * activation.alpha))
+
+
 def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax over experts in float32, the top_k of it, optionally renormalized to sum to 1.
 
@@ -71,6 +109,15 @@ def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> 
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, ids.to(torch.int32)
+
+
+def top_k_softmax(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top_k of the logits, then a softmax over those k in float32 (GPT-OSS's router, as transformers computes
+    it; the same weights as softmax_topk renormalized, in another order of operations).
+
+    router_logits [T, E] -> (weights [T, k] float32, ids [T, k] int32)."""
+    values, ids = torch.topk(router_logits, top_k, dim=-1)              # [T, k]
+    return torch.softmax(values, dim=-1, dtype=torch.float32), ids.to(torch.int32)
 
 
 @dataclass(frozen=True)
@@ -117,17 +164,19 @@ def fused_moe_reference(
     w2_scale: torch.Tensor | None = None,    # [E, H] float32
     w13_bias: torch.Tensor | None = None,    # [E, 2I] float32
     w2_bias: torch.Tensor | None = None,     # [E, H] float32
+    activation: str = "silu", alpha: float = 1.0, limit: float = 0.0,   # ExpertActivation's fields
 ) -> torch.Tensor:
     """Expert by expert in plain torch; the weighted sum accumulates in float32, then casts to hidden's dtype."""
     linear = EXPERT_LINEARS[format_of(w13, w13_scale).scale]
+    act = ExpertActivation(activation, alpha, limit)
     out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)   # [T, H]
     for expert in range(w13.shape[0]):
         tokens, slots = torch.where(topk_ids == expert)                  # [n] each
         if tokens.numel() == 0:
             continue
-        h13 = with_bias(linear(hidden[tokens], w13[expert], _at(w13_scale, expert)), _at(w13_bias, expert))
-        gate, up = h13.chunk(2, dim=-1)                                                     # [n, I] each
-        y = with_bias(linear(F.silu(gate) * up, w2[expert], _at(w2_scale, expert)), _at(w2_bias, expert))  # [n, H]
+        gate_up = with_bias(linear(hidden[tokens], w13[expert], _at(w13_scale, expert)), _at(w13_bias, expert))
+        y = with_bias(linear(gated_activation(gate_up, act), w2[expert], _at(w2_scale, expert)),
+                      _at(w2_bias, expert))                                                       # [n, H]
         out.index_add_(0, tokens, y.float() * topk_weights[tokens, slots, None])
     return out.to(hidden.dtype)
 
@@ -161,7 +210,8 @@ for _key in ("CPU", "CUDA"):
 
 
 @torch.library.register_fake("atom::fused_moe", lib=LIBRARY)
-def _(hidden, w13, w2, topk_weights, topk_ids, w13_scale=None, w2_scale=None, w13_bias=None, w2_bias=None):
+def _(hidden, w13, w2, topk_weights, topk_ids, w13_scale=None, w2_scale=None, w13_bias=None, w2_bias=None,
+      activation="silu", alpha=1.0, limit=0.0):
     return torch.empty_like(hidden)
 
 

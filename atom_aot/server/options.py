@@ -28,10 +28,15 @@ class ServerOptions:
     enable_auto_tool_choice: bool = flag(False, "--enable-auto-tool-choice", help="let the model decide to call "
                                          "tools (tool_choice 'auto', the default when a request has tools); needs "
                                          "--tool-call-parser")
-    tool_call_parser: str | None = flag(None, "--tool-call-parser", choices=("hermes", "llama3_json"),
+    tool_call_parser: str | None = flag(None, "--tool-call-parser", choices=("hermes", "llama3_json", "openai"),
                                         help="how tool calls are read from the model's text: hermes "
-                                        "(<tool_call>{json}</tool_call>: Qwen2.5/Qwen3, Hermes) or llama3_json "
-                                        "({\"name\": ..., \"parameters\": ...}: Llama 3.x)")
+                                        "(<tool_call>{json}</tool_call>: Qwen2.5/Qwen3, Hermes), llama3_json "
+                                        "({\"name\": ..., \"parameters\": ...}: Llama 3.x) or openai (GPT-OSS's "
+                                        "harmony messages to functions.NAME)")
+    reasoning_parser: str | None = flag(None, "--reasoning-parser", choices=("openai_gptoss",),
+                                        help="return the model's reasoning apart from its answer, as vLLM's parser "
+                                        "of that name: openai_gptoss (GPT-OSS's harmony analysis channel) as the "
+                                        "message's reasoning and reasoning_content")
 
     trust_request_chat_template: bool = flag(False, "--trust-request-chat-template", help="let a chat request "
                                              "bring its own Jinja chat_template (vLLM's flag of the same name); "
@@ -68,7 +73,10 @@ class ServerOptions:
             _require(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0, name,
                      f"must be a number of seconds > 0, got {value!r}")
         _require(not self.enable_auto_tool_choice or self.tool_call_parser is not None, "enable_auto_tool_choice",
-                 "needs --tool-call-parser (hermes or llama3_json): it says how to read the calls")
+                 "needs --tool-call-parser (hermes, llama3_json or openai): it says how to read the calls")
+        _require(self.reasoning_parser != "openai_gptoss" or self.tool_call_parser in (None, "openai"),
+                 "reasoning_parser", f"openai_gptoss reads GPT-OSS's harmony output, whose tool calls only "
+                 f"--tool-call-parser openai reads (not {self.tool_call_parser})")
         _require(self.max_seqs_per_request <= self.max_queued_seqs, "max_seqs_per_request",
                  f"({self.max_seqs_per_request}) must not exceed max_queued_seqs ({self.max_queued_seqs}): "
                  f"such a request could never be queued")

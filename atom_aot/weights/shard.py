@@ -22,7 +22,8 @@ HEAD_ROWS = ("q_b_proj", "q_proj")          # latent attention's query projectio
 PER_HEAD = ("w_uk", "w_uv")                 # its per-head up-projections [H, ...]
 WHOLE_PREFIX = "mtp."                       # the MTP layers' own embedding and head stay whole
 EXPERT_START = "expert_start"                   # under --ep, each MoE layer's first expert on the rank
-EXPERT_STACKS = ("w13", "w2", "w13_scale", "w2_scale", "w13_bias", "w2_bias")   # the stacks, scales, biases
+EXPERT_STACKS = ("w13", "w2", "w13_scale", "w2_scale", "w13_bias", "w2_bias")   # stacks, fp8 scales, biases
+PER_QUERY_HEAD = ("sinks",)                 # one value per attention head [H]: this rank's heads'
 
 
 def shard_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, split: Split,
@@ -37,9 +38,11 @@ def shard_tensors(tensors: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig,
     that draws the model (weights drawn at load) holds the rank's part, not the whole model.
 
     Column-parallel qkv and gate_up split their output rows (weights, biases, per-row scales);
-    stacked experts split each expert's width, or with `ep` hand out whole experts;
-    anything else a rank holds whole (norms, the rotary table, scalar scales, the router). With
-    data-parallel attention (`dp` ranks, tp 1) a rank holds everything whole but its E/dp experts."""
+    row-parallel o_proj and down_proj split their input columns, and their biases stay on rank 0 (zero on the
+    others: the partial sums add them once); attention sinks split with their heads; stacked experts split each
+    expert's width, or with `ep` hand out whole experts; anything else a rank holds whole (norms, the rotary
+    table, scalar scales, the router). With data-parallel attention (`dp` ranks, tp 1) a rank holds everything
+    whole but its E/dp experts."""
     tp, ep = split.tp, split.ep
     out = {}
     for name, tensor in tensors:
@@ -59,6 +62,10 @@ def shard_tensors(tensors: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig,
             part = torch.cat([half.chunk(tp)[rank] for half in tensor.chunk(2)])    # [gate_r; up_r]
         elif module in ROW_PARALLEL and param == "weight":
             part = tensor.chunk(tp, dim=1)[rank]
+        elif module in ROW_PARALLEL and param == "bias":
+            part = tensor if rank == 0 else torch.zeros_like(tensor)
+        elif param in PER_QUERY_HEAD:
+            part = tensor.chunk(tp)[rank]
         elif module in VOCAB_PARALLEL and not name.startswith(WHOLE_PREFIX):
             part = _vocab_rows(tensor, tp, rank)
         else:

@@ -79,6 +79,9 @@ KIMI_K2_3L = Model("kimi-k2-3l", "kimi-k2", "llama3", "dummy-at-load",
 DEEPSEEK_5L_MTP = Model("deepseek-v3-5l-mtp-32e", "deepseek-v3", "llama3", "dummy",
                         (("num_hidden_layers", 5), ("num_nextn_predict_layers", 1), ("n_routed_experts", 32),
                          ("vocab_size", 128256)))
+# gpt-oss-20b's shapes with bf16 experts (scripts/gpu/configs/gpt-oss-20b.json: its config.json without the MXFP4
+# quantization_config); the assets have no o200k tokenizer, so Llama-3's, with the vocabulary cut to it
+GPT_OSS_20B = Model("gpt-oss-20b", "gpt-oss-20b", "llama3", "dummy-at-load", (("vocab_size", 128256),))
 
 OFFLINE = Workload(("throughput", "tpot"))
 OFFLINE_1000 = Workload(("throughput",), num_prompts=1000, input_len=1000, output_len=1000)
@@ -125,6 +128,11 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "TPOT", KIMI_K2_3L, OFFLINE,
              notes="weights drawn by each engine: vLLM's dummy draws the router and its correction bias uniform in "
                    "+-1e-3 too, which can send every token to the same experts (docs/deepseek.md)"),
+    Scenario("gpt-oss-20b-throughput", "GPT-OSS-20B shapes, bf16 experts (sinks, 128-token windows on half the "
+             "layers, clamped SwiGLU experts): throughput 256 x 1024/512 and batch-1 TPOT", GPT_OSS_20B, OFFLINE),
+    Scenario("gpt-oss-20b-long-prompt", "GPT-OSS-20B shapes, bf16 experts: throughput 64 x 8192/256, where the "
+             "window skips most keys of the sliding layers", GPT_OSS_20B,
+             Workload(("throughput",), num_prompts=64, input_len=8192, output_len=256), max_model_len=8704),
     Scenario("llama-3.1-8b-spec-ngram", "batch-1 TPOT with n-gram speculation, 3 tokens", LLAMA_8B,
              Workload(("tpot",)), ours_kwargs=(("method", "ngram"), ("num_speculative_tokens", 3)),
              vllm_kwargs=(("speculative_config", {"method": "ngram", "num_speculative_tokens": 3,

@@ -48,6 +48,8 @@ class AttentionArgs:
     scale: float
     inputs: AttentionInputs
     kv_scale: torch.Tensor | None = None   # [2] float32 (k, v) when the cache is fp8 (ops/attention.py)
+    sinks: torch.Tensor | None = None      # [H]: the layer's per-head sink logits (GPT-OSS; ops/attention.py)
+    sliding_window: int | None = None      # the layer sees the last this many keys (itself included); None: all
 
 
 class AttentionBackend(Protocol):

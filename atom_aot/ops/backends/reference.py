@@ -23,4 +23,5 @@ class ReferenceAttention:
         q, k = apply_rope(args.positions, q, k, args.cos_sin_cache)
         step = args.inputs
         return paged_attention(q, k, args.v, step.kv_cache, args.layer, step.slot_mapping, step.block_tables,
-                               step.seq_lens, step.query_start_loc, args.scale, args.kv_scale)
+                               step.seq_lens, step.query_start_loc, args.scale, args.kv_scale, args.sinks,
+                               args.sliding_window)

@@ -29,4 +29,5 @@ class TritonAttention:
             norm.q_weight if norm else None, norm.k_weight if norm else None, norm.eps if norm else 0.0,
             step.kv_cache, args.layer, step.slot_mapping, *self.rope_cache_args, args.kv_scale)
         return ops.paged_attention(q, step.kv_cache, args.layer, step.block_tables, step.seq_lens,
-                                   step.query_start_loc, args.scale, *self.attention_args, args.kv_scale)
+                                   step.query_start_loc, args.scale, *self.attention_args, args.kv_scale,
+                                   args.sinks, args.sliding_window)

@@ -30,11 +30,20 @@ k_scale folds into the softmax scale; v_scale multiplies the tile's accumulator 
 FP8_AS_FP16: with an fp8 cache and bf16 queries the two dots run in fp16 (q converted once per tile):
 e4m3 -> fp16 is one hardware conversion per pair of values, e4m3 -> bf16 is not, and fp16 holds every
 e4m3 value and the probabilities exactly enough (more mantissa than bf16).
+
+Sinks (HAS_SINKS; GPT-OSS): split 0 of each tile starts its online softmax as if it had already seen one key
+whose logit is the row's head's sink and whose value is 0 (m = sink, l = 1, acc = 0), so the sink takes its
+share of the denominator once, and the merge weighs the splits by log-sum-exps that count it once.
+Sliding window (SLIDING; `window` W): a query at position p sees keys p - W + 1 .. p. The tile's key blocks
+start at the block of its first query's first visible key (earlier blocks are not read, nor split over), the
+blocks holding keys that some rows of the tile no longer see run masked, then the full blocks unmasked, then the
+diagonal masked as without a window.
 """
 import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
+_LOG2E = tl.constexpr(LOG2E)        # the same, as the kernels read it
 
 
 @triton.jit
@@ -64,33 +73,38 @@ def _locate_tile(query_start_loc_ptr, tile, num_seqs, num_tokens, BLOCK_Q: tl.co
 
 
 @triton.jit
-def _key_blocks(seq_lens_ptr, b, num_seqs, q_start, q_end, q_first, split, num_splits,
-                BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr):
+def _key_blocks(seq_lens_ptr, b, num_seqs, q_start, q_end, q_first, split, num_splits, window,
+                BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr):
     """(context, kv_len, kb_lo, kb_hi): tokens cached before this step's queries, the keys the tile's
-    last query sees, and this split's key blocks [kb_lo, kb_hi). The padding pseudo-sequence sees none."""
+    last query sees, and this split's key blocks [kb_lo, kb_hi): from the block of the first key the tile's first
+    query sees (0 without a window). The padding pseudo-sequence sees none."""
     is_real = b < num_seqs
     seq_len = tl.load(seq_lens_ptr + b, mask=is_real, other=0)
     context = seq_len - (q_end - q_start)
     kv_len = tl.where(is_real, context + tl.minimum(q_first + BLOCK_Q, q_end) - q_start, 0)
     num_kv_blocks = tl.cdiv(kv_len, BLOCK_N)
-    per_split = tl.cdiv(num_kv_blocks, num_splits)
-    kb_lo = split * per_split
+    kb_first = 0
+    if SLIDING:
+        kb_first = tl.minimum(tl.maximum(context + (q_first - q_start) - window + 1, 0) // BLOCK_N, num_kv_blocks)
+    per_split = tl.cdiv(num_kv_blocks - kb_first, num_splits)
+    kb_lo = kb_first + split * per_split
     kb_hi = tl.minimum(kb_lo + per_split, num_kv_blocks)
     return context, kv_len, kb_lo, kb_hi
 
 
 @triton.jit
-def _attend_blocks(q, cache, table, kb_lo, kb_hi, kv_len, q_pos, dims, dim_ok, qk_scale_log2, acc, l_i, m_i,
+def _attend_blocks(q, cache, table, kb_lo, kb_hi, kv_len, q_pos, window, dims, dim_ok, qk_scale_log2, acc, l_i, m_i,
                    stride_ckv, stride_cblk, stride_crow,
                    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE: tl.constexpr, MASKED: tl.constexpr,
-                   PREFETCH_PAGES: tl.constexpr):
+                   PREFETCH_PAGES: tl.constexpr, SLIDING: tl.constexpr):
     """Online softmax (base 2) of q [BLOCK_M, D] over key blocks [kb_lo, kb_hi), continuing (acc, l_i, m_i).
 
     MASKED false: the caller guarantees every key of these blocks is < kv_len and visible to every row
-    (a block wholly before the tile's first query), so the loop carries no causal or length mask and no
-    guard for rows that see no key: the off-diagonal bulk of a prefill tile, and all but the last
-    block of a decode step. There the block table's entries for the next block are read one iteration
-    ahead (PREFETCH_PAGES): otherwise each iteration waits for its page ids before it can ask for its keys."""
+    (a block wholly before the tile's first query and inside every row's window), so the loop carries no
+    causal, window or length mask and no guard for rows that see no key: the off-diagonal bulk of a prefill
+    tile, and all but the last block of a decode step. There the block table's entries for the next block are
+    read one iteration ahead (PREFETCH_PAGES): otherwise each iteration waits for its page ids before it can ask
+    for its keys."""
     offsets = tl.arange(0, BLOCK_N)
     if PREFETCH_PAGES and not MASKED:
         next_page = tl.load(table + (kb_lo * BLOCK_N + offsets) // PAGE_SIZE, mask=kb_lo < kb_hi, other=0)
@@ -120,6 +134,8 @@ def _attend_blocks(q, cache, table, kb_lo, kb_hi, kv_len, q_pos, dims, dim_ok, q
         s = s * tl.cast(qk_scale_log2, tl.float32)                 # [BLOCK_M, BLOCK_N]; Inductor passes floats as fp64
         if MASKED:
             visible = (keys[None, :] <= q_pos[:, None]) & key_ok[None, :]
+            if SLIDING:
+                visible = visible & (keys[None, :] > q_pos[:, None] - window)
             s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         if MASKED:
@@ -139,24 +155,42 @@ def _attend_blocks(q, cache, table, kb_lo, kb_hi, kv_len, q_pos, dims, dim_ok, q
 
 
 @triton.jit
-def _attend(q, cache, table, kb_lo, kb_hi, kv_len, first_pos, q_pos, dims, dim_ok, qk_scale_log2,
+def _attend(q, cache, table, kb_lo, kb_hi, kv_len, first_pos, q_pos, window, dims, dim_ok, qk_scale_log2, l_i, m_i,
             stride_ckv, stride_cblk, stride_crow,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr,
-            IEEE: tl.constexpr, PREFETCH_PAGES: tl.constexpr):
-    """Online softmax of q over key blocks [kb_lo, kb_hi): (acc, l_i, m_i) in fp32. The blocks that end at or
-    before `first_pos` (the tile's first query position, which every row's query is at or after) are full:
-    they run unmasked; the rest (the diagonal and the last, partial block) run masked."""
+            IEEE: tl.constexpr, PREFETCH_PAGES: tl.constexpr, SLIDING: tl.constexpr):
+    """Online softmax of q over key blocks [kb_lo, kb_hi), from (l_i, m_i): (acc, l_i, m_i) in fp32. With a window,
+    the blocks holding a key that the tile's last query (at kv_len - 1) no longer sees run masked first. The
+    blocks that end at or before `first_pos` (the tile's first query position, which every row's query is at or
+    after) are full: they run unmasked; the rest (the diagonal and the last, partial block) run masked."""
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
+    lead_hi = kb_lo
+    if SLIDING:
+        lead_hi = tl.maximum(tl.minimum(tl.cdiv(tl.maximum(kv_len - window, 0), BLOCK_N), kb_hi), kb_lo)
+    full_hi = tl.maximum(tl.minimum((first_pos + 1) // BLOCK_N, kb_hi), lead_hi)
+    acc, l_i, m_i = _attend_blocks(q, cache, table, kb_lo, lead_hi, kv_len, q_pos, window, dims, dim_ok,
+                                   qk_scale_log2, acc, l_i, m_i, stride_ckv, stride_cblk, stride_crow, BLOCK_N,
+                                   PAGE_SIZE, IEEE, True, PREFETCH_PAGES, SLIDING)
+    acc, l_i, m_i = _attend_blocks(q, cache, table, lead_hi, full_hi, kv_len, q_pos, window, dims, dim_ok,
+                                   qk_scale_log2, acc, l_i, m_i, stride_ckv, stride_cblk, stride_crow, BLOCK_N,
+                                   PAGE_SIZE, IEEE, False, PREFETCH_PAGES, SLIDING)
+    acc, l_i, m_i = _attend_blocks(q, cache, table, full_hi, kb_hi, kv_len, q_pos, window, dims, dim_ok,
+                                   qk_scale_log2, acc, l_i, m_i, stride_ckv, stride_cblk, stride_crow, BLOCK_N,
+                                   PAGE_SIZE, IEEE, True, PREFETCH_PAGES, SLIDING)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _softmax_start(sinks_ptr, head, head_ok, split, BLOCK_M: tl.constexpr, HAS_SINKS: tl.constexpr):
+    """(l_i, m_i) before any key: nothing seen, or, in split 0 with sinks, the sink as one key of value 0 (its
+    logit in base 2 as the max, weight 1)."""
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
-    full_hi = tl.maximum(tl.minimum((first_pos + 1) // BLOCK_N, kb_hi), kb_lo)
-    acc, l_i, m_i = _attend_blocks(q, cache, table, kb_lo, full_hi, kv_len, q_pos, dims, dim_ok, qk_scale_log2,
-                                   acc, l_i, m_i, stride_ckv, stride_cblk, stride_crow, BLOCK_N, PAGE_SIZE, IEEE,
-                                   False, PREFETCH_PAGES)
-    acc, l_i, m_i = _attend_blocks(q, cache, table, full_hi, kb_hi, kv_len, q_pos, dims, dim_ok, qk_scale_log2,
-                                   acc, l_i, m_i, stride_ckv, stride_cblk, stride_crow, BLOCK_N, PAGE_SIZE, IEEE,
-                                   True, PREFETCH_PAGES)
-    return acc, l_i, m_i
+    if HAS_SINKS:
+        if split == 0:
+            m_i = tl.load(sinks_ptr + head, mask=head_ok, other=0.0).to(tl.float32) * _LOG2E
+            l_i = tl.full([BLOCK_M], 1.0, tl.float32)
+    return l_i, m_i
 
 
 @triton.jit
@@ -183,8 +217,10 @@ def paged_attention_kernel(
     q_ptr, kv_ptr, out_ptr, part_ptr, lse_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
     kv_scale_ptr,                       # [2] float32 (k, v) when KV_SCALED
+    sinks_ptr,                          # [H] sink logits when HAS_SINKS
     qk_scale_log2,                      # softmax scale * log2(e): the kernel works in base 2
     num_tokens, num_seqs, num_splits,   # num_splits: runtime, the grid's third axis
+    window,                             # SLIDING: a query sees the last `window` keys, itself included
     layer_offset,                       # layer * kv_cache.stride(0)
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_pt, stride_ph, stride_ps,    # partials [T, H, num_splits, D] fp32 (unused with one split)
@@ -197,6 +233,8 @@ def paged_attention_kernel(
     KV_SCALED: tl.constexpr,            # fp8 cache with scales: stored * scale is the value
     FP8_AS_FP16: tl.constexpr,          # fp8 cache, bf16 q: the dots run in fp16 (see the module docstring)
     PREFETCH_PAGES: tl.constexpr,       # read the next key block's page ids one iteration ahead (_attend_blocks)
+    HAS_SINKS: tl.constexpr,            # per-head sink logits join the softmax (module docstring)
+    SLIDING: tl.constexpr,              # a sliding window (module docstring)
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     tile = tl.program_id(0)
@@ -216,7 +254,7 @@ def paged_attention_kernel(
     tok64 = tok.to(tl.int64)
 
     context, kv_len, kb_lo, kb_hi = _key_blocks(seq_lens_ptr, b, num_seqs, q_start, q_end, q_first, split,
-                                                num_splits, BLOCK_Q, BLOCK_N)
+                                                num_splits, window, BLOCK_Q, BLOCK_N, SLIDING)
     q_pos = context + (tok - q_start)                       # [BLOCK_M] absolute position of each query
     # q: [BLOCK_M, D]
     q = tl.load(q_ptr + tok64[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
@@ -226,10 +264,11 @@ def paged_attention_kernel(
     qk_scale = tl.cast(qk_scale_log2, tl.float32)
     if KV_SCALED:
         qk_scale = qk_scale * tl.load(kv_scale_ptr)
+    l_i, m_i = _softmax_start(sinks_ptr, head, head_in_group < GROUP, split, BLOCK_M, HAS_SINKS)
     acc, l_i, m_i = _attend(q, kv_ptr + layer_offset + kv_head * stride_ch, block_tables_ptr + b * stride_bt,
-                            kb_lo, kb_hi, kv_len, context + (q_first - q_start), q_pos, dims, dim_ok, qk_scale,
-                            stride_ckv, stride_cblk, stride_crow, BLOCK_M, BLOCK_N, HEAD_DIM_PAD, PAGE_SIZE, IEEE,
-                            PREFETCH_PAGES)
+                            kb_lo, kb_hi, kv_len, context + (q_first - q_start), q_pos, window, dims, dim_ok,
+                            qk_scale, l_i, m_i, stride_ckv, stride_cblk, stride_crow, BLOCK_M, BLOCK_N, HEAD_DIM_PAD,
+                            PAGE_SIZE, IEEE, PREFETCH_PAGES, SLIDING)
     if KV_SCALED:
         acc = acc * tl.load(kv_scale_ptr + 1)
     _store_tile(out_ptr, part_ptr, lse_ptr, acc, l_i, m_i, tok64, head, dims, row_ok, dim_ok, split, num_splits,

@@ -27,6 +27,10 @@ the exact bf16 weight in registers (ops/triton/mxfp4_tiles.py); the dot is bf16'
 multiple of 32). Expert biases (HAS_BIAS, float32) are added to the fp32 products: gate and up's before SiLU-mul,
 down's before the routing weight.
 
+Biases (HAS_BIAS; GPT-OSS) are added to the tile's fp32 gate and up columns before the activation, and to the
+down tile before the routing weight; the activation (ACTIVATION: SiLU, or GPT-OSS's clamped SwiGLU with its alpha
+and limit) is computed on the fp32 tile, as the reference computes it on each expert's rows (ops/moe.py).
+
 Each expert has ceil(count / BLOCK_M) row tiles, so the tiles number at most
 min(T*k, cdiv(T*k + E*(BLOCK_M - 1), BLOCK_M)): the grid's static bound; programs past the last tile return.
 
@@ -46,6 +50,7 @@ from torch.library import triton_op, wrap_triton
 
 from atom_aot.ops.expert_formats import format_of
 from atom_aot.ops.fp8 import BLOCK as FP8_BLOCK, quantize_activations
+from atom_aot.ops.moe import ACTIVATIONS, ExpertActivation
 from atom_aot.ops.mxfp4 import BLOCK as MXFP4_BLOCK, check_mxfp4_shapes
 from atom_aot.ops.triton._common import bucket_rows, check_last_dim_contiguous, dot_acc, in_bucket, next_pow2
 from atom_aot.ops.triton.mxfp4_tiles import mxfp4_tile
@@ -57,6 +62,8 @@ BLOCK_SCALES = tl.constexpr(2)     # e4m3 experts, one scale per 128x128 block
 MXFP4_SCALES = tl.constexpr(3)     # mxfp4 experts: packed e2m1, one e8m0 scale per 32 along K
 SCALE_MODES = {"none": NO_SCALES.value, "row": ROW_SCALES.value, "block": BLOCK_SCALES.value,
                "mxfp4": MXFP4_SCALES.value}      # ops/expert_formats.py ExpertFormat.scale -> SCALES
+# The ACTIVATION mode is the index of ExpertActivation.kind in ops/moe.py ACTIVATIONS (0: SiLU(gate) * up).
+SWIGLU_CLAMPED = tl.constexpr(ACTIVATIONS.index("swiglu_clamped"))
 
 
 @dataclass(frozen=True)
@@ -128,13 +135,27 @@ def _tile(offsets_ptr, num_m_tiles, N, E: tl.constexpr, E_PAD: tl.constexpr, BLO
 
 
 @triton.jit
+def _activate(gate, up, alpha, limit, ACTIVATION: tl.constexpr):
+    """The fp32 tiles' activation: SiLU(gate) * up, or (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g) with
+    g = min(gate, limit)."""
+    if ACTIVATION == SWIGLU_CLAMPED:
+        limit = tl.cast(limit, tl.float32)
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        return (up + 1.0) * (gate * tl.sigmoid(gate * tl.cast(alpha, tl.float32)))
+    return gate * tl.sigmoid(gate) * up
+
+
+@triton.jit
 def moe_gate_up_kernel(
     x_ptr, w13_ptr, inter_ptr, order_ptr, offsets_ptr, scale_ptr, bias_ptr, x_scale_ptr, num_m_tiles, N, K, top_k,
-    stride_xt, stride_we, stride_wn, stride_it, stride_se, stride_sn, stride_be, stride_xst,
+    alpha, limit, stride_xt, stride_we, stride_wn, stride_it, stride_se, stride_sn, stride_be, stride_xst,
     E: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, IEEE: tl.constexpr, SCALES: tl.constexpr, HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,
 ):
-    """inter[r, n] = SiLU(x[tok(r)] . w13[e, n]) * (x[tok(r)] . w13[e, N + n]) for the tile's rows r of expert e."""
+    """inter[r, n] = act(x[tok(r)] . w13[e, n] (+ b13[e, n]), x[tok(r)] . w13[e, N + n] (+ b13[e, N + n])) for the
+    tile's rows r of expert e."""
     expert, rows, row_ok, cols, col_ok = _tile(offsets_ptr, num_m_tiles, N, E, E_PAD, BLOCK_M, BLOCK_N, GROUP_M)
     if expert >= E:
         return
@@ -169,9 +190,9 @@ def moe_gate_up_kernel(
         up = up * tl.load(s_e + N + cols, mask=col_ok, other=0.0)[None, :]
     if HAS_BIAS:
         biases = bias_ptr + expert.to(tl.int64) * stride_be + cols
-        gate += tl.load(biases, mask=col_ok, other=0.0)[None, :]
-        up += tl.load(biases + N, mask=col_ok, other=0.0)[None, :]
-    h = gate * tl.sigmoid(gate) * up
+        gate += tl.load(biases, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        up += tl.load(biases + N, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    h = _activate(gate, up, alpha, limit, ACTIVATION)
     tl.store(inter_ptr + rows.to(tl.int64)[:, None] * stride_it + cols[None, :],
              h.to(inter_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
@@ -183,7 +204,8 @@ def moe_down_kernel(
     E: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, IEEE: tl.constexpr, SCALES: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
-    """per_slot[a(r), n] = weight[a(r)] * (inter[r] . w2[e, n]) for the tile's rows r, a(r) their assignment."""
+    """per_slot[a(r), n] = weight[a(r)] * (inter[r] . w2[e, n] (+ b2[e, n])) for the tile's rows r, a(r) their
+    assignment."""
     expert, rows, row_ok, cols, col_ok = _tile(offsets_ptr, num_m_tiles, N, E, E_PAD, BLOCK_M, BLOCK_N, GROUP_M)
     if expert >= E:
         return
@@ -209,7 +231,7 @@ def moe_down_kernel(
     if SCALES == ROW_SCALES:
         acc = acc * tl.load(s_e + cols, mask=col_ok, other=0.0)[None, :]
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + expert.to(tl.int64) * stride_be + cols, mask=col_ok, other=0.0)[None, :]
+        acc += tl.load(bias_ptr + expert.to(tl.int64) * stride_be + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     weight = tl.load(weights_ptr + assignment, mask=row_ok, other=0.0)   # float32
     tl.store(out_ptr + assignment.to(tl.int64)[:, None] * stride_ot + cols[None, :],
              (acc * weight[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
@@ -280,6 +302,7 @@ def launch_fused_moe(
     w2_scale: torch.Tensor | None = None,    # [E, H] or [E, H/128, I/128] float32 when w2 is e4m3
     w13_bias: torch.Tensor | None = None,    # [E, 2I] float32
     w2_bias: torch.Tensor | None = None,     # [E, H] float32
+    activation: ExpertActivation = ExpertActivation(),
 ) -> torch.Tensor:
     for name, t in (("hidden", hidden), ("w13", w13), ("w2", w2)):
         check_last_dim_contiguous(name, t)
@@ -309,7 +332,8 @@ def launch_fused_moe(
     for active, num_m_tiles, c, tiles in buckets:      # every gate_up first: the downs' inputs are quantized once
         wrap_triton(moe_gate_up_kernel)[(active * num_m_tiles * triton.cdiv(inter_size, c.block_n),)](
             x, w13, inter, order, offsets, s13, b13, x_scale, num_m_tiles, inter_size, hidden_size, top_k,
-            x.stride(0), w13.stride(0), w13.stride(1), inter.stride(0), *strides[0], x_scale.stride(0), **tiles)
+            activation.alpha, activation.limit, x.stride(0), w13.stride(0), w13.stride(1), inter.stride(0), *strides[0],
+            x_scale.stride(0), ACTIVATION=ACTIVATIONS.index(activation.kind), **tiles)
     a, a_scale = quantize_activations(inter, None, block_scaled=True) if w8a8 else (inter, inter)   # [T*k, I/128]
     for active, num_m_tiles, c, tiles in buckets:
         wrap_triton(moe_down_kernel)[(active * num_m_tiles * triton.cdiv(hidden_size, c.block_n),)](
@@ -377,5 +401,7 @@ def combine_slots(per_slot: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tenso
 def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, table: list[int], w13_scale: torch.Tensor | None = None,
               w2_scale: torch.Tensor | None = None, w13_bias: torch.Tensor | None = None,
-              w2_bias: torch.Tensor | None = None) -> torch.Tensor:
-    return launch_fused_moe(hidden, w13, w2, topk_weights, topk_ids, table, w13_scale, w2_scale, w13_bias, w2_bias)
+              w2_bias: torch.Tensor | None = None, activation: str = "silu", alpha: float = 1.0,
+              limit: float = 0.0) -> torch.Tensor:
+    return launch_fused_moe(hidden, w13, w2, topk_weights, topk_ids, table, w13_scale, w2_scale, w13_bias, w2_bias,
+                            ExpertActivation(activation, alpha, limit))

@@ -1,6 +1,7 @@
 """MoE routers as one kernel each (the contracts of atom_aot/ops/moe.py, which the `reference` moe backend runs):
 
 - `atom_triton::softmax_topk` (Qwen3-MoE, Mixtral): the softmax over experts, its top k, their renormalization;
+- `atom_triton::top_k_softmax` (GPT-OSS): the top k of the logits, a softmax over those k (the same kernel);
 - `atom_triton::grouped_sigmoid_topk` (DeepSeek-V3): sigmoid scores plus the correction bias, the best
   `topk_group` groups by the sum of their two best biased scores, the top k inside them, the unbiased scores as
   weights, renormalized, scaled.
@@ -46,20 +47,29 @@ def _store_top_k(weights_ptr, ids_ptr, row, weights, ids, K: tl.constexpr, K_PAD
 
 @triton.jit
 def softmax_topk_kernel(logits_ptr, weights_ptr, ids_ptr, stride_t, E: tl.constexpr, E_PAD: tl.constexpr,
-                        K: tl.constexpr, K_PAD: tl.constexpr, RENORMALIZE: tl.constexpr):
+                        K: tl.constexpr, K_PAD: tl.constexpr, RENORMALIZE: tl.constexpr, TOP_K_FIRST: tl.constexpr):
+    """TOP_K_FIRST: the k largest logits, then their softmax (GPT-OSS); else the softmax over all E, its k largest
+    probabilities, renormalized if RENORMALIZE."""
     row = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, E_PAD)
     logits = tl.load(logits_ptr + row * stride_t + lanes, mask=lanes < E, other=float("-inf")).to(tl.float32)
-    exps = tl.exp(logits - tl.max(logits, 0))
-    probs = tl.where(lanes < E, exps / tl.sum(exps, 0), float("-inf"))
-    weights, ids = _take_top_k(probs, probs, lanes, E_PAD, K, K_PAD)
-    if RENORMALIZE:
-        weights = weights / tl.sum(weights, 0)                         # padded slots hold 0
+    if TOP_K_FIRST:
+        top, ids = _take_top_k(logits, logits, lanes, E_PAD, K, K_PAD)
+        slots = tl.arange(0, K_PAD)
+        exps = tl.where(slots < K, tl.exp(top - tl.max(tl.where(slots < K, top, float("-inf")), 0)), 0.0)
+        weights = exps / tl.sum(exps, 0)
+    else:
+        exps = tl.exp(logits - tl.max(logits, 0))
+        probs = tl.where(lanes < E, exps / tl.sum(exps, 0), float("-inf"))
+        weights, ids = _take_top_k(probs, probs, lanes, E_PAD, K, K_PAD)
+        if RENORMALIZE:
+            weights = weights / tl.sum(weights, 0)                         # padded slots hold 0
     _store_top_k(weights_ptr, ids_ptr, row, weights, ids, K, K_PAD)
 
 
-def launch_softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """router_logits [T, E] -> (weights [T, k] float32, ids [T, k] int32)."""
+def launch_softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool,
+                        top_k_first: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_logits [T, E] -> (weights [T, k] float32, ids [T, k] int32); `top_k_first`: top_k_softmax's order."""
     check_last_dim_contiguous("router_logits", router_logits)
     num_tokens, num_experts = router_logits.shape
     if not 0 < top_k <= num_experts:
@@ -68,13 +78,19 @@ def launch_softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bo
     ids = torch.empty((num_tokens, top_k), dtype=torch.int32, device=router_logits.device)
     wrap_triton(softmax_topk_kernel)[(num_tokens,)](
         router_logits, weights, ids, router_logits.stride(0), E=num_experts, E_PAD=next_pow2(num_experts), K=top_k,
-        K_PAD=next_pow2(top_k), RENORMALIZE=renormalize, num_warps=4 if num_experts > 64 else 1)
+        K_PAD=next_pow2(top_k), RENORMALIZE=renormalize, TOP_K_FIRST=top_k_first,
+        num_warps=4 if num_experts > 64 else 1)
     return weights, ids
 
 
 @triton_op("atom_triton::softmax_topk", mutates_args=())
 def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return launch_softmax_topk(router_logits, top_k, renormalize)
+
+
+@triton_op("atom_triton::top_k_softmax", mutates_args=())
+def top_k_softmax(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return launch_softmax_topk(router_logits, top_k, renormalize=False, top_k_first=True)
 
 
 @triton.jit

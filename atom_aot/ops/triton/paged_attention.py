@@ -1,9 +1,10 @@
 """`atom_triton::paged_attention`: causal varlen GQA attention over the paged KV cache.
 
-Same contract as `atom::paged_attention` (atom_aot/ops/attention.py) minus the cache write: this
-step's keys and values are already in the cache (`atom_triton::qk_norm_rope_cache_write` put them
-there), so prefill, chunked prefill, decode and any mix of them are one call. Rows of q past
-query_start_loc[-1] (padding of a captured batch) come back as zeros.
+Same contract as `atom::paged_attention` (atom_aot/ops/attention.py, its sinks and sliding window
+included) minus the cache write: this step's keys and values are already in the cache
+(`atom_triton::qk_norm_rope_cache_write` put them there), so prefill, chunked prefill, decode and any
+mix of them are one call. Rows of q past query_start_loc[-1] (padding of a captured batch) come back
+as zeros.
 
 The launch config arrives as plain ints so that an exported graph carries the tuned values; the
 grid and the key-split count depend only on shapes and those ints (see attention_kernels.py),
@@ -105,6 +106,8 @@ def launch_paged_attention(
     fp8_as_fp16: Optional[bool] = None,        # None: as fp8_dots_in_fp16 says (benchmarks pass both)
     maxnreg: Optional[int] = None,             # eager launches only (benchmarks): ptxas' register cap
     prefetch_pages: Optional[bool] = None,     # None: as reads_page_ids_ahead says (benchmarks pass both)
+    sinks: Optional[torch.Tensor] = None,      # [H]: per-head sink logits (ops/attention.py)
+    sliding_window: Optional[int] = None,      # a query sees the last this many keys, itself included
 ) -> torch.Tensor:
     """Launches the tile kernel and, when this batch splits its keys, the merge kernel; returns out [T, H, D]."""
     check_kv_cache(kv_cache)
@@ -117,9 +120,11 @@ def launch_paged_attention(
     num_splits = split_count(num_seqs, num_kv_heads, target_programs, max_splits)
     out, part, lse = split_outputs(q, head_dim, num_splits, max_splits)
     grid = (num_tokens // block_q + num_seqs + 1, num_kv_heads, num_splits)
+    check_attention_options(sinks, sliding_window, num_heads)
     wrap_triton(paged_attention_kernel)[grid](
         q, kv_cache, out, part, lse, block_tables, seq_lens, query_start_loc,
-        seq_lens if kv_scale is None else kv_scale, scale * LOG2E, num_tokens, num_seqs, num_splits, layer * kv_cache.stride(0),
+        seq_lens if kv_scale is None else kv_scale, seq_lens if sinks is None else sinks, scale * LOG2E,
+        num_tokens, num_seqs, num_splits, sliding_window or 0, layer * kv_cache.stride(0),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), *part.stride()[:3], *lse.stride()[:2],
         kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), kv_cache.stride(4),
         block_tables.stride(0),
@@ -128,11 +133,20 @@ def launch_paged_attention(
         MAY_SPLIT=max_splits > 1, KV_SCALED=kv_scale is not None,
         FP8_AS_FP16=fp8_dots_in_fp16(q.dtype, kv_cache.dtype) if fp8_as_fp16 is None else fp8_as_fp16,
         PREFETCH_PAGES=reads_page_ids_ahead(num_stages) if prefetch_pages is None else prefetch_pages,
+        HAS_SINKS=sinks is not None, SLIDING=sliding_window is not None,
         num_warps=num_warps, num_stages=num_stages, **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     if max_splits > 1:
         launch_merge_splits(part, lse, out, num_splits, max_splits)
     return out
+
+
+def check_attention_options(sinks: Optional[torch.Tensor], sliding_window: Optional[int], num_heads: int) -> None:
+    if sinks is not None and (sinks.shape != (num_heads,) or not sinks.is_contiguous()):
+        raise ValueError(f"paged_attention: sinks must be one contiguous logit per query head ({num_heads}), got "
+                         f"shape {tuple(sinks.shape)}")
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"paged_attention: sliding_window must be >= 1 (or None), got {sliding_window}")
 
 
 def reads_page_ids_ahead(num_stages: int) -> bool:
@@ -189,7 +203,9 @@ def paged_attention(
     q: torch.Tensor, kv_cache: torch.Tensor, layer: int, block_tables: torch.Tensor, seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor, scale: float,
     block_m: int, block_n: int, num_warps: int, num_stages: int, target_programs: int, max_splits: int,
-    kv_scale: Optional[torch.Tensor] = None,
+    kv_scale: Optional[torch.Tensor] = None, sinks: Optional[torch.Tensor] = None,
+    sliding_window: Optional[int] = None,
 ) -> torch.Tensor:
     return launch_paged_attention(q, kv_cache, layer, block_tables, seq_lens, query_start_loc, scale,
-                                  block_m, block_n, num_warps, num_stages, target_programs, max_splits, kv_scale)
+                                  block_m, block_n, num_warps, num_stages, target_programs, max_splits, kv_scale,
+                                  sinks=sinks, sliding_window=sliding_window)

@@ -182,6 +182,10 @@ class ChatMessage(Strict):
     name: Text | None = None
     tool_calls: list[ToolCallMessage] | None = None     # assistant
     tool_call_id: Text | None = None                    # tool
+    # an assistant turn's reasoning as a response returned it (harmony_stream.py): the template reads it (as
+    # `thinking` / `reasoning_content`, runtime/text/fast_tokenizer.py), so a client may send its messages back whole
+    reasoning: Text | None = None
+    reasoning_content: Text | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -205,6 +209,9 @@ class ChatMessage(Strict):
             message["tool_calls"] = [call.as_template_input() for call in self.tool_calls]
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
+        reasoning = self.reasoning if self.reasoning is not None else self.reasoning_content
+        if reasoning is not None:
+            message["reasoning"] = reasoning
         return message
 
 

@@ -1,6 +1,7 @@
 """POST /v1/chat/completions: messages -> chat template -> n choices, whole or streamed."""
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jinja2
@@ -17,6 +18,7 @@ from atom_aot.server.serving.async_engine import RequestGroup
 from atom_aot.server.serving.common import (ChoiceResult, bad_words_of, check_request, choice_params,
                                             collect_unless_disconnected, renderer_of, shown_prompt_logprobs, submit,
                                             truncated_prompt)
+from atom_aot.server.serving.harmony_stream import HarmonyFields, HarmonyStream, harmony_fields, harmony_message
 from atom_aot.server.serving.logprobs import chat_logprobs
 from atom_aot.server.serving.responses import DONE, Envelope, StreamResponse, envelope, sse, sse_error, usage
 from atom_aot.server.serving.tokenizer_pool import off_loop
@@ -35,16 +37,19 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     grammar = plan.grammar if plan is not None and plan.grammar is not None else req.grammar_spec
     params = choice_params(req, req.requested_max_tokens, logprobs, req.prompt_logprobs, grammar=grammar,
                            bad_words=await bad_words_of(state, req))
+    harmony = harmony_fields(state.options, plan)
+    if harmony is not None:        # harmony is read from its special tokens, so the text keeps them
+        params = [dataclasses.replace(p, skip_special_tokens=False) for p in params]
     rid = request_id_of(request)
     env = envelope(state, "chatcmpl", "chat.completion.chunk" if req.stream else "chat.completion", rid,
                    req.include_usage)
     group = await submit(state, rid.engine_base(env.id), [prompt_ids] * len(params), params, arrival)
     if req.stream:
-        return StreamResponse(_stream(state, req, group, env, len(prompt_ids), plan), group)
+        return StreamResponse(_stream(state, req, group, env, len(prompt_ids), plan, harmony), group)
     results = await collect_unless_disconnected(request, group)
     if results is None:
         return Response(status_code=499)        # the client is gone; nobody reads this
-    return JSONResponse(_response(state, req, plan, env, results, len(prompt_ids)))
+    return JSONResponse(_response(state, req, plan, env, results, len(prompt_ids), harmony))
 
 
 def check_request_template(state: ServerState, req: TemplateFields) -> None:
@@ -80,8 +85,12 @@ def render_messages(state: ServerState, messages: list[ChatMessage], add_generat
                           code="invalid_value") from None
 
 
-def _message(plan: ToolPlan | None, result: ChoiceResult) -> tuple[dict, str | None]:
-    """The assistant message of a choice and its finish reason: tool calls read from the text."""
+def _message(plan: ToolPlan | None, result: ChoiceResult, harmony: HarmonyFields | None) -> tuple[dict, str | None]:
+    """The assistant message of a choice and its finish reason: tool calls (and harmony's reasoning) read from the
+    text."""
+    if harmony is not None:
+        message, parsed = harmony_message(harmony, result.text)
+        return message, plan.finish_reason(parsed, result.finish_reason) if plan else result.finish_reason
     if plan is None:
         return {"role": "assistant", "content": result.text}, result.finish_reason
     parsed = plan.parse(result.text)
@@ -92,10 +101,10 @@ def _message(plan: ToolPlan | None, result: ChoiceResult) -> tuple[dict, str | N
 
 
 def _response(state: ServerState, req: ChatCompletionRequest, plan: ToolPlan | None, env: Envelope,
-              results: list[ChoiceResult], num_prompt_tokens: int) -> dict:
+              results: list[ChoiceResult], num_prompt_tokens: int, harmony: HarmonyFields | None = None) -> dict:
     choices, echo, renderer = [], echoed(req), renderer_of(state, req)
     for i, r in enumerate(results):
-        message, finish_reason = _message(plan, r)
+        message, finish_reason = _message(plan, r, harmony)
         if echo:
             message["content"] = echo + (message["content"] or "")
         choices.append({"index": i, "message": message, "finish_reason": finish_reason,
@@ -107,11 +116,12 @@ def _response(state: ServerState, req: ChatCompletionRequest, plan: ToolPlan | N
 
 
 async def _stream(state: ServerState, req: ChatCompletionRequest, group: RequestGroup, env: Envelope,
-                  num_prompt_tokens: int, plan: ToolPlan | None = None):
+                  num_prompt_tokens: int, plan: ToolPlan | None = None, harmony: HarmonyFields | None = None):
     """The `{"role": "assistant"}` chunks are sent with the engine's first output, not before the
     prefill: benchmark clients (vLLM's, ATOM's) start the first-token clock on the first chunk."""
     finals = [None] * len(group.request_ids)
-    tool_streams = [ToolCallStream(plan) for _ in group.request_ids] if plan is not None else None
+    tool_streams = ([HarmonyStream(harmony, plan) for _ in group.request_ids] if harmony is not None
+                    else [ToolCallStream(plan) for _ in group.request_ids] if plan is not None else None)
     roles = "".join(_first_chunks(env, len(group.request_ids), echoed(req)))
     renderer = renderer_of(state, req)
     try:
@@ -155,8 +165,9 @@ def _first_chunks(env: Envelope, count: int, echo: str):
             yield sse(env.wrap([{"index": i, "delta": {"content": echo}, "logprobs": None, "finish_reason": None}]))
 
 
-def _delta(tool_stream: ToolCallStream | None, update) -> tuple[dict, str | None]:
-    """A stream chunk's delta and finish reason: the text as content, or through the choice's tool stream."""
+def _delta(tool_stream: ToolCallStream | HarmonyStream | None, update) -> tuple[dict, str | None]:
+    """A stream chunk's delta and finish reason: the text as content, or through the choice's tool or harmony
+    stream."""
     if tool_stream is None:
         return ({"content": update.delta_text} if update.delta_text else {}), update.finish_reason
     delta = tool_stream.delta(update.delta_text, update.finished)

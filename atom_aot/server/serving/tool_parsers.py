@@ -5,6 +5,9 @@
 - `llama3_json` (Llama 3.x): the whole output is `{"name": ..., "parameters": {...}}` (several joined by
   `;`), optionally after `<|python_tag|>`; no content.
 
+- `openai` (GPT-OSS): harmony messages to `functions.NAME` (server/serving/harmony.py); its streams and reasoning go
+  through server/serving/harmony_stream.py, since harmony's content is not a prefix of the text.
+
 A text that does not parse as calls is plain content (vLLM does the same). `streamable` says how much
 of a growing text is surely content, so a stream never shows the start of a call as text, and
 `partial_calls` reads the calls of a growing text as far as they go, so a stream can send a call's name
@@ -18,6 +21,9 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
+
+from atom_aot.server.serving.harmony import read_output
+from atom_aot.server.serving.markers import held_prefix
 
 
 @dataclass(frozen=True)
@@ -90,11 +96,6 @@ def parsed_call(body: str, arguments_keys: tuple[str, ...]) -> ToolCall:
     return call
 
 
-def _held_prefix(text: str, marker: str) -> int:
-    """Length of the longest end of `text` that begins `marker` (it may be the marker's first half)."""
-    return next((n for n in range(min(len(marker) - 1, len(text)), 0, -1) if marker.startswith(text[-n:])), 0)
-
-
 class HermesParser:
     START, END = "<tool_call>", "</tool_call>"
     KEYS = ("arguments", "parameters")
@@ -112,14 +113,14 @@ class HermesParser:
 
     def streamable(self, text: str) -> int:
         start = text.find(self.START)
-        return start if start >= 0 else len(text) - _held_prefix(text, self.START)
+        return start if start >= 0 else len(text) - held_prefix(text, self.START)
 
     def partial_calls(self, text: str) -> list[PartialCall]:
         """The calls begun so far; the last one's body may hold the first characters of the end marker."""
         calls = []
         for section in text.split(self.START)[1:]:
             body = section.split(self.END)[0]
-            call = read_call(body[:len(body) - _held_prefix(body, self.END)], self.KEYS)
+            call = read_call(body[:len(body) - held_prefix(body, self.END)], self.KEYS)
             if call is None:
                 break
             calls.append(call)
@@ -177,4 +178,13 @@ def _skip_separator(body: str, at: int) -> int:
     return len(body) - len(rest.removeprefix(";").lstrip())
 
 
-TOOL_PARSERS = {"hermes": HermesParser, "llama3_json": Llama3JsonParser}
+class OpenAIHarmonyParser:
+    """GPT-OSS's calls: the harmony messages addressed to functions (server/serving/harmony.py); the content is the final
+    answer (and any preamble), the reasoning left out (server/serving/harmony_stream.py reads it)."""
+
+    def parse(self, text: str) -> ParsedOutput:
+        out = read_output(text)
+        return ParsedOutput(out.content, [ToolCall(name, arguments) for name, arguments in out.calls])
+
+
+TOOL_PARSERS = {"hermes": HermesParser, "llama3_json": Llama3JsonParser, "openai": OpenAIHarmonyParser}
