@@ -85,7 +85,7 @@ def test_build_flags_with_an_artifact_are_refused(tiny_llama_eager_artifact, cap
 
 
 def test_serve_a_model_reuses_its_cached_build_and_serves_it(tiny_llama_dir, tiny_llama_eager_artifact, tmp_path):
-    """The eager artifact of this model is already in the session cache: found by its build key."""
+    """The eager artifact of this model is already in the test run's cache: found by its build key."""
     port = free_port()
     log_path = tmp_path / "server.log"
     with open(log_path, "w") as log:

@@ -19,7 +19,7 @@ from atom_aot import LLMEngine, SamplingParams  # noqa: E402
 from factories import make_tiny_model, random_prompts  # noqa: E402
 
 
-KV_BLOCKS = 2048      # small pools: several engines (and transformers) share the GPU in one session
+KV_BLOCKS = 2048      # small pools: several engines (and transformers) share the GPU in one pytest run
 
 
 def build_for_gpu(model_dir, cache, **options):
