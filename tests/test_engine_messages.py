@@ -38,7 +38,7 @@ class FakeCore:
         if num_prompt_tokens > MAX_PROMPT:
             raise ContextLengthError(f"{num_prompt_tokens} tokens do not fit in {MAX_PROMPT}")
 
-    def add_request(self, prompt_token_ids, params, request_id, arrival_time, on_admitted) -> str:
+    def add_checked(self, prompt_token_ids, params, request_id, arrival_time, on_admitted) -> str:
         if self.broken:
             raise RuntimeError("a bug")
         self.added.append(request_id)
