@@ -124,7 +124,7 @@ def test_the_engine_loop_answers_an_add_once_its_requests_grammars_compiled(loop
     """The reply to AddRequests waits for every request's grammar (the loop steps meanwhile); one that does not
     compile refuses the call and aborts the call's requests already queued."""
     told = {}
-    loopback.core.add_request = lambda prompt, params, request_id, arrival_time, on_admitted: told.update(
+    loopback.core.add_checked = lambda prompt, params, request_id, arrival_time, on_admitted: told.update(
         {request_id: on_admitted})
 
     def call(call_id: int, *ids: str) -> None:

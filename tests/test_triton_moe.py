@@ -116,9 +116,12 @@ def test_block_scaled_fp8_experts_match_the_reference():
     w13d, w2d = block_dequantized(q13.cpu(), s13.cpu()), block_dequantized(q2.cpu(), s2.cpu())
     assert rel_error(reference.double(), naive_moe(x, w13d, w2d, weights, ids, activations=group_quantized)) < 1e-5
     assert 1e-3 < rel_error(reference.double(), naive_moe(x, w13d, w2d, weights, ids)) < 0.1
+    # the kernel against the reference on its own device: the SiLU-mul output's e4m3 rounding is that close to a
+    # code boundary at times that CPU and CUDA arithmetic round one element apart (a 2.6% row at this seed on H200)
+    here = fused_moe_reference(x, q13, q2, weights, ids, s13, s2).cpu()
     table = [1, 16, 32, 64, 1, 2, 1]         # BLOCK_K 64: two steps per scale block
     got = torch.ops.atom_triton.fused_moe(x, q13, q2, weights, ids, table, s13, s2)
-    assert rel_error(got.cpu(), reference) < TOL[torch.float32]
+    assert rel_error(got.cpu(), here) < TOL[torch.float32]
     with pytest.raises(ValueError, match="BLOCK_K dividing 128"):
         torch.ops.atom_triton.fused_moe(x, q13, q2, weights, ids, [1, 16, 32, 256, 1, 2, 1], s13, s2)
 

@@ -60,7 +60,8 @@ def tune_mixed(cfg: ModelConfig, config: BuildConfig, decode_params: dict, best)
     against = {shape_name(s): {"triton": steps.time(s, chosen), "reference": steps.time(s, BackendChoice("reference"))}
                for s in REFERENCE_SHAPES}
     measurements = {"mla_chunk": _json(chunk_ms), "mla_prefix": _json(prefix_ms), "absorbed_runs": runs_ms,
-                    "against_reference": against, "triton_in_cuda_graphs": not steps.uncaptured}
+                    "against_reference": against, "triton_in_cuda_graphs": not steps.uncaptured,
+                    "triton_choice": chosen.to_dict()}
     if steps.uncaptured:
         log.warning("tuning: the triton mixed MLA path did not capture in a CUDA graph at %s (timed as it ran)",
                     ", ".join(sorted(steps.uncaptured)))

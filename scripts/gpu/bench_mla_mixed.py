@@ -111,7 +111,11 @@ def main() -> None:
                                           "mla_prefix": (16, 16, 4, 2), "absorbed_runs": (2,)})
         cases = [(c, n, build) for c, n in SMOKE_CASES]
     else:
-        chosen, out["tuning"], out["tuning_label"] = tune_mixed(cfg, build, DECODE_ROW, best_config)
+        build_choice, out["tuning"], out["tuning_label"] = tune_mixed(cfg, build, DECODE_ROW, best_config)
+        out["build_choice"] = build_choice.to_dict()
+        # the tuned triton path is measured whichever row the build would keep
+        triton_choice = out["tuning"]["triton_choice"]
+        chosen = BackendChoice("triton", {k: tuple(v) for k, v in triton_choice["params"].items()})
         fp8_build = BuildConfig(arch="sm90", dtype="bfloat16", kv_cache_dtype="fp8")
         cases = [(c, n, build) for c, n in SINGLE + BATCHES] + [(c, n, fp8_build) for c, n in FP8]
     out["chosen"] = chosen.to_dict()

@@ -2,7 +2,7 @@
 # Staging for GPU benchmark runs (python -m atom_aot.bench.gpu), the one place these steps live.
 # The GPU machines have torch and no network, and take at most 64 MiB of files per command, so what they lack
 # travels in git-ignored folders of the checkout, named in the device tool's `carry`:
-#   .whl   wheels the image lacks (zstandard), installed into /tmp/site
+#   .whl   wheels the image lacks (zstandard; cryptography for artifact signatures), installed into /tmp/site
 #   .gpu   configs/ and tokenizers/ of the benchmark models (the runner's --assets)
 #   .vllm  the vLLM 0.24 bundle (../shared/tools/vllm-peer): bundle.part00..NN of 38 MiB, SHA256SUMS, install.sh
 #
@@ -21,7 +21,8 @@ prepare() {
   grep -qx "/.vllm/" .gitignore || { echo "stage.sh: run from the repository root" >&2; exit 2; }
   mkdir -p .whl .gpu/configs .gpu/tokenizers
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl zstandard==0.25.0
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+    zstandard==0.25.0 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12
   cp "$MODELS"/configs/*.json .gpu/configs/
   for t in "$MODELS"/tokenizers/*/; do
     mkdir -p ".gpu/tokenizers/$(basename "$t")" && cp "$t"tokenizer*.json ".gpu/tokenizers/$(basename "$t")/"
@@ -33,8 +34,9 @@ prepare() {
 case "${1:-}" in
   prepare) prepare ;;
   wheels)
-    [ -f /tmp/site/.installed ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-      --upgrade --target /tmp/site .whl/*.whl && touch /tmp/site/.installed; } ;;
+    # the marker names the wheels installed: a changed .whl installs again
+    [ "$(cat /tmp/site/.installed 2>/dev/null)" = "$(ls .whl)" ] || { python3 -m pip install -q --no-index --no-deps \
+      --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && ls .whl > /tmp/site/.installed; } ;;
   part|install)
     mkdir -p /tmp/vstage
     cp .vllm/bundle.part?? .vllm/SHA256SUMS .vllm/install.sh /tmp/vstage/ 2>/dev/null || true

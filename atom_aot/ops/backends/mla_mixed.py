@@ -62,7 +62,9 @@ class TritonMixedMLA:
         rows = (starts[:, None] + token[None, :]).clamp(max=args.q_nope.shape[0] - 1).flatten()
         context = step.seq_lens[:, None] - counts[:, None] + token[None, :] + 1                  # causal, per token
         lens = torch.where(taken, context, 0).flatten().to(step.seq_lens.dtype)
-        tables = step.block_tables if n == 1 else step.block_tables.repeat_interleave(n, dim=0)
+        # row b * n + j reads sequence b's table: gathered, as repeat_interleave's export (torch 2.11) guards the
+        # table width with min(W, n * W) == W, which a dynamic W cannot be shown to satisfy
+        tables = step.block_tables.index_select(0, torch.arange(n * starts.shape[0], device=starts.device) // n)
         return absorbed_decode(args, args.q_nope[rows], q_pe[rows], tables, lens, self.table)
 
 

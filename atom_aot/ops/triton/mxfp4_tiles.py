@@ -52,6 +52,8 @@ def mxfp4_tile(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn, FLOAT32:
     tiny = tl.join(e2m1_tiny(packed, False), e2m1_tiny(packed, True))                    # [BLOCK_N, HALF, 2]: k order
     w = (tiny.reshape(BLOCK_N, GROUPS, MXFP4_BLOCK) * TWO_POW_126) * e8m0_float32(e)[:, :, None]
     w = tl.trans(w.reshape(BLOCK_N, BLOCK_K))
-    if FLOAT32:
-        return w
-    return w.to(tl.bfloat16)
+    # one return: Triton generates the statements after a constexpr branch's return too, and two returns of
+    # different dtypes do not compile
+    if not FLOAT32:
+        w = w.to(tl.bfloat16)
+    return w
