@@ -9,7 +9,7 @@ from triton_support import DEVICE, ON_GPU, poisoned_outputs  # noqa: F401 (an au
 
 from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
 from atom_aot.models.config import ModelConfig
-from atom_aot.models.decoder import DecoderLayer, GatedMLP
+from atom_aot.models.decoder import AttentionOptions, DecoderLayer, GatedMLP
 from atom_aot.models.layers import RMSNorm
 from atom_aot.models.quant_layers import QuantizedInput, make_quantized_linear, use_linear_kernels
 from atom_aot.ops.backends.rms_norm_quant import add_rms_norm
@@ -87,7 +87,7 @@ def test_a_quantizing_norm_feeds_its_linear_what_the_plain_path_computes(choice)
     linear on it gives the plain path's output (norm, then the linear's own quantization); without a residual,
     or with partial sums to all-reduce, the norm stays plain."""
     cfg = tiny_config()
-    layer = DecoderLayer(cfg, 0, torch.bfloat16, "fp8", qk_norm=False, mlp=GatedMLP(cfg, torch.bfloat16, "fp8"))
+    layer = DecoderLayer(cfg, 0, torch.bfloat16, "fp8", AttentionOptions(), mlp=GatedMLP(cfg, torch.bfloat16, "fp8"))
     layer.mlp.gate_up_proj = fp8_linear(192, 64, seed=2)
     layer = layer.to(DEVICE)
     norm, linear = layer.post_attention_layernorm, layer.mlp.gate_up_proj
@@ -112,11 +112,11 @@ def test_only_norms_that_feed_a_per_token_fp8_linear_alone_quantize():
     and a row without the choice (artifacts built before it, the CPU's) sets none."""
     cfg = tiny_config()
     row = PhaseTuning({"fp8_linear": BackendChoice("aten"), "rms_norm_quant": BackendChoice("inductor")})
-    moe_like = DecoderLayer(cfg, 0, torch.bfloat16, "fp8", qk_norm=False, mlp=nn.Identity())
+    moe_like = DecoderLayer(cfg, 0, torch.bfloat16, "fp8", AttentionOptions(), mlp=nn.Identity())
     use_linear_kernels(moe_like, row)
     assert moe_like.input_layernorm.quantizer is not None and moe_like.post_attention_layernorm.quantizer is None
     for quant in ("none", "fp8-static"):
-        layer = DecoderLayer(cfg, 0, torch.bfloat16, quant, qk_norm=False, mlp=GatedMLP(cfg, torch.bfloat16, quant))
+        layer = DecoderLayer(cfg, 0, torch.bfloat16, quant, AttentionOptions(), mlp=GatedMLP(cfg, torch.bfloat16, quant))
         use_linear_kernels(layer, row)
         assert layer.input_layernorm.quantizer is None and layer.post_attention_layernorm.quantizer is None
     use_linear_kernels(moe_like, PhaseTuning({"fp8_linear": BackendChoice("aten")}))
