@@ -9,12 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from atom_aot.runtime.threads import prefer_passive_openmp_wait
+from atom_aot.runtime.threads import prefer_passive_openmp_wait, usable_cpus
 
 # Idle OpenMP threads sleep, as in the engine process (runtime/threads.py); OpenMP reads the policy when torch loads
 # it. Spinning ones held the cores that the tests' other threads and processes needed: on a shared 2-core host
 # test_moe_models.py took 708 s with them, 72 s without.
 prefer_passive_openmp_wait()
+# Under pytest-xdist (-n N) the workers share the cores: each takes its part of them for torch's threads (the engine
+# and the rank processes the tests start read OMP_NUM_THREADS too), instead of N workers each running on all of them.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and not os.environ.get("OMP_NUM_THREADS"):
+    os.environ["OMP_NUM_THREADS"] = str(max(1, usable_cpus() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 import torch  # noqa: E402
 
 # Without a GPU, Triton kernels run in Triton's interpreter. Triton reads this when it is first
