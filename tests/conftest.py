@@ -41,10 +41,13 @@ def unfrozen_heap():
 
 @pytest.fixture(scope="session", autouse=True)
 def isolated_caches(tmp_path_factory):
-    """Keep unpacked members and artifacts of the test session out of the user's caches."""
+    """Keep unpacked members and artifacts of the test run out of the user's caches. The artifact cache is the
+    run's, shared by pytest-xdist's workers (their temporary roots lie inside the run's): an artifact is found by
+    its build key, so the workers build each one once (`_build` locks the key); unpacked members stay per worker."""
     root = tmp_path_factory.mktemp("atom-cache")
+    run_root = tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else root
     os.environ["ATOM_AOT_CACHE"] = str(root / "unpacked")
-    os.environ["ATOM_AOT_ARTIFACTS"] = str(root / "artifacts")
+    os.environ["ATOM_AOT_ARTIFACTS"] = str(run_root / "atom-artifacts")
     return root
 
 
@@ -64,9 +67,18 @@ def tiny_qwen3_dir(tmp_path_factory) -> Path:
 
 
 def _build(model_dir: Path, cache: Path, **options) -> Path:
+    """The artifact of `model_dir` built with `options` for the cpu arch, from the run's cache when a worker built it
+    already; a worker that finds another building the same key waits for it (an exclusive lock on the key)."""
+    import fcntl
     from atom_aot.build.config import BuildConfig
-    from atom_aot.build.pipeline import build
-    return build(str(model_dir), BuildConfig(arch="cpu", **options), cache_dir=cache, show_progress=False).path
+    from atom_aot.build.pipeline import build, plan
+    config = BuildConfig(arch="cpu", **options)
+    key = plan(str(model_dir), config)[2]
+    locks = cache / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return build(str(model_dir), config, cache_dir=cache, show_progress=False).path
 
 
 @pytest.fixture(scope="session")
