@@ -37,7 +37,6 @@ from atom_aot.artifact.tuning import BackendChoice  # noqa: E402
 from atom_aot.build.config import BuildConfig  # noqa: E402
 from atom_aot.build.measure import best_config  # noqa: E402
 from atom_aot.build.tune_mla_mixed import mixed_step, tune_mixed  # noqa: E402
-from atom_aot.dtypes import dtype_name  # noqa: E402
 from atom_aot.models import ModelConfig  # noqa: E402
 from atom_aot.ops.backends import make_backend  # noqa: E402
 from triton_kernel_checks import patch_triton_interpreter, rel_error  # noqa: E402
