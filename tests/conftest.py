@@ -43,7 +43,8 @@ def unfrozen_heap():
 def isolated_caches(tmp_path_factory):
     """Keep unpacked members and artifacts of the test run out of the user's caches. The artifact cache is the
     run's, shared by pytest-xdist's workers (their temporary roots lie inside the run's): an artifact is found by
-    its build key, so the workers build each one once (`_build` locks the key); unpacked members stay per worker."""
+    its build key, so the workers build each one once (`_build` locks the model and options); unpacked members
+    stay per worker."""
     root = tmp_path_factory.mktemp("atom-cache")
     run_root = tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else root
     os.environ["ATOM_AOT_CACHE"] = str(root / "unpacked")
@@ -68,15 +69,19 @@ def tiny_qwen3_dir(tmp_path_factory) -> Path:
 
 def _build(model_dir: Path, cache: Path, **options) -> Path:
     """The artifact of `model_dir` built with `options` for the cpu arch, from the run's cache when a worker built it
-    already; a worker that finds another building the same key waits for it (an exclusive lock on the key)."""
+    already; a worker that finds another building the same model with the same options waits for it (an exclusive
+    lock on the model's name and the options: each worker's copy of a tiny model has the same name and weights, so
+    the same build key, which `build` finds in the cache; the key itself is not computed here, as hashing the
+    weights twice took 5 s for SmolLM2)."""
     import fcntl
+    import hashlib
     from atom_aot.build.config import BuildConfig
-    from atom_aot.build.pipeline import build, plan
+    from atom_aot.build.pipeline import build
     config = BuildConfig(arch="cpu", **options)
-    key = plan(str(model_dir), config)[2]
+    name = hashlib.sha256(repr((Path(model_dir).name, sorted(options.items()))).encode()).hexdigest()[:16]
     locks = cache / "locks"
     locks.mkdir(parents=True, exist_ok=True)
-    with open(locks / f"{key}.lock", "w") as lock:
+    with open(locks / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         return build(str(model_dir), config, cache_dir=cache, show_progress=False).path
 

@@ -230,7 +230,8 @@ def test_a_block_fp8_deepseek_splits_over_tensor_parallel_ranks_on_block_boundar
     one.close()
     engine, got = engine_greedy(build_artifact(checkpoint, compile="none", tensor_parallel_size=2), prompts)
     engine.close()
-    # 0.05 nats: about three bf16 steps of a logit near 4 (one step is 2^-6 there)
+    # 0.05 nats: the activations are quantized to e4m3 per 1x128 group (3 mantissa bits), so partial sums added in
+    # another order that cross one rounding boundary move the logits by ~1e-2 (a 0.020-nat tie turned with one thread)
     assert_greedy_equal_but_near_ties(got, expected, expected_tops, tolerance=0.05)
     narrow = write_block_fp8_deepseek(make_tiny_deepseek(tmp_path / "narrow", seed=13, **BLOCK_DEEPSEEK),
                                       tmp_path / "narrow-fp8")
