@@ -187,12 +187,12 @@ def test_stops_inside_a_run(artifact, baseline, prompts):
 
 class TestRefusals:
     @staticmethod
-    def loaded(layers: int, forwards: dict, world_size: int = 1, architecture: str = "DeepseekV3ForCausalLM",
+    def loaded(layers: int, forwards: dict, architecture: str = "DeepseekV3ForCausalLM",
                declared: int | None = None):
         """`layers` the artifact holds, of `declared` (default: as many) that its config.json counts."""
         model = SimpleNamespace(name="tiny-deepseek", architecture=architecture)
         manifest = SimpleNamespace(model=model, rebuild_command=lambda: "atom-build tiny-deepseek --compile aoti",
-                                   layout=SimpleNamespace(world_size=world_size))
+                                   layout=SimpleNamespace(world_size=1))
         hf_config = {**TINY_DEEPSEEK, "architectures": [model.architecture], "vocab_size": 64,
                      "num_nextn_predict_layers": layers if declared is None else declared}
         return SimpleNamespace(hf_config=hf_config, model_config=SimpleNamespace(num_nextn_predict_layers=layers),
@@ -216,10 +216,6 @@ class TestRefusals:
     def test_an_artifact_without_the_mtp_package(self):
         with pytest.raises(StartupError, match=r"no `mtp` package.*Rebuild it with: atom-build tiny-deepseek"):
             check_mtp(self.loaded(1, {Phase.MIXED: object()}))
-
-    def test_a_tensor_parallel_artifact(self):
-        with pytest.raises(StartupError, match=r"--method mtp runs on one rank.*has 2 tensor-parallel ranks"):
-            check_mtp(self.loaded(1, {Phase.MIXED: object(), Phase.MTP: object()}, world_size=2))
 
     def test_a_mixed_package_without_hidden_states(self):
         old = SimpleNamespace(returns_hidden=False)

@@ -29,7 +29,7 @@ from atom_aot.runtime.sampling.sampler import Sampler
 from atom_aot.runtime.sampling.structured_output import Grammars
 from atom_aot.runtime.scheduling.block_manager import BlockManager
 from atom_aot.runtime.scheduling.scheduler import Scheduler, SchedulerConfig
-from atom_aot.runtime.spec.setup import load_draft, start_speculation, verify_graph_reserve
+from atom_aot.runtime.spec.setup import load_draft, start_speculation, tap_hidden, verify_graph_reserve
 from atom_aot.runtime.threads import set_torch_threads
 
 log = logging.getLogger("atom_aot")
@@ -94,25 +94,29 @@ def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig, ranks: Lead
     """`ranks`: rank 0's link to the other tensor-parallel ranks (None: the model has one rank);
     `dp_group`: this engine is one rank of a data-parallel-attention artifact (runtime/parallel/attention_dp.py)."""
     max_model_len = config.served_max_model_len(loaded.max_model_len)
-    if dp_group is not None and config.method is not None:
-        raise StartupError(f"speculative decoding (--method {config.method}) is not supported with data-parallel "
-                           f"attention yet (every rank's verify steps would have to agree): serve without --method")
+    if dp_group is not None and config.method == "draft":
+        raise StartupError("--method draft is not supported with data-parallel attention yet (each rank would load "
+                           "the draft model on its own device; not built): use --method mtp or --method ngram")
     draft = load_draft(loaded, config, max_model_len)
     num_blocks = kv_block_count(loaded, config, draft, verify_graph_reserve(loaded, config))
     if ranks is not None:
         num_blocks = ranks.agree_num_blocks(num_blocks)
     kv_cache, forwards = prepare_model(loaded, config, num_blocks)
+    forwards, tap = tap_hidden(loaded, config, forwards)
+    peers_mtp, lockstep = None, None
     if ranks is not None:
-        forwards = ranks.lead(forwards)
-    lockstep = None
+        forwards, peers_mtp = ranks.lead(forwards), ranks.leading_mtp
     if dp_group is not None:
         forwards = AlignedForwards(forwards, dp_group, kv_cache)
         lockstep = Lockstep(forwards)
+        peers_mtp = partial(lockstep.align_mtp, hidden_size=loaded.model_config.hidden_size, dtype=loaded.dtype,
+                            calls_per_step=config.num_speculative_tokens)
         log.info("data-parallel attention: rank %d of %d, stepping with the others", dp_group.rank,
                  dp_group.world_size)
     sampler = Sampler.for_artifact(loaded.forwards, loaded.device, config.seed)
     runner = ModelRunner(forwards, kv_cache, loaded.block_size, loaded.device, sampler)
-    speculation = start_speculation(loaded, config, runner, max_model_len, num_blocks, config.max_num_seqs, draft)
+    speculation = start_speculation(loaded, config, runner, max_model_len, num_blocks, config.max_num_seqs, draft,
+                                    tap, peers_mtp)
     scheduler = Scheduler(
         SchedulerConfig.from_runtime(config, max_model_len, speculation.shape if speculation else None),
         BlockManager(num_blocks, loaded.block_size, config.enable_prefix_caching))
@@ -124,7 +128,8 @@ def start_engine_core(loaded: LoadedArtifact, config: RuntimeConfig, ranks: Lead
         return EngineCore(scheduler, runner, eos, loaded.block_size, config.async_scheduling, grammars, on_close,
                           lockstep=lockstep, vocab_size=loaded.model_config.vocab_size)
     return EngineCore(scheduler, speculation.runner, eos, loaded.block_size, grammars=grammars, on_close=on_close,
-                      spec_counters=speculation.runner.counters, vocab_size=loaded.model_config.vocab_size)
+                      spec_counters=speculation.runner.counters, lockstep=lockstep,
+                      vocab_size=loaded.model_config.vocab_size)
 
 
 def eos_token_ids(loaded: LoadedArtifact) -> frozenset[int]:

@@ -7,7 +7,11 @@ together, and every step's forward must have the same token count on every rank:
   any want to stop. A rank with nothing to run while others do runs a step of padding only.
 - `AlignedForwards` (once per step, on the control group): the ranks take the largest token count
   any of them runs, and each pads its batch to it with one-token sequences whose KV slot is -1
-  (written nowhere, logits not asked for), as CUDA-graph padding does.
+  (written nowhere, logits not asked for), as CUDA-graph padding does. Speculative verify steps are such
+  steps too (one forward each, decode rows or the mixed package).
+- `AlignedMTP` (--method mtp): the MTP layer's steps after each target step, K on every rank (the proposer's
+  first over the step's positions, then K - 1 chained ones), each of the largest row count any rank runs; a rank
+  with fewer, or none, runs padding-only ones (`Lockstep.step` makes up its count at the end of the step).
 
 The front end starts the N engine processes with torchrun's variables (runtime/processes/data_parallel.py); vLLM's
 DP engines do the same per-step token-count exchange and dummy batches.
@@ -26,6 +30,7 @@ from atom_aot.errors import RankStopped, StartupError
 from atom_aot.models.step_inputs import StepInputs, input_dtype
 from atom_aot.runtime.execution.forwards import Forward, Forwards
 from atom_aot.runtime.scheduling.scheduled_batch import ScheduledBatch
+from atom_aot.runtime.spec.mtp import MTPForward
 
 log = logging.getLogger("atom_aot")
 
@@ -107,6 +112,21 @@ class AlignedForwards:
         chosen = self.forwards.for_batch(batch)
         return lambda inputs: self._run(inputs, decode=chosen is self.forwards.decode and chosen is not None)
 
+    @property
+    def mixed(self) -> Forward:
+        """The mixed package's forward, aligned (a speculative verify step through the mixed package)."""
+        return lambda inputs: self._run(inputs, decode=False)
+
+    @property
+    def decode(self) -> Forward | None:
+        """The decode path's forward, aligned (a verify step as decode rows): its graphs at a size the ranks
+        agreed, else the mixed package, as `for_batch` picks; None where the artifact has no decode package."""
+        return None if self.forwards.decode is None else (lambda inputs: self._run(inputs, decode=True))
+
+    @property
+    def decode_max_seqs(self) -> int | None:
+        return self.forwards.decode_max_seqs
+
     def idle_step(self) -> None:
         """This rank's part of a step in which it has nothing to run."""
         (target,) = agree([0], self.group)
@@ -135,11 +155,56 @@ class AlignedForwards:
         return next(size for size in self.graph_sizes if size >= tokens)
 
 
+class AlignedMTP:
+    """The MTP layer's step (runtime/spec/mtp.py) on a data-parallel-attention rank: each call takes the largest row
+    count any rank's call of the same turn has and pads to it (rows of token 0 at position 0, slot -1, zero hidden
+    states), so the expert layer's gather inside the step meets the others'. Every rank makes `calls_per_step`
+    calls per engine step (`finish_step` makes up the rest with padding); a call that no rank has rows for runs
+    nothing."""
+
+    def __init__(self, mtp: MTPForward, group: RankGroup, kv_cache: torch.Tensor, hidden_size: int,
+                 dtype: torch.dtype, calls_per_step: int):
+        self.mtp, self.group, self.kv_cache = mtp, group, kv_cache
+        self.hidden_size, self.dtype = hidden_size, dtype
+        self.calls_per_step = calls_per_step
+        self.calls = 0                 # made in this engine step
+
+    def __call__(self, inputs: StepInputs, previous_hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self._count()
+        rows = inputs.input_ids.shape[0]
+        (target,) = agree([rows], self.group)
+        padding = previous_hidden.new_zeros(target - rows, self.hidden_size)
+        logits, hidden = self.mtp(pad_to(inputs, target), torch.cat([previous_hidden, padding]))
+        return logits[:inputs.logits_indices.shape[0]], hidden[:rows]
+
+    def finish_step(self) -> None:
+        """This rank's part of the MTP calls of the step that it did not make."""
+        while self.calls < self.calls_per_step:
+            self._count()
+            (target,) = agree([0], self.group)
+            if target:
+                padding = torch.zeros(target, self.hidden_size, dtype=self.dtype, device=self.kv_cache.device)
+                self.mtp(padding_only(self.kv_cache, target), padding)
+        self.calls = 0
+
+    def _count(self) -> None:
+        self.calls += 1
+        if self.calls > self.calls_per_step:
+            raise RuntimeError(f"the MTP proposer made more than {self.calls_per_step} calls in one engine step: the "
+                               f"data-parallel ranks' MTP steps would not meet")
+
+
 class Lockstep:
     """The engine loop's side: one agreement per turn on whether the ranks step and whether they stop."""
 
     def __init__(self, forwards: AlignedForwards):
         self.forwards = forwards
+        self.mtp: AlignedMTP | None = None
+
+    def align_mtp(self, mtp: MTPForward, hidden_size: int, dtype: torch.dtype, calls_per_step: int) -> AlignedMTP:
+        """The MTP step of --method mtp, aligned with the other ranks' (each engine step's count made up here)."""
+        self.mtp = AlignedMTP(mtp, self.forwards.group, self.forwards.kv_cache, hidden_size, dtype, calls_per_step)
+        return self.mtp
 
     def agree(self, busy: bool, stop: bool) -> tuple[bool, bool]:
         """(any rank has work, any rank stops)."""
@@ -152,6 +217,8 @@ class Lockstep:
         outputs = step() if has_work else []
         if self.forwards.steps_run == before:
             self.forwards.idle_step()
+        if self.mtp is not None:
+            self.mtp.finish_step()
         return outputs
 
     def close(self) -> None:

@@ -7,6 +7,11 @@ the collectives inside the forward meet. The KV cache is not sent: each rank's i
 
     header: [command, forward, num_tokens, num_seqs, max_blocks_per_seq, num_logits]
 
+The forwards are the mixed package (0), the decode one (1) and, for --method mtp, the MTP layer's step (2),
+which also takes the previous positions' hidden states [num_tokens, hidden]: rank 0 broadcasts them after the
+inputs (the ranks' own are the same numbers, as every rank's residual stream is all-reduced, but a broadcast needs
+no proposer on the other ranks to know which rows a step reads).
+
 Between steps rank 0 may also tell the others to start or stop their profiler (runtime/profiler.py):
     header: [PROFILE_START, path bytes, first rank, more, 0, 0], then the trace root's bytes (uint8);
     header: [PROFILE_STOP, 0, ...];
@@ -24,6 +29,7 @@ from atom_aot.distributed.group import RankGroup
 from atom_aot.models.step_inputs import SPECS, StepInputs, input_dtype
 
 STEP, STOP, PROFILE_START, PROFILE_STOP = 0, 1, 2, 3
+MIXED_FORWARD, DECODE_FORWARD, MTP_FORWARD = 0, 1, 2
 SENT = tuple(name for name in StepInputs._fields if name != "kv_cache")
 HEADER_LEN = 6
 # Each input starts at a multiple of 8 int64 elements (64 bytes) of the packed tensor: the receiving ranks'
@@ -66,11 +72,14 @@ class StepSender:
     def __init__(self, group: RankGroup):
         self.group = group
 
-    def send(self, forward: int, inputs: StepInputs) -> None:
+    def send(self, forward: int, inputs: StepInputs, *tensors: torch.Tensor) -> None:
+        """`tensors`: what the forward takes after its inputs (an MTP step's previous hidden states)."""
         (tokens,), (seqs, max_blocks) = inputs.input_ids.shape, inputs.block_tables.shape
         header = torch.tensor([STEP, forward, tokens, seqs, max_blocks, inputs.logits_indices.shape[0]])
         dist.broadcast(header, src=0, group=self.group.control)
         dist.broadcast(pack(inputs), src=0)
+        for tensor in tensors:
+            dist.broadcast(tensor.contiguous(), src=0)
 
     def stop(self) -> None:
         dist.broadcast(torch.tensor([STOP] + [0] * (HEADER_LEN - 1)), src=0, group=self.group.control)
@@ -99,14 +108,17 @@ class ProfileCommand:
 
 
 class StepReceiver:
-    """The end of ranks 1..N-1."""
+    """The end of ranks 1..N-1. `hidden`: (hidden size, dtype) of the states an MTP step takes (None: the
+    engine runs no MTP steps)."""
 
-    def __init__(self, group: RankGroup, kv_cache: torch.Tensor):
+    def __init__(self, group: RankGroup, kv_cache: torch.Tensor, hidden: tuple[int, torch.dtype] | None = None):
         self.group = group
         self.kv_cache = kv_cache
+        self.hidden = hidden
 
-    def receive(self) -> tuple[int, StepInputs] | ProfileCommand | None:
-        """(which forward, its inputs), a profiler command, or None when rank 0 stops the engine."""
+    def receive(self) -> tuple[int, tuple] | ProfileCommand | None:
+        """(which forward, its arguments: the inputs, then an MTP step's previous hidden states), a profiler
+        command, or None when rank 0 stops the engine."""
         header = torch.empty(HEADER_LEN, dtype=torch.int64)
         dist.broadcast(header, src=0, group=self.group.control)
         values = header.tolist()
@@ -122,7 +134,15 @@ class StepReceiver:
         flat = torch.empty(sum(_padded(_numel(SPECS[name].dims, sizes)) for name in SENT), dtype=torch.int64,
                            device=self.kv_cache.device)
         dist.broadcast(flat, src=0)
-        return values[1], unpack(flat, sizes, self.kv_cache)
+        inputs = unpack(flat, sizes, self.kv_cache)
+        if values[1] != MTP_FORWARD:
+            return values[1], (inputs,)
+        if self.hidden is None:
+            raise RuntimeError("rank 0 sent an MTP step, but this rank was started without --method mtp")
+        size, dtype = self.hidden
+        previous = torch.empty(sizes["num_tokens"], size, dtype=dtype, device=self.kv_cache.device)
+        dist.broadcast(previous, src=0)
+        return MTP_FORWARD, (inputs, previous)
 
     def answer(self, ok: bool) -> None:
         """This rank's answer to the profile command it received: whether it did it."""
@@ -149,18 +169,19 @@ class StepLead(Protocol):
 
 
 class LeadingForward:
-    """Rank 0's forward: sends the inputs to the other ranks, then runs the forward itself.
+    """Rank 0's forward: sends the inputs (and an MTP step's previous hidden states) to the other ranks, then
+    runs the forward itself.
 
     `lead` sends, and says which rank failed when a collective fails."""
 
-    def __init__(self, forward: Callable[[StepInputs], torch.Tensor], index: int, lead: StepLead):
+    def __init__(self, forward: Callable, index: int, lead: StepLead):
         self.forward, self.index, self.lead = forward, index, lead
 
-    def __call__(self, inputs: StepInputs) -> torch.Tensor:
+    def __call__(self, inputs: StepInputs, *tensors: torch.Tensor):
         self.lead.check(None)
         try:
-            self.lead.sender.send(self.index, inputs)
-            return self.forward(inputs)
+            self.lead.sender.send(self.index, inputs, *tensors)
+            return self.forward(inputs, *tensors)
         except RuntimeError as e:       # torch.distributed's errors (DistBackendError, ...) are RuntimeErrors
             self.lead.check(e)
             raise

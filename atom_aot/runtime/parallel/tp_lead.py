@@ -37,7 +37,9 @@ from atom_aot.runtime import profiler
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.execution.forwards import Forwards
 from atom_aot.runtime.parallel.rank_processes import start_method, start_rank
-from atom_aot.runtime.parallel.step_broadcast import LeadingForward, StepSender
+from atom_aot.runtime.parallel.step_broadcast import (DECODE_FORWARD, MIXED_FORWARD, MTP_FORWARD, LeadingForward,
+                                                      StepSender)
+from atom_aot.runtime.spec.mtp import MTPForward
 
 log = logging.getLogger("atom_aot")
 
@@ -147,8 +149,13 @@ class LeadRank:
 
     def lead(self, forwards: Forwards) -> Forwards:
         """`forwards` sending each step to the other ranks first (they run the forward rank 0 picks)."""
-        decode = None if forwards.decode is None else LeadingForward(forwards.decode, 1, self)
-        return Forwards(LeadingForward(forwards.mixed, 0, self), decode, forwards.decode_max_seqs)
+        decode = None if forwards.decode is None else LeadingForward(forwards.decode, DECODE_FORWARD, self)
+        return Forwards(LeadingForward(forwards.mixed, MIXED_FORWARD, self), decode, forwards.decode_max_seqs)
+
+    def leading_mtp(self, mtp: MTPForward) -> MTPForward:
+        """The MTP layer's step (--method mtp) sending its inputs and previous hidden states to the other ranks
+        first: they run their shard of the layer (runtime/parallel/tp_worker.py)."""
+        return LeadingForward(mtp, MTP_FORWARD, self)
 
     def start_profile(self, root: str, first_rank: int, more: bool) -> list[int]:
         """Start the other ranks' profilers (traces under root/rank_<first_rank + r>/); returns the ranks that

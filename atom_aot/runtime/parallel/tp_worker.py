@@ -16,17 +16,21 @@ import torch
 
 import torch.distributed as dist
 
+from atom_aot.artifact.phase import Phase
 from atom_aot.artifact.reader import Artifact
 from atom_aot.distributed.group import RankPlace, agree_min, join, leave, rank_device
 from atom_aot.errors import RankFailure
 from atom_aot.logging_setup import seconds_listed
 from atom_aot.runtime.config import RuntimeConfig
+from atom_aot.runtime.execution.forwards import Forwards
 from atom_aot.runtime.execution.memory import kv_block_count
 from atom_aot.runtime.execution.model_setup import prepare_model
-from atom_aot.runtime.loading.loader import load_artifact
+from atom_aot.runtime.loading.loader import LoadedArtifact, load_artifact
 from atom_aot.runtime.parallel.rank_load import meet_beside_load
 from atom_aot.runtime.parallel.step_broadcast import ProfileCommand, StepReceiver
 from atom_aot.runtime.profiler import TorchProfiler
+from atom_aot.runtime.spec.mtp import MTPForward
+from atom_aot.runtime.spec.setup import mtp_forward, verify_graph_reserve
 from atom_aot.runtime.threads import set_torch_threads
 
 log = logging.getLogger("atom_aot")
@@ -50,12 +54,26 @@ def run_worker(artifact_path: str | Path, config: RuntimeConfig) -> None:
              ready.wall_s, seconds_listed(ready.loaded.timings))
     try:
         loaded, group = ready.loaded, ready.met
-        kv_cache, forwards = prepare_model(loaded, config, agree_min(kv_block_count(loaded, config), group))
-        serve_steps(StepReceiver(group, kv_cache), [forwards.mixed, forwards.decode])
+        num_blocks = kv_block_count(loaded, config, verify_graphs=verify_graph_reserve(loaded, config))
+        kv_cache, forwards = prepare_model(loaded, config, agree_min(num_blocks, group))
+        mtp = worker_mtp(loaded, config, kv_cache, forwards)
+        hidden = None if mtp is None else (loaded.model_config.hidden_size, loaded.dtype)
+        serve_steps(StepReceiver(group, kv_cache, hidden), [forwards.mixed, forwards.decode, mtp])
     except dist.DistError as e:
         raise RankFailure(f"rank {place.rank} lost rank 0 ({type(e).__name__}: {e}); this rank stops") from None
     finally:
         leave()
+
+
+def worker_mtp(loaded: LoadedArtifact, config: RuntimeConfig, kv_cache: torch.Tensor,
+               forwards: Forwards) -> MTPForward | None:
+    """This rank's shard of the MTP layer's step for --method mtp (as rank 0 makes its own: CUDA graphs where
+    the decode steps have them, captured after them), None otherwise. An artifact without the `mtp` package
+    gets none: rank 0 refuses it by name and stops this rank."""
+    if config.method != "mtp" or Phase.MTP not in loaded.forwards:
+        return None
+    max_model_len = config.served_max_model_len(loaded.max_model_len)
+    return mtp_forward(loaded, kv_cache, forwards.decode_max_seqs is not None, max_model_len)
 
 
 @torch.inference_mode()
@@ -68,8 +86,8 @@ def serve_steps(receiver: StepReceiver, forwards: list) -> None:
             profile, ok = follow_profile(message, profile, receiver.group.rank)
             receiver.answer(ok)
             continue
-        index, inputs = message
-        forwards[index](inputs)
+        index, arguments = message
+        forwards[index](*arguments)
 
 
 def follow_profile(command: ProfileCommand, profile: TorchProfiler | None,

@@ -17,10 +17,10 @@ from atom_aot.artifact.reader import Artifact
 from atom_aot.errors import ContextLengthError, RankStopped, RequestError
 from atom_aot.runtime.config import RuntimeConfig
 from atom_aot.runtime.engine.engine_core import check_prompt
-from atom_aot.runtime.outputs import CoreOutput
+from atom_aot.runtime.outputs import CoreOutput, SpecCounters
 from atom_aot.runtime.processes.client import CallRejected
 from atom_aot.runtime.processes.data_parallel import attention_dp_client
-from atom_aot.runtime.processes.messages import Abort, AddRequests, NewRequest
+from atom_aot.runtime.processes.messages import HEARTBEAT_S, Abort, AddRequests, NewRequest
 from atom_aot.runtime.sampling_params import SamplingParams
 
 STEP_WAIT_S = 0.05        # how long `step` waits for the ranks' next outputs before returning none
@@ -35,8 +35,6 @@ class RemoteLoaded:
 
 
 class RemoteRanks:
-    spec_counters = None          # speculative decoding is refused with data-parallel attention
-
     def __init__(self, artifact_path: str | Path, config: RuntimeConfig, log_level: str = "warning"):
         world = Artifact.open(artifact_path).manifest.layout.world_size
         self.client = attention_dp_client(str(artifact_path), config, world, None, log_level)
@@ -56,6 +54,22 @@ class RemoteRanks:
         self.client.listen(self.outputs.put, self.died.set)
         self.loaded = RemoteLoaded(f"{self.info.execution}, {world} data-parallel ranks in their own processes",
                                    {"ranks started": time.perf_counter() - start})
+        self._outputs_at = time.monotonic()      # when the latest outputs came (`spec_counters` waits past it)
+
+    @property
+    def spec_counters(self) -> SpecCounters | None:
+        """The ranks' speculative-decoding counters added up (None: speculation is off), from the heartbeats (each
+        rank sends one when it goes idle, and every HEARTBEAT_S): it waits, a few heartbeats at most, until every
+        rank's latest came after the latest outputs, so that the counters include the steps that made them."""
+        deadline = time.monotonic() + 4 * HEARTBEAT_S
+        while True:
+            status = self.client.status()
+            beat, now = status.heartbeat, time.monotonic()
+            if beat is not None and (now - status.heartbeat_age_s >= self._outputs_at or now > deadline):
+                return beat.stats.core.spec
+            if now > deadline:
+                return None
+            time.sleep(HEARTBEAT_S / 5)
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """The checks that need no rank (empty, vocabulary, context), so that LLMEngine.add_request refuses a
@@ -91,6 +105,7 @@ class RemoteRanks:
             return []
         while not self.outputs.empty():
             outputs += self.outputs.get_nowait()
+        self._outputs_at = time.monotonic()
         self.unfinished.difference_update(o.request_id for o in outputs if o.finish_reason is not None)
         return outputs
 

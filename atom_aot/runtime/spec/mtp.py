@@ -37,16 +37,20 @@ MTPForward = Callable[[StepInputs, torch.Tensor], tuple[torch.Tensor, torch.Tens
 
 
 class HiddenTap:
-    """The target's mixed forward as the model runner calls it (-> logits), keeping the hidden
-    states [T, hidden] of the last call for the MTP layer."""
+    """The hidden states [T, hidden] of the target's last forward, whichever package ran it (the mixed one for
+    prefill steps, the decode one for verify steps as decode rows), for the MTP layer: `tapping` turns a
+    package's (logits, hidden) entry into the logits-only forward the model runner and the ranks' links call."""
 
     def __init__(self, logits_and_hidden: Callable[[StepInputs], tuple[torch.Tensor, torch.Tensor]]):
-        self.logits_and_hidden = logits_and_hidden
+        self.logits_and_hidden = logits_and_hidden     # the mixed package's, which verify graphs capture
         self.hidden: torch.Tensor | None = None
 
-    def __call__(self, inputs: StepInputs) -> torch.Tensor:
-        logits, self.hidden = self.logits_and_hidden(inputs)
-        return logits
+    def tapping(self, logits_and_hidden: Callable[[StepInputs], tuple[torch.Tensor, torch.Tensor]]
+                ) -> Callable[[StepInputs], torch.Tensor]:
+        def forward(inputs: StepInputs) -> torch.Tensor:
+            logits, self.hidden = logits_and_hidden(inputs)
+            return logits
+        return forward
 
 
 @dataclass

@@ -6,6 +6,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from atom_aot.artifact.phase import Phase
 from atom_aot.errors import StartupError
@@ -21,7 +22,7 @@ from atom_aot.runtime.sampling.sampler import Sampler
 from atom_aot.runtime.scheduling.block_manager import BlockManager
 from atom_aot.runtime.scheduling.scheduler import SpeculationShape
 from atom_aot.runtime.spec.draft import DraftModelProposer
-from atom_aot.runtime.spec.mtp import HiddenTap, MTPProposer
+from atom_aot.runtime.spec.mtp import HiddenTap, MTPForward, MTPProposer
 from atom_aot.runtime.spec.mtp_graphs import MTPGraphs
 from atom_aot.runtime.spec.ngram import NgramProposer
 from atom_aot.runtime.spec.proposer import Proposer
@@ -30,6 +31,10 @@ from atom_aot.runtime.spec.verify_graphs import MAX_GRAPH_TOKENS, VerifyGraphs, 
 from atom_aot.runtime.spec.verify_rows import DecodeRowsVerify
 
 log = logging.getLogger("atom_aot")
+
+# How an MTP step reaches a model's other ranks: the step's forward wrapped (runtime/parallel/: rank 0 sends it to
+# the tensor-parallel ranks first; a data-parallel-attention rank agrees its size with the others' and pads)
+PeersMTP = Callable[[MTPForward], MTPForward]
 
 # Which route verify steps take: decode rows (runtime/spec/verify_rows.py) or the mixed package (with its own
 # verify graphs, runtime/spec/verify_graphs.py); `auto` (default) picks by the artifact (verify_route).
@@ -50,14 +55,33 @@ class Speculation:
                                 verify_every_decode=not self.proposer.decodes_without_drafts)
 
 
+def tap_hidden(loaded: LoadedArtifact, config: RuntimeConfig, forwards: Forwards) -> tuple[Forwards, HiddenTap | None]:
+    """For --method mtp: this rank's forwards keeping the hidden states the MTP layer reads (runtime/spec/mtp.py
+    HiddenTap), from both packages: prefill steps run the mixed one, verify steps as decode rows the decode one.
+    Tapped before the ranks' links wrap them (rank 0 leading the others, or the data-parallel ranks' alignment),
+    so every layout keeps them the same way. `forwards` as they are, and no tap, without --method mtp."""
+    if config.method != "mtp":
+        return forwards, None
+    check_mtp(loaded)
+    tap = HiddenTap(forwards.mixed.logits_and_hidden)
+    decode = None if forwards.decode is None else tap.tapping(forwards.decode.logits_and_hidden)
+    return replace(forwards, mixed=tap.tapping(tap.logits_and_hidden), decode=decode), tap
+
+
 def start_speculation(loaded: LoadedArtifact, config: RuntimeConfig, runner: ModelRunner, max_model_len: int,
-                      num_kv_blocks: int, max_num_seqs: int, draft: LoadedArtifact | None = None) -> Speculation | None:
-    """`draft`: the --method draft model, loaded (load_draft) before the target's KV pool was sized."""
+                      num_kv_blocks: int, max_num_seqs: int, draft: LoadedArtifact | None = None,
+                      tap: HiddenTap | None = None, peers_mtp: PeersMTP | None = None) -> Speculation | None:
+    """`draft`: the --method draft model, loaded (load_draft) before the target's KV pool was sized; `tap`: the
+    hidden states of the runner's forwards (tap_hidden), for --method mtp; `peers_mtp`: how an MTP step reaches the
+    model's other ranks (rank 0 sends it to the tensor-parallel ranks; a data-parallel rank aligns it with the
+    others'), None on one rank."""
     if config.method is None:
         return None
     k = config.num_speculative_tokens
     if config.method == "mtp":
-        proposer = start_mtp(loaded, runner, k, max_model_len)
+        if tap is None:
+            raise ValueError("--method mtp needs the runner's forwards tapped for their hidden states (tap_hidden)")
+        proposer = start_mtp(loaded, runner, tap, k, max_model_len, peers_mtp)
     elif config.method == "ngram":
         proposer = NgramProposer(k, config.ngram_min_n, config.ngram_max_n)
     else:
@@ -65,9 +89,8 @@ def start_speculation(loaded: LoadedArtifact, config: RuntimeConfig, runner: Mod
     log.info("speculative decoding: %s proposer, %d draft tokens per step; verify steps run synchronously "
              "(async scheduling is off)", config.method, k)
     observer = proposer if isinstance(proposer, MTPProposer) else None
-    tap = observer.tap if observer else None
     route, why = verify_route(loaded)
-    verify = (start_decode_rows(runner, tap, why) if route == DECODE_ROWS
+    verify = (start_decode_rows(runner, why) if route == DECODE_ROWS
               else start_verify_graphs(loaded, config, runner, max_model_len, tap))
     return Speculation(proposer, SpeculativeRunner(runner, SpecCounters(config.method, k), proposer, max_model_len,
                                                    observer, verify))
@@ -92,9 +115,10 @@ def verify_route(loaded: LoadedArtifact) -> tuple[str, str]:
     return MIXED_ROUTE, "the mixed package attends over several query tokens per sequence"
 
 
-def start_decode_rows(runner: ModelRunner, tap: HiddenTap | None, why: str) -> VerifyForward:
+def start_decode_rows(runner: ModelRunner, why: str) -> VerifyForward:
     """Verify steps through the decode forward (its CUDA graphs where it has them), one row per query token;
-    where the artifact has no decode package, the mixed one runs the rows."""
+    where the artifact has no decode package, the mixed one runs the rows. The runner's forwards are the ones
+    the tap keeps hidden states of (tap_hidden) and that reach the other ranks, if any."""
     forwards = runner.forwards
     decode = forwards.decode if forwards.decode is not None else forwards.mixed
     graphs = forwards.decode_max_seqs
@@ -102,14 +126,7 @@ def start_decode_rows(runner: ModelRunner, tap: HiddenTap | None, why: str) -> V
              "CUDA graphs of the decode package" if graphs else
              "the decode package" if forwards.decode is not None else "the mixed package", why,
              f"; verify batches of more than {graphs} rows run the mixed package" if graphs else "")
-    if tap is None:
-        return DecodeRowsVerify(decode, graphs, forwards.mixed)
-    rows = DecodeRowsVerify(decode.logits_and_hidden, graphs, tap.logits_and_hidden)
-
-    def keeping_hidden(inputs, counts):
-        logits, tap.hidden = rows(inputs, counts)
-        return logits
-    return keeping_hidden
+    return DecodeRowsVerify(decode, graphs, forwards.mixed)
 
 
 def start_verify_graphs(loaded: LoadedArtifact, config: RuntimeConfig, runner: ModelRunner, max_model_len: int,
@@ -149,26 +166,33 @@ def start_verify_graphs(loaded: LoadedArtifact, config: RuntimeConfig, runner: M
     return verify
 
 
-def start_mtp(loaded: LoadedArtifact, runner: ModelRunner, k: int, max_model_len: int) -> MTPProposer:
-    """The model's MTP layer on the target's KV cache (its last cache layer), replayed as CUDA graphs where
-    the decode steps have them (runtime/spec/mtp_graphs.py). The runner's mixed forward becomes a tap that keeps the
-    hidden states the MTP layer reads."""
-    check_mtp(loaded)
-    tap = HiddenTap(loaded.forwards[Phase.MIXED].logits_and_hidden)
-    runner.forwards = replace(runner.forwards, mixed=tap)      # prefill steps (and mixed-route verify steps)
-    mtp = loaded.forwards[Phase.MTP]
-    if runner.forwards.decode_max_seqs is None:
-        log.info("MTP step: the mtp package as it is (no decode CUDA graphs here)")
-    else:
-        start = time.perf_counter()
-        mtp = MTPGraphs(mtp, runner.kv_cache, loaded.graph_plan.capture_sizes, -(-max_model_len // loaded.block_size),
-                        loaded.model_config.hidden_size, loaded.dtype)
-        mtp.capture()
-        loaded.timings["mtp graph capture"] = time.perf_counter() - start
-        log.info("MTP step: CUDA graphs of the mtp package, %d sizes up to %d rows captured in %.2fs; larger steps "
-                 "run the package as it is", len(loaded.graph_plan.capture_sizes), mtp.max_batch_size,
-                 loaded.timings["mtp graph capture"])
+def start_mtp(loaded: LoadedArtifact, runner: ModelRunner, tap: HiddenTap, k: int, max_model_len: int,
+              peers_mtp: PeersMTP | None) -> MTPProposer:
+    """The model's MTP layer on the target's KV cache (its last cache layer), reading the hidden states `tap` keeps
+    of the runner's forwards (tap_hidden), its steps sent to or aligned with the other ranks by `peers_mtp`."""
+    mtp = mtp_forward(loaded, runner.kv_cache, runner.forwards.decode_max_seqs is not None, max_model_len)
+    if peers_mtp is not None:
+        mtp = peers_mtp(mtp)
     return MTPProposer(mtp, tap, runner.kv_cache, runner.block_size, runner.device, k)
+
+
+def mtp_forward(loaded: LoadedArtifact, kv_cache, with_graphs: bool, max_model_len: int) -> MTPForward:
+    """The `mtp` package, replayed as CUDA graphs at the decode steps' capture sizes where the decode steps have
+    graphs (`with_graphs`; runtime/spec/mtp_graphs.py). Every rank of a model makes the same choice and captures
+    the same sizes in the same order after its decode graphs, so the collectives inside the captures meet."""
+    mtp = loaded.forwards[Phase.MTP]
+    if not with_graphs:
+        log.info("MTP step: the mtp package as it is (no decode CUDA graphs here)")
+        return mtp
+    start = time.perf_counter()
+    graphs = MTPGraphs(mtp, kv_cache, loaded.graph_plan.capture_sizes, -(-max_model_len // loaded.block_size),
+                       loaded.model_config.hidden_size, loaded.dtype)
+    graphs.capture()
+    loaded.timings["mtp graph capture"] = time.perf_counter() - start
+    log.info("MTP step: CUDA graphs of the mtp package, %d sizes up to %d rows captured in %.2fs; larger steps "
+             "run the package as it is", len(loaded.graph_plan.capture_sizes), graphs.max_batch_size,
+             loaded.timings["mtp graph capture"])
+    return graphs
 
 
 def no_verify_graphs_reason(loaded: LoadedArtifact, config: RuntimeConfig, sizes: tuple[int, ...]) -> str | None:
@@ -197,11 +221,6 @@ def check_mtp(loaded: LoadedArtifact) -> None:
     layers = loaded.model_config.num_nextn_predict_layers
     if not layers:
         raise StartupError(no_mtp_layers(loaded, declared))
-    world = loaded.manifest.layout.world_size
-    if world > 1:
-        raise StartupError(f"--method mtp runs on one rank, and {loaded.path} ({name}) has {world} tensor-parallel "
-                           f"ranks (the MTP layer's steps are not sent to the other ranks). Build it with -tp 1, "
-                           f"or use --method ngram.")
     mixed = loaded.forwards[Phase.MIXED]
     if Phase.MTP not in loaded.forwards or not getattr(mixed, "returns_hidden", True):
         lacks = ("no `mtp` package" if Phase.MTP not in loaded.forwards
