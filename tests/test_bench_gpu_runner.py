@@ -13,7 +13,7 @@ from atom_aot.bench.gpu import result as results
 from atom_aot.bench.gpu.__main__ import main
 from atom_aot.bench.gpu.measure import offline
 from atom_aot.bench.gpu.runner import Paths, Step, measure, run_dir
-from atom_aot.bench.gpu.scenarios import KINDS, SCENARIOS, WEIGHTS, Model, Scenario, Workload, scenario, table
+from atom_aot.bench.gpu.scenarios import KINDS, SCENARIOS, WEIGHTS, Model, Workload, scenario, table
 
 
 def test_every_scenario_is_well_formed():
@@ -78,6 +78,28 @@ def test_dry_run_of_one_engine_and_build_flags(capsys, assets, tmp_path):
     assert len(lines) == 4 and "measure ours" in lines[2]
     lines = dry_run(capsys, assets, tmp_path, "llama-3.1-8b-fp8-throughput", "--engines", "vllm")
     assert len(lines) == 3 and "atom_aot.build.cli" not in "\n".join(lines)
+
+
+def test_same_draws_give_vllm_a_checkpoint_of_the_draws_ours_makes_at_load(capsys, assets, tmp_path):
+    (assets / "configs" / "deepseek-v3.json").write_text(json.dumps({"vocab_size": 1000}))
+    lines = dry_run(capsys, assets, tmp_path, "deepseek-v3-5l")
+    assert lines[0].startswith("# config + tokenizer folder") and lines[0].endswith("deepseek-v3-5l-same-draws (in the runner)")
+    assert lines[1].endswith("--load-format dummy-at-load")
+    assert "make_random_model.py" in lines[2] and "--device cuda" in lines[2] and lines[2].endswith("--hub-expert-names")
+    checkpoint = lines[2].split("--out ")[1].split()[0]
+    assert checkpoint.endswith("deepseek-v3-5l-same-draws-checkpoint")
+    assert f"--model {checkpoint} " in lines[4] and "measure vllm" in lines[4]
+    assert "measure ours" in lines[3] and f"--model {checkpoint} " not in lines[3]
+    assert "make_random_model.py" not in "\n".join(dry_run(capsys, assets, tmp_path, "deepseek-v3-5l", "--engines", "ours"))
+
+
+def test_prepare_only_makes_the_folders_and_measures_nothing(capsys, assets, tmp_path):
+    work = tmp_path / "work"
+    assert main(["llama-3.1-8b-tp2", "--engines", "vllm", "--prepare-only", "--assets", str(assets), "--work",
+                 str(work), "--out", str(tmp_path / "result.json")]) == 0
+    assert json.loads((work / "models" / "llama-3.1-8b-dummy" / "config.json").read_text())["vocab_size"] == 1000
+    assert "nothing measured (--prepare-only)" in capsys.readouterr().out
+    assert not (tmp_path / "result.json").exists() and not (work / "runs").exists()
 
 
 def test_refusals_are_one_line(capsys, assets, tmp_path):

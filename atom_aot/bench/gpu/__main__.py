@@ -1,6 +1,6 @@
 """GPU benchmark of a named scenario, atom-aot against vLLM, measured by the same code in a process per engine.
 
-  python -m atom_aot.bench.gpu SCENARIO [--engines ours,vllm] [--out FILE.json | FOLDER] [--dry-run]
+  python -m atom_aot.bench.gpu SCENARIO [--engines ours,vllm] [--out FILE.json | FOLDER] [--dry-run | --prepare-only]
   python -m atom_aot.bench.gpu --list
 Makes the scenario's random-weight model folder and artifact (reused when already in --work), runs each
 engine's measuring process, and writes one JSON (default folder docs/benchmarks, named
@@ -36,6 +36,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"a folder holding vLLM, put on vLLM's PYTHONPATH (default {DEFAULT_VLLM_PATH} if it exists)")
     p.add_argument("--commit", help="the commit to record (default: git rev-parse HEAD of this checkout)")
     p.add_argument("--dry-run", action="store_true", help="print the commands it would run, run nothing")
+    p.add_argument("--prepare-only", action="store_true",
+                   help="make the model folders, checkpoint and artifact the engines need, measure nothing (a GPU "
+                        "command of its own, before the one that measures: both must fit the command's time limit)")
     return p.parse_args(argv)
 
 
@@ -55,7 +58,7 @@ def vllm_path(args, engines: tuple[str, ...]) -> Path | None:
         return args.vllm_path
     if (DEFAULT_VLLM_PATH / "vllm").is_dir():
         return DEFAULT_VLLM_PATH
-    if "vllm" in engines and not args.dry_run and importlib.util.find_spec("vllm") is None:
+    if "vllm" in engines and not (args.dry_run or args.prepare_only) and importlib.util.find_spec("vllm") is None:
         raise SetupError(f"vLLM is not importable and {DEFAULT_VLLM_PATH} holds none: stage the bundle "
                          "(scripts/gpu/stage.sh) or pass --vllm-path, or run --engines ours")
     return None
@@ -76,6 +79,9 @@ def run(args, argv: list[str]) -> int:
     prepare, measuring = steps[:-len(engines)], steps[-len(engines):]
     for step in prepare:
         execute(step)
+    if args.prepare_only:
+        print(f"[bench.gpu] prepared {s.name} for {', '.join(engines)}; nothing measured (--prepare-only)", flush=True)
+        return 0
     engines_out, errors = {}, {}
     for engine, step in zip(engines, measuring):
         figures, error = measure(step, engine, s, paths)

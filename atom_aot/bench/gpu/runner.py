@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from atom_aot.bench.gpu.scenarios import Scenario
+from atom_aot.bench.gpu.scenarios import WEIGHTS, Scenario
 
 REPO = Path(__file__).resolve().parents[3]
 REPO_CONFIGS = REPO / "scripts" / "gpu" / "configs"
@@ -58,8 +58,17 @@ class Paths:
         return path
 
 
+SAME_DRAWS = WEIGHTS[3]        # ours draws at load, vLLM loads a checkpoint of the same draws (scenarios.Model)
+
+
 def model_dir(s: Scenario, paths: Paths) -> Path:
     return paths.work / "models" / f"{s.model.name}-{s.model.weights}"
+
+
+def checkpoint_dir(s: Scenario, paths: Paths) -> Path:
+    """The folder vLLM loads: the scenario's model folder, or for same-draws weights the checkpoint of our draws."""
+    return model_dir(s, paths).with_name(model_dir(s, paths).name + "-checkpoint") \
+        if s.model.weights == SAME_DRAWS else model_dir(s, paths)
 
 
 def artifact_path(s: Scenario, paths: Paths) -> Path:
@@ -84,17 +93,33 @@ def model_step(s: Scenario, paths: Paths) -> Step:
     config, tokenizer, out = paths.config(s.model.config), paths.tokenizer(s.model.tokenizer), model_dir(s, paths)
     overrides = dict(s.model.overrides)
     if s.model.weights == "random":
-        argv = (sys.executable, str(REPO / "scripts" / "make_random_model.py"), "--config", str(config),
-                "--tokenizer", str(tokenizer), "--out", str(out), "--device", "cuda",
-                "--override", json.dumps(overrides))
-        return Step("random-weight model folder", argv, (("PYTHONPATH", python_path("ours", paths)),),
-                    skip_if=out / "config.json")
+        return random_model_step("random-weight model folder", s, paths, out)
     return Step(f"config + tokenizer folder {out}", action=lambda: config_folder(config, tokenizer, overrides, out),
                 skip_if=out / "config.json")
 
 
+def random_model_step(label: str, s: Scenario, paths: Paths, out: Path, *flags: str) -> Step:
+    """scripts/make_random_model.py on the GPU: the tensors `atom-build --load-format dummy` draws there."""
+    argv = (sys.executable, str(REPO / "scripts" / "make_random_model.py"), "--config", str(paths.config(s.model.config)),
+            "--tokenizer", str(paths.tokenizer(s.model.tokenizer)), "--out", str(out), "--device", "cuda",
+            "--override", json.dumps(dict(s.model.overrides)), *flags)
+    return Step(label, argv, (("PYTHONPATH", python_path("ours", paths)),), skip_if=out / "config.json")
+
+
+def checkpoint_step(s: Scenario, paths: Paths) -> Step:
+    """For same-draws weights: the checkpoint vLLM loads, our draws with the experts under the Hub's names."""
+    return random_model_step("checkpoint of our draws for vLLM", s, paths, checkpoint_dir(s, paths),
+                             "--hub-expert-names")
+
+
+def load_format(s: Scenario) -> tuple[str, ...]:
+    """Our build's --load-format for the scenario's weights."""
+    return {"random": (), SAME_DRAWS: ("--load-format", "dummy-at-load")}.get(s.model.weights,
+                                                                              ("--load-format", s.model.weights))
+
+
 def build_step(s: Scenario, paths: Paths) -> Step:
-    load = () if s.model.weights == "random" else ("--load-format", s.model.weights)
+    load = load_format(s)
     art = artifact_path(s, paths)
     argv = (sys.executable, "-m", "atom_aot.build.cli", "--model", str(model_dir(s, paths)),
             "--max-model-len", str(s.max_model_len), "--out", str(art), *s.build_flags, *load)
@@ -111,7 +136,8 @@ def python_path(engine: str, paths: Paths) -> str:
 
 def measure_step(engine: str, s: Scenario, paths: Paths) -> Step:
     out = run_dir(s, paths)
-    argv = [sys.executable, "-m", "atom_aot.bench.gpu.measure", engine, s.name, "--model", str(model_dir(s, paths)),
+    model = checkpoint_dir(s, paths) if engine == "vllm" else model_dir(s, paths)
+    argv = [sys.executable, "-m", "atom_aot.bench.gpu.measure", engine, s.name, "--model", str(model),
             "--work", str(out), "--out", str(out / f"{engine}.json")]
     if engine == "ours":
         argv += ["--artifact", str(artifact_path(s, paths))]
@@ -123,6 +149,8 @@ def plan(s: Scenario, engines: tuple[str, ...], paths: Paths) -> list[Step]:
     steps = [model_step(s, paths)]
     if "ours" in engines:
         steps.append(build_step(s, paths))
+    if "vllm" in engines and s.model.weights == SAME_DRAWS:
+        steps.append(checkpoint_step(s, paths))
     return steps + [measure_step(engine, s, paths) for engine in engines]
 
 

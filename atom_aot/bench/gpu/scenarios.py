@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-WEIGHTS = ("random", "dummy", "dummy-at-load")
+WEIGHTS = ("random", "dummy", "dummy-at-load", "same-draws")
 KINDS = ("throughput", "sampled", "tpot", "cold", "serving")
 
 # Both engines, every scenario (the peer harness's settings): memory share, longest sequence, batch slots.
@@ -19,7 +19,10 @@ class Model:
 
     weights: random = a safetensors folder both engines load (scripts/make_random_model.py); dummy = a config +
     tokenizer folder, weights drawn by each engine (atom-build --load-format dummy, vLLM load_format=dummy);
-    dummy-at-load = the same, ours drawing at every load (models too big for the GPU machine's disk)."""
+    dummy-at-load = the same, ours drawing at every load (models too big for the GPU machine's disk);
+    same-draws = ours drawing at every load, vLLM loading a checkpoint of the same draws (make_random_model on the
+    GPU, experts under the Hub's names): MoE models, where vLLM's own dummy weights send every token to about the
+    same experts, and the disk holds one copy of the weights, not two."""
     name: str               # names its folder and artifact in the runner's work folder
     config: str
     tokenizer: str
@@ -70,7 +73,7 @@ LLAMA_8B = Model("llama-3.1-8b", "llama-3.1-8b", "llama3")
 LLAMA_8B_DUMMY = Model("llama-3.1-8b", "llama-3.1-8b", "llama3", "dummy")
 MOE_16L = Model("qwen3-30b-a3b-16l", "qwen3-30b-a3b", "qwen3", "dummy-at-load",
                 (("num_hidden_layers", 16), ("max_window_layers", 16)))
-DEEPSEEK_5L = Model("deepseek-v3-5l", "deepseek-v3", "llama3", "dummy-at-load",
+DEEPSEEK_5L = Model("deepseek-v3-5l", "deepseek-v3", "llama3", "same-draws",
                     (("num_hidden_layers", 5), ("num_nextn_predict_layers", 0), ("vocab_size", 128256)))
 GLM_AIR_12L = Model("glm-4.5-air-12l", "glm-4.5-air", "qwen3", "dummy-at-load",
                     (("num_hidden_layers", 12), ("num_nextn_predict_layers", 0), ("vocab_size", 151936)))
