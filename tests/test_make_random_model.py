@@ -59,3 +59,37 @@ def test_hub_expert_names_load_to_the_same_model(tmp_path):
     got = AutoModelForCausalLM.from_pretrained(hub, dtype=torch.float32).state_dict()
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
     assert len(dict(resolve_model(str(hub)).tensors())) == len(names)
+
+
+def test_fp8_blocks_write_deepseeks_fp8_checkpoint_format(tmp_path, build_artifact):
+    """--fp8-blocks (with --hub-expert-names): every linear weight e4m3 with a `weight_scale_inv` per 128x128 block
+    that dequantizes to the draw, the embeddings, head and routers as drawn, config.json's quantization_config as
+    DeepSeek ships it; atom-build takes it as a block-scaled FP8 checkpoint, and it decodes."""
+    from safetensors.torch import load_file
+
+    from atom_aot import LLMEngine, SamplingParams
+    from atom_aot.artifact.reader import Artifact
+    from deepseek_factories import BLOCK_DEEPSEEK, TINY_DEEPSEEK
+    fields = {**TINY_DEEPSEEK, **BLOCK_DEEPSEEK, "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+              "vocab_size": 256, "num_nextn_predict_layers": 0, "bos_token_id": 1, "eos_token_id": 2}
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(fields))
+    make_tokenizer(tmp_path / "tokenizer")
+    drawn = make_random_model(config, tmp_path / "bf16", tmp_path / "tokenizer", dtype="float32", hub_expert_names=True)
+    fp8 = make_random_model(config, tmp_path / "fp8", tmp_path / "tokenizer", dtype="float32", hub_expert_names=True,
+                            fp8_blocks=True)
+    assert json.loads((fp8 / "config.json").read_text())["quantization_config"]["weight_block_size"] == [128, 128]
+    want, got = load_file(str(drawn / "model.safetensors")), load_file(str(fp8 / "model.safetensors"))
+    expert = "model.layers.1.mlp.experts.3.down_proj.weight"
+    for name in (expert, "model.layers.0.self_attn.kv_a_proj_with_mqa.weight", "model.layers.0.self_attn.o_proj.weight"):
+        q, scale = got[name], got[name.replace(".weight", ".weight_scale_inv")]
+        assert q.dtype == torch.float8_e4m3fn and scale.shape == (-(-q.shape[0] // 128), q.shape[1] // 128)
+        dequantized = q.float() * scale.repeat_interleave(128, 0)[:q.shape[0]].repeat_interleave(128, 1)
+        assert torch.allclose(dequantized, want[name], rtol=0.07, atol=1e-6)      # e4m3: 3 mantissa bits
+    for name in ("model.embed_tokens.weight", "lm_head.weight", "model.layers.1.mlp.gate.weight"):
+        assert got[name].dtype == torch.float32 and torch.equal(got[name], want[name])
+    artifact = build_artifact(fp8, compile="none")
+    quantization = Artifact.open(artifact).manifest.quantization
+    assert quantization.weights == "fp8-block" and quantization.weights_origin != "none", quantization
+    out = LLMEngine(str(artifact)).generate([[5, 6, 7, 8]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert len(out[0]["token_ids"]) == 4

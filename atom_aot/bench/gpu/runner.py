@@ -102,14 +102,14 @@ def random_model_step(label: str, s: Scenario, paths: Paths, out: Path, *flags: 
     """scripts/make_random_model.py on the GPU: the tensors `atom-build --load-format dummy` draws there."""
     argv = (sys.executable, str(REPO / "scripts" / "make_random_model.py"), "--config", str(paths.config(s.model.config)),
             "--tokenizer", str(paths.tokenizer(s.model.tokenizer)), "--out", str(out), "--device", "cuda",
-            "--override", json.dumps(dict(s.model.overrides)), *flags)
+            "--override", json.dumps(dict(s.model.overrides)), *s.model.checkpoint, *flags)
     return Step(label, argv, (("PYTHONPATH", python_path("ours", paths)),), skip_if=out / "config.json")
 
 
 def checkpoint_step(s: Scenario, paths: Paths) -> Step:
     """For same-draws weights: the checkpoint vLLM loads, our draws with the experts under the Hub's names."""
-    return random_model_step("checkpoint of our draws for vLLM", s, paths, checkpoint_dir(s, paths),
-                             "--hub-expert-names")
+    hub = () if "--hub-expert-names" in s.model.checkpoint else ("--hub-expert-names",)
+    return random_model_step("checkpoint of our draws for vLLM", s, paths, checkpoint_dir(s, paths), *hub)
 
 
 def load_format(s: Scenario) -> tuple[str, ...]:

@@ -28,6 +28,7 @@ class Model:
     tokenizer: str
     weights: str = "random"
     overrides: tuple[tuple[str, object], ...] = ()
+    checkpoint: tuple[str, ...] = ()    # scripts/make_random_model.py's flags for the folder it writes (random, same-draws)
 
     def label(self) -> str:
         changed = ", ".join(f"{k}={v}" for k, v in self.overrides)
@@ -79,6 +80,10 @@ GLM_AIR_12L = Model("glm-4.5-air-12l", "glm-4.5-air", "qwen3", "dummy-at-load",
                     (("num_hidden_layers", 12), ("num_nextn_predict_layers", 0), ("vocab_size", 151936)))
 KIMI_K2_3L = Model("kimi-k2-3l", "kimi-k2", "llama3", "dummy-at-load",
                    (("num_hidden_layers", 3), ("vocab_size", 128256)))
+# DeepSeek's own FP8 format: 128x128-block e4m3 linears with weight_scale_inv, one checkpoint both engines load
+DEEPSEEK_5L_FP8 = Model("deepseek-v3-5l-fp8", "deepseek-v3", "llama3", "random",
+                        (("num_hidden_layers", 5), ("num_nextn_predict_layers", 0), ("vocab_size", 128256)),
+                        checkpoint=("--hub-expert-names", "--fp8-blocks"))
 DEEPSEEK_5L_MTP = Model("deepseek-v3-5l-mtp-32e", "deepseek-v3", "llama3", "dummy",
                         (("num_hidden_layers", 5), ("num_nextn_predict_layers", 1), ("n_routed_experts", 32),
                          ("vocab_size", 128256)))
@@ -123,6 +128,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              vllm_kwargs=(("tensor_parallel_size", 2), ("enable_expert_parallel", True)), gpus=2),
     Scenario("deepseek-v3-5l", "DeepSeek-V3 cut to 5 layers (3 dense, 2 MoE of 256 experts), throughput and TPOT",
              DEEPSEEK_5L, OFFLINE),
+    Scenario("deepseek-v3-5l-fp8", "DeepSeek-V3 cut to 5 layers in DeepSeek's FP8 checkpoint format (128x128-block "
+             "W8A8 linears and experts), throughput and TPOT", DEEPSEEK_5L_FP8, OFFLINE,
+             notes="one checkpoint, block-quantized as DeepSeek ships it, loaded by both engines; the KV cache is "
+                   "bf16 in both"),
     Scenario("glm-4.5-air-12l", "GLM-4.5-Air cut to 12 layers (1 dense, 11 MoE of 128 experts + a shared one), "
              "throughput and TPOT", GLM_AIR_12L, OFFLINE,
              notes="weights drawn by each engine: vLLM's dummy draws the router and its correction bias uniform in "
