@@ -13,6 +13,7 @@ from atom_aot.ops.attention import from_cache, to_cache
 from atom_aot.ops.mla import mla_attention_reference, write_latent_cache
 from atom_aot.ops.triton.batch_inputs import make_paged_batch
 from atom_aot.ops.triton.mla_prefill import CHUNK_CANDIDATES, PREFIX_CANDIDATES, MLATileConfig, mla_prefill
+from atom_aot.ops.triton.mla_workspace import ABSORBED_PREFIXES, PrefixWorkspace
 from triton_kernel_checks import rel_error
 
 RANK, ROPE, NOPE, V = 32, 16, 16, 24
@@ -50,8 +51,9 @@ def reference(step: dict) -> torch.Tensor:
     return mla_attention_reference(**f64)
 
 
-def kernels(step: dict, chunk=SMALL, prefix=SMALL) -> torch.Tensor:
-    """The cache write (reference), the chunk's up-projection in torch, then the op with every run naive."""
+def kernels(step: dict, chunk=SMALL, prefix=SMALL, workspace: PrefixWorkspace = ABSORBED_PREFIXES) -> torch.Tensor:
+    """The cache write (reference), the chunk's up-projection in torch, then the op with every run naive (by default
+    no prefix workspace: every cached prefix through the absorbed prefix kernel)."""
     cache = step["kv_cache"].clone()
     write_latent_cache(cache[step["layer"]], step["c_kv"], step["k_pe"], step["slot_mapping"], step["kv_scale"])
     scale = step["kv_scale"]
@@ -66,7 +68,7 @@ def kernels(step: dict, chunk=SMALL, prefix=SMALL) -> torch.Tensor:
     out = mla_prefill(dev["q_nope"], dev["q_pe"], k_nope.to(DEVICE), v.to(DEVICE), k_pe.to(DEVICE),
                       torch.empty(0, heads, V, device=DEVICE, dtype=v.dtype), cache.to(DEVICE), step["layer"],
                       dev["block_tables"], dev["seq_lens"], dev["query_start_loc"], dev["w_uk"], dev["w_uv"],
-                      step["scale"], 0, list(chunk.as_args()), list(prefix.as_args()),
+                      step["scale"], 0, list(chunk.as_args()), list(prefix.as_args()), list(workspace.as_args()),
                       None if scale is None else scale.to(DEVICE))
     return out.cpu()
 
@@ -107,45 +109,61 @@ def test_every_candidate_matches_the_reference(config):
     assert rel_error(kernels(step, prefix=config), want) < 1e-5
 
 
-def mixed_row(absorbed_runs: int):
-    """A mixed row naming the triton MLA backend's mixed path (small tiles for the tiny model)."""
+def mixed_row(absorbed_runs: int, workspace: PrefixWorkspace | None = None):
+    """A mixed row naming the triton MLA backend's mixed path (small tiles for the tiny model); `workspace`: its
+    mla_prefix_workspace param (None: a row built before it, without one)."""
     from atom_aot.artifact.tuning import BackendChoice, PhaseTuning
     params = {"mla_chunk": SMALL.as_args(), "mla_prefix": SMALL.as_args(), "absorbed_runs": (absorbed_runs,),
               "mla_decode@1": (16, 16, 4, 2, 1 << 20, 2), "mla_decode@4": (16, 16, 4, 2, 1, 1)}
+    if workspace is not None:
+        params["mla_prefix_workspace"] = workspace.as_args()
     return PhaseTuning({"mla_attention": BackendChoice("triton", params), "moe": BackendChoice("reference")})
 
 
-def _mixed_logits_both_backends(model, cache: torch.Tensor, absorbed_runs: int):
+def _mixed_logits_both_backends(model, cache: torch.Tensor, absorbed_runs: int, workspace=None):
     """Prefill 3 sequences through `model`'s reference backend, then one mixed step (a decoding sequence, a
     20-token chunk over a 20-token prefix crossing a block, a 3-token run over a 1-token prefix, a new prompt)
-    through the reference backend and through the triton mixed path on copies of the cache."""
+    through the reference backend and through the triton mixed path (`workspace`: its row's prefix workspace, None:
+    a row without one) on copies of the cache."""
     from deepseek_model import step_of
     tokens, starts = [[11], list(range(40, 60)), [13, 14, 15], [7, 8, 9, 10, 12]], [5, 20, 1, 0]
     with torch.no_grad():
         model(step_of(cache, [[5, 6, 7, 8, 9], list(range(20, 40)), [3]], [0, 0, 0]))
         ref = model(step_of(cache.clone(), tokens, starts))
-        return ref, model.use_kernels(mixed_row(absorbed_runs))(step_of(cache.clone(), tokens, starts))
+        return ref, model.use_kernels(mixed_row(absorbed_runs, workspace))(step_of(cache.clone(), tokens, starts))
 
 
-@pytest.mark.parametrize("absorbed_runs", [1, 3])
-def test_backend_mixed_step_equals_reference_backend(absorbed_runs):
-    """A tiny DeepSeek model: a mixed step through the triton mixed path (runs of up to 1 or 3 tokens absorbed)
-    and through the reference backend: equal logits."""
+def small_workspace(capacity: int | None) -> PrefixWorkspace | None:
+    return None if capacity is None else PrefixWorkspace(capacity, 16, 16, 4, 2)
+
+
+@pytest.mark.parametrize("absorbed_runs,capacity", [
+    (1, None), (3, None),   # a row without a prefix workspace: every cached prefix absorbed in the prefix kernel
+    (1, 8),                 # naive prefixes 20 + 1: the chunk's overflows past 8
+    (1, 21),                # every naive prefix exactly
+    (3, 20),                # the 3-token run absorbed: the one naive prefix exactly
+    (3, 64),                # room to spare
+])
+def test_backend_mixed_step_equals_reference_backend(absorbed_runs, capacity):
+    """A tiny DeepSeek model: a mixed step through the triton mixed path (runs of up to 1 or 3 tokens absorbed;
+    cached prefixes in a workspace of `capacity` tokens, what overflows absorbed) and through the reference backend:
+    equal logits."""
     from deepseek_model import random_deepseek
     model = random_deepseek().to(DEVICE)
     cache = torch.zeros(model.kv_cache_layout(model.config).shape(16, 16), device=DEVICE)
-    ref, got = _mixed_logits_both_backends(model, cache, absorbed_runs)
+    ref, got = _mixed_logits_both_backends(model, cache, absorbed_runs, small_workspace(capacity))
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
 
 
-def test_backend_mixed_step_on_an_fp8_cache_equals_reference_backend():
+@pytest.mark.parametrize("capacity", [None, 8])
+def test_backend_mixed_step_on_an_fp8_cache_equals_reference_backend(capacity):
     from atom_aot.weights.kv_scales import calibrate_kv_scales
     from deepseek_model import random_deepseek
     model = random_deepseek(seed=1)
     model.load_state_dict(calibrate_kv_scales(model, [[5, 6, 7, 8, 9], list(range(20, 40))]), strict=False)
     model = model.to(DEVICE)
     cache = torch.zeros(model.kv_cache_layout(model.config).shape(16, 16), dtype=torch.float8_e4m3fn, device=DEVICE)
-    ref, got = _mixed_logits_both_backends(model, cache, 2)
+    ref, got = _mixed_logits_both_backends(model, cache, 2, small_workspace(capacity))
     torch.testing.assert_close(got, ref, rtol=1e-3, atol=1e-3)
 
 
@@ -158,6 +176,7 @@ from atom_aot.ops.backends import make_backend
 from atom_aot.ops.backends.base import AttentionInputs
 from atom_aot.ops.backends.mla import MLAArgs
 from export_recording import host_reads, launch_kinds, written
+from atom_aot.ops.triton.mla_workspace import PrefixWorkspace
 from test_triton_mla_prefill import mixed_row
 
 
@@ -168,7 +187,7 @@ class Hopper:        # torch's mutation analysis compiles the kernels to TTIR fo
 
 triton.runtime.driver.set_active(Hopper())
 
-backend = make_backend("mla_attention", mixed_row(2).op("mla_attention"))
+backend = make_backend("mla_attention", mixed_row(2, PrefixWorkspace(32, 16, 16, 4, 2)).op("mla_attention"))
 H, NOPE, ROPE, RANK, V = 4, 16, 16, 32, 24
 
 class Layer(torch.nn.Module):
@@ -194,11 +213,12 @@ print("WRITTEN", sorted({(name, tuple(w)) for (name, _), w in zip(kinds, written
 
 
 def test_the_mixed_path_exports_with_symbolic_grids_and_no_host_reads():
-    """One layer's triton mixed path exported with the step's sizes dynamic (tokens, sequences, table width, pool
-    size), decomposed as AOTInductor takes it: every kernel's grid is an expression of the sizes and nothing reads
-    a tensor on the host, so the step can be captured in a CUDA graph; torch's mutation analysis sees each kernel
-    write only its outputs (one it could not read would have the package copy the KV cache around it). In a
-    process of its own: export cannot trace the Triton interpreter these tests run the kernels in."""
+    """One layer's triton mixed path (with a prefix workspace) exported with the step's sizes dynamic (tokens,
+    sequences, table width, pool size), decomposed as AOTInductor takes it: every kernel's grid is an expression of
+    the sizes but the workspace kernel's, fixed by the row's capacity, and nothing reads a tensor on the host, so the
+    step can be captured in a CUDA graph; torch's mutation analysis sees each kernel write only its outputs (one it
+    could not read would have the package copy the KV cache around it). In a process of its own: export cannot
+    trace the Triton interpreter these tests run the kernels in."""
     import ast
     import os
     import subprocess
@@ -212,11 +232,13 @@ def test_the_mixed_path_exports_with_symbolic_grids_and_no_host_reads():
     assert done.returncode == 0, done.stderr[-3000:]
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line.split(" ")[0].isupper())
     assert ast.literal_eval(lines["KERNELS"]) == ["merge_splits_kernel", "mla_cache_write_kernel", "mla_chunk_kernel",
-                                                  "mla_decode_kernel", "mla_prefix_kernel"]
-    assert ast.literal_eval(lines["STATIC"]) == [] and int(lines["HOST_READS"]) == 0
+                                                  "mla_decode_kernel", "mla_prefix_kernel",
+                                                  "mla_prefix_workspace_kernel"]
+    assert ast.literal_eval(lines["STATIC"]) == ["mla_prefix_workspace_kernel"] and int(lines["HOST_READS"]) == 0
     outputs = {"mla_cache_write_kernel": {"kv_ptr"}, "mla_decode_kernel": {"out_ptr", "part_ptr", "lse_ptr"},
                "merge_splits_kernel": {"out_ptr"}, "mla_chunk_kernel": {"out_ptr", "lse_ptr"},
-               "mla_prefix_kernel": {"out_ptr"}}
+               "mla_prefix_kernel": {"out_ptr"}, "mla_prefix_workspace_kernel": {"ws_k_nope_ptr", "ws_v_ptr",
+                                                                                 "ws_k_pe_ptr"}}
     for kernel, writes in ast.literal_eval(lines["WRITTEN"]):
         # the analysis also counts the tile search's loads of query_start_loc ([B + 1] ints) as possible writes
         assert set(writes) - {"query_start_loc_ptr"} <= outputs[kernel], (kernel, writes)
@@ -242,14 +264,16 @@ def with_tuning(artifact, out, row) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_deepseek(tmp_path_factory, build_artifact):
-    """The tiny q-LoRA DeepSeek checkpoint, and its eager artifact with the triton mixed path as its mixed row."""
+    """The tiny q-LoRA DeepSeek checkpoint, and its eager artifact with the triton mixed path (a 24-token prefix
+    workspace) as its mixed row."""
     if ON_GPU:
         pytest.skip("conftest's build_artifact builds for the cpu arch, which a GPU machine refuses; this engine "
                     "test runs the path's kernels in the interpreter on CPU")
     from deepseek_factories import make_tiny_deepseek
     model_dir = make_tiny_deepseek(tmp_path_factory.mktemp("models") / "tiny-deepseek", seed=11)
     artifact = build_artifact(model_dir, compile="none")
-    return model_dir, with_tuning(artifact, tmp_path_factory.mktemp("forged") / "mixed-triton.atom", mixed_row(2))
+    row = mixed_row(2, small_workspace(24))                     # a workspace the 32-token cached prefix overflows
+    return model_dir, with_tuning(artifact, tmp_path_factory.mktemp("forged") / "mixed-triton.atom", row)
 
 
 def test_the_engine_on_the_triton_mixed_path_decodes_like_transformers(tiny_deepseek, caplog):

@@ -9,6 +9,7 @@ ships ptxas and the AMD one its linker, so no driver or device is involved.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import tempfile
@@ -23,9 +24,9 @@ from triton.compiler import ASTSource
 
 from atom_aot.build.tune_fp8 import small_m_configs
 from atom_aot.distributed.peer_table import TABLE_SIZE
-from atom_aot.ops.triton import (all_reduce_norm, fused_moe, int4_gemm, int4_small_m, mla_prefill, moe_routing,
-                                 paged_attention, rms_norm_quant, rope_cache, sampling_threshold, silu_mul_quant,
-                                 small_m_gemm)
+from atom_aot.ops.triton import (all_reduce_norm, fused_moe, int4_gemm, int4_small_m, mla_prefill, mla_workspace,
+                                 moe_routing, paged_attention, rms_norm_quant, rope_cache, sampling_threshold,
+                                 silu_mul_quant, small_m_gemm)
 
 TARGETS = {
     "sm90": GPUTarget("cuda", 90, 32),
@@ -46,7 +47,8 @@ class Launch:
 
 
 def record_launches(module, launcher, *args, **kwargs) -> list[Launch]:
-    """Runs `launcher` (which calls `module.wrap_triton(kernel)[grid](...)`) without launching."""
+    """Runs `launcher` (which calls `module.wrap_triton(kernel)[grid](...)`; `module` may be a tuple of the modules
+    whose launchers it calls) without launching."""
     launches: list[Launch] = []
 
     def wrap(kernel):
@@ -59,7 +61,9 @@ def record_launches(module, launcher, *args, **kwargs) -> list[Launch]:
                 return call
         return Indexed()
 
-    with mock.patch.object(module, "wrap_triton", wrap):
+    with contextlib.ExitStack() as patched:
+        for m in module if isinstance(module, tuple) else (module,):
+            patched.enter_context(mock.patch.object(m, "wrap_triton", wrap))
         launcher(*args, **kwargs)
     return launches
 
@@ -303,25 +307,32 @@ def int4_launches(n: int = 4096, k: int = 14336) -> list[Launch]:
     return launches
 
 
-def mla_mixed_launches(chunks=mla_prefill.CHUNK_CANDIDATES[:1], prefixes=mla_prefill.PREFIX_CANDIDATES[:2]) -> list[Launch]:
-    """The MLA mixed step's chunk and prefix kernels at DeepSeek-V3's shapes (128 heads, nope 128, rope 64, r 512,
-    v 128; q_nope a view of q): `chunks` and `prefixes` configs over a bf16 cache, the first prefix config over an
-    fp8 one too (meta tensors, nothing runs)."""
+def mla_mixed_launches(chunks=mla_prefill.CHUNK_CANDIDATES[:1], prefixes=mla_prefill.PREFIX_CANDIDATES[:2],
+                       workspaces=mla_workspace.WORKSPACE_CANDIDATES[:1]) -> list[Launch]:
+    """The MLA mixed step's chunk, prefix and prefix-workspace kernels at DeepSeek-V3's shapes (128 heads, nope 128,
+    rope 64, r 512, v 128; q_nope a view of q): `chunks`, `prefixes` and `workspaces` (at an 8192-token capacity)
+    configs over a bf16 cache, the first prefix and workspace configs over an fp8 one too (meta tensors, nothing
+    runs)."""
     meta, heads, tokens, seqs = dict(device="meta"), 128, 4096, 8
     bf16, i32 = dict(dtype=torch.bfloat16, **meta), dict(dtype=torch.int32, **meta)
 
-    def one(chunk, prefix, cache_dtype):
+    def one(chunk, prefix, workspace, cache_dtype) -> dict:
         cache = torch.empty(2, 1, 4096, 16, 1, 576, dtype=cache_dtype, **meta)
-        return record_launches(mla_prefill, mla_prefill.launch_mla_prefill,
+        workspace = mla_workspace.PrefixWorkspace(8192, *workspace.as_args()[1:])
+        launches = record_launches((mla_prefill, mla_workspace), mla_prefill.launch_mla_prefill,
                                torch.empty(tokens, heads, 192, **bf16)[..., :128], torch.empty(tokens, heads, 64, **bf16),
                                torch.empty(tokens, heads, 128, **bf16), torch.empty(tokens, heads, 128, **bf16),
                                torch.empty(tokens, 64, **bf16), torch.empty(seqs * 2, heads, 128, **bf16), cache, 1,
                                torch.empty(seqs, 512, **i32), torch.empty(seqs, **i32), torch.empty(seqs + 1, **i32),
                                torch.empty(heads, 128, 512, **bf16), torch.empty(heads, 512, 128, **bf16), 0.1, 2,
-                               chunk, prefix, torch.empty(2, **meta) if cache_dtype.itemsize == 1 else None)
-    launches = [one(c, prefixes[0], torch.bfloat16)[0] for c in chunks]
-    launches += [one(chunks[0], p, torch.bfloat16)[1] for p in prefixes]
-    return launches + [one(chunks[0], prefixes[0], torch.float8_e4m3fn)[1]]
+                               chunk, prefix, workspace, torch.empty(2, **meta) if cache_dtype.itemsize == 1 else None)
+        return {launch.kernel.fn.__name__: launch for launch in launches}
+    first = (chunks[0], prefixes[0], workspaces[0])
+    launches = [one(c, *first[1:], torch.bfloat16)["mla_chunk_kernel"] for c in chunks]
+    launches += [one(chunks[0], p, first[2], torch.bfloat16)["mla_prefix_kernel"] for p in prefixes]
+    launches += [one(*first[:2], w, torch.bfloat16)["mla_prefix_workspace_kernel"] for w in workspaces]
+    fp8 = one(*first, torch.float8_e4m3fn)
+    return launches + [fp8["mla_prefix_kernel"], fp8["mla_prefix_workspace_kernel"]]
 
 
 MODELS = {"qwen3-0.6b": dict(num_heads=16, num_kv_heads=8, head_dim=128),
@@ -375,7 +386,7 @@ def main() -> None:
     parser.add_argument("--rms-norm-quant", action="store_true", help="only the one-pass add + RMSNorm fp8 quantization")
     parser.add_argument("--int4", action="store_true", help="only the int4 GEMMs (large-M and small-M)")
     parser.add_argument("--moe-mxfp4", action="store_true", help="only the fused MoE GEMMs on mxfp4 experts")
-    parser.add_argument("--mla-mixed", action="store_true", help="only the MLA mixed step's chunk and prefix kernels")
+    parser.add_argument("--mla-mixed", action="store_true", help="only the MLA mixed step's chunk, prefix and workspace kernels")
     parser.add_argument("--gpt-oss", action="store_true", help="only paged attention with sinks and a window")
     args = parser.parse_args()
     only = {"rms_norm_quant": rms_norm_quant_launches, "silu_mul_quant": silu_mul_quant_launches,

@@ -5,14 +5,19 @@ step's flat tensors in, no host reads, so the mixed package can be captured like
     - runs of at most `absorbed_runs` tokens (a decoding sequence's one token at least): the absorbed decode kernel,
       one row per token (row j of sequence b over its first L - n_q + j + 1 latents): `absorbed_decode`;
     - longer runs: the naive form, k_nope / v up-projected for every token of the step by two GEMMs, then
-      atom_triton::mla_prefill (the causal chunk kernel, and the absorbed prefix kernel merged into it), which
-      also copies the absorbed runs' rows into place (ops/triton/mla_prefill.py).
+      atom_triton::mla_prefill: their cached prefixes up-projected into a fixed-capacity workspace, the chunk kernel
+      over those keys and causal over the run's own, the absorbed prefix kernel over what the workspace could not
+      hold, merged into it; it also copies the absorbed runs' rows into place (ops/triton/mla_prefill.py).
 
 Params of the row (the build measures them: build/tune_mla_mixed.py): `mla_chunk` and `mla_prefix` (each
-MLATileConfig's ints), `absorbed_runs` ([max tokens]) and the decode kernel's `mla_decode@<first row count>`
-buckets (chosen by the absorbed rows' count, B * absorbed_runs).
+MLATileConfig's ints), `mla_prefix_workspace` (PrefixWorkspace: capacity in tokens, then the up-projection's
+tile), `absorbed_runs` ([max tokens]) and the decode kernel's `mla_decode@<first row count>` buckets (chosen by
+the absorbed rows' count, B * absorbed_runs). A row without `mla_prefix_workspace` (built before it) runs with
+no workspace: every cached prefix in the absorbed prefix kernel, as that build measured it; the start logs so.
 """
 from __future__ import annotations
+
+import logging
 
 import torch
 
@@ -21,16 +26,24 @@ from atom_aot.ops.attention import from_cache, to_cache
 from atom_aot.ops.backends.base import launch_configs
 from atom_aot.ops.backends.mla import MLAArgs, TritonMLA, absorbed_decode, decode_table, roped
 
+log = logging.getLogger("atom_aot")
+WORKSPACE = "mla_prefix_workspace"
+
 
 class TritonMixedMLA:
     def __init__(self, choice: BackendChoice):
         import atom_aot.ops.triton  # noqa: F401  (registers atom_triton::*)
         from atom_aot.ops.triton.mla_prefill import AbsorbedRuns, MLATileConfig
+        from atom_aot.ops.triton.mla_workspace import ABSORBED_PREFIXES, PrefixWorkspace
         self.table = decode_table(choice)
         own = BackendChoice(choice.backend, {k: v for k, v in choice.params.items() if not k.startswith("mla_decode")})
-        configs = launch_configs(own, {"mla_chunk": MLATileConfig, "mla_prefix": MLATileConfig,
-                                       "absorbed_runs": AbsorbedRuns})
+        expected = {"mla_chunk": MLATileConfig, "mla_prefix": MLATileConfig, "absorbed_runs": AbsorbedRuns}
+        configs = launch_configs(own, {**expected, **({WORKSPACE: PrefixWorkspace} if WORKSPACE in own.params else {})})
         self.chunk, self.prefix = list(configs["mla_chunk"].as_args()), list(configs["mla_prefix"].as_args())
+        self.workspace = list(configs.get(WORKSPACE, ABSORBED_PREFIXES).as_args())
+        if WORKSPACE not in own.params:
+            log.info("mla_attention: the mixed row has no %s (built before it): cached prefixes take the absorbed "
+                     "prefix kernel, no workspace", WORKSPACE)
         self.absorbed_max = configs["absorbed_runs"].max_tokens
         if self.absorbed_max < 1:
             raise ValueError(f"absorbed_runs must be >= 1 (a decoding token is absorbed), got {self.absorbed_max}")
@@ -49,7 +62,7 @@ class TritonMixedMLA:
         return torch.ops.atom_triton.mla_prefill(
             args.q_nope, q_pe, k_nope, v, k_pe, absorbed, step.kv_cache, args.layer, step.block_tables,
             step.seq_lens, step.query_start_loc, args.w_uk, args.w_uv, args.scale, self.absorbed_max, self.chunk,
-            self.prefix, args.kv_scale)
+            self.prefix, self.workspace, args.kv_scale)
 
     def absorbed_rows(self, args: MLAArgs, q_pe: torch.Tensor) -> torch.Tensor:
         """The outputs of every run of at most n = absorbed_max tokens, row b * n + j for token j of sequence b
