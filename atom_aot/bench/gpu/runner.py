@@ -67,8 +67,8 @@ def model_dir(s: Scenario, paths: Paths) -> Path:
 
 def checkpoint_dir(s: Scenario, paths: Paths) -> Path:
     """The folder vLLM loads: the scenario's model folder, or for same-draws weights the checkpoint of our draws."""
-    return model_dir(s, paths).with_name(model_dir(s, paths).name + "-checkpoint") \
-        if s.model.weights == SAME_DRAWS else model_dir(s, paths)
+    folder = model_dir(s, paths)
+    return folder.with_name(folder.name + "-checkpoint") if s.model.weights == SAME_DRAWS else folder
 
 
 def artifact_path(s: Scenario, paths: Paths) -> Path:
