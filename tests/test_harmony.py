@@ -4,9 +4,6 @@ built-in tool, outputs cut short, text that is no harmony), streamed in pieces o
 parse, the server's options, and one live server whose output a regex forces into harmony."""
 from __future__ import annotations
 
-import json
-
-import openai
 import pytest
 
 from atom_aot.server.options import ServerOptions
@@ -14,6 +11,7 @@ from atom_aot.server.serving.harmony import parse_messages, read_output
 from atom_aot.server.serving.harmony_stream import HarmonyFields, HarmonyStream, harmony_fields, harmony_message
 from atom_aot.server.serving.tool_calls import ToolPlan
 from atom_aot.server.serving.tool_parsers import TOOL_PARSERS, OpenAIHarmonyParser
+from live_reasoning import check_reasoning_and_call, reasoning_client
 
 ANSWER = ("<|channel|>analysis<|message|>The user asks for the capital of France. It is Paris.<|end|>"
           "<|start|>assistant<|channel|>final<|message|>The capital of France is **Paris**.<|return|>")
@@ -146,8 +144,6 @@ def test_a_returned_assistant_message_with_its_reasoning_is_taken_back():
 
 # -- live: the tiny llama server, its output forced into harmony by a regex (byte-level pieces spell the markers);
 # its end-of-text token (<|im_end|>, kept in the text with the special tokens) follows GPT-OSS's <|return|> / <|call|>
-WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 FORCED_ANSWER = r"<\|channel\|>analysis<\|message\|>Think (a|b)\.<\|end\|><\|start\|>assistant<\|channel\|>final<\|message\|>Hi\.<\|return\|>"
 FORCED_CALL = (r"<\|channel\|>analysis<\|message\|>Call\.<\|end\|><\|start\|>assistant<\|channel\|>commentary "
                r'to=functions\.get_weather <\|constrain\|>json<\|message\|>\{"city": "(Oslo|Rome)"\}<\|call\|>')
@@ -155,39 +151,12 @@ FORCED_CALL = (r"<\|channel\|>analysis<\|message\|>Call\.<\|end\|><\|start\|>ass
 
 @pytest.fixture(scope="module")
 def harmony_client(tiny_llama_eager_artifact, tmp_path_factory):
-    from test_server_support import API_KEY, ServerProcess
-    proc = ServerProcess(tiny_llama_eager_artifact, tmp_path_factory.mktemp("server"), "--enable-auto-tool-choice",
-                         "--tool-call-parser", "openai", "--reasoning-parser", "openai_gptoss")
-    try:
-        server = proc.wait_healthy()
-        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
-        yield client, client.models.list().data[0].id
-    finally:
-        proc.stop()
+    yield from reasoning_client(tiny_llama_eager_artifact, tmp_path_factory.mktemp("server"),
+                                "--enable-auto-tool-choice", "--tool-call-parser", "openai",
+                                "--reasoning-parser", "openai_gptoss")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True])
 def test_live_server_returns_reasoning_content_and_calls(harmony_client, stream):
-    client, model = harmony_client
-    ask = dict(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=400, temperature=1.0, seed=5)
-    answer = dict(ask, extra_body={"guided_regex": FORCED_ANSWER})
-    call = dict(ask, tools=WEATHER, extra_body={"guided_regex": FORCED_CALL})
-    if not stream:
-        message = client.chat.completions.create(**answer).choices[0].message
-        assert message.content == "Hi." and message.model_extra["reasoning"] in ("Think a.", "Think b.")
-        assert message.model_extra["reasoning_content"] == message.model_extra["reasoning"]
-        choice = client.chat.completions.create(**call).choices[0]
-        assert choice.finish_reason == "tool_calls" and choice.message.model_extra["reasoning"] == "Call."
-        [tool_call] = choice.message.tool_calls
-        assert tool_call.function.name == "get_weather" and json.loads(tool_call.function.arguments)["city"] in (
-            "Oslo", "Rome")
-        return
-    chunks = [c for c in client.chat.completions.create(**answer, stream=True) if c.choices]
-    deltas = [c.choices[0].delta for c in chunks]
-    assert "".join(d.content or "" for d in deltas) == "Hi."
-    assert "".join((d.model_extra or {}).get("reasoning") or "" for d in deltas) in ("Think a.", "Think b.")
-    chunks = [c for c in client.chat.completions.create(**call, stream=True) if c.choices]
-    assert chunks[-1].choices[0].finish_reason == "tool_calls"
-    arguments = "".join(t.function.arguments or "" for c in chunks for t in c.choices[0].delta.tool_calls or [])
-    assert json.loads(arguments)["city"] in ("Oslo", "Rome")
+    check_reasoning_and_call(*harmony_client, FORCED_ANSWER, FORCED_CALL, stream)

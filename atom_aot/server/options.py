@@ -8,6 +8,8 @@ from dataclasses import dataclass, fields
 from atom_aot.config_flags import flag
 
 
+# the think-tag families (server/serving/reasoning_parsers.py) and GPT-OSS's harmony
+REASONING_PARSERS = ("deepseek_r1", "qwen3", "glm45", "openai_gptoss")
 GRAMMAR_LIMITS = ("max_json_schema_bytes", "max_json_schema_depth", "max_grammar_choices", "max_regex_length",
                   "max_grammar_length", "max_tools")
 
@@ -33,10 +35,13 @@ class ServerOptions:
                                         "(<tool_call>{json}</tool_call>: Qwen2.5/Qwen3, Hermes), llama3_json "
                                         "({\"name\": ..., \"parameters\": ...}: Llama 3.x) or openai (GPT-OSS's "
                                         "harmony messages to functions.NAME)")
-    reasoning_parser: str | None = flag(None, "--reasoning-parser", choices=("openai_gptoss",),
-                                        help="return the model's reasoning apart from its answer, as vLLM's parser "
-                                        "of that name: openai_gptoss (GPT-OSS's harmony analysis channel) as the "
-                                        "message's reasoning and reasoning_content")
+    reasoning_parser: str | None = flag(None, "--reasoning-parser", choices=REASONING_PARSERS,
+                                        help="return the model's reasoning apart from its answer, as the message's "
+                                        "reasoning and reasoning_content, as vLLM's parser of that name: "
+                                        "deepseek_r1 (DeepSeek-R1, QwQ: the text before </think>), qwen3 (Qwen3: "
+                                        "likewise; enable_thinking false in chat_template_kwargs: all content), "
+                                        "glm45 (GLM-4.5/4.6/4.7: likewise, <think> may open reasoning again) or "
+                                        "openai_gptoss (GPT-OSS's harmony analysis channel)")
 
     trust_request_chat_template: bool = flag(False, "--trust-request-chat-template", help="let a chat request "
                                              "bring its own Jinja chat_template (vLLM's flag of the same name); "
@@ -77,6 +82,10 @@ class ServerOptions:
         _require(self.reasoning_parser != "openai_gptoss" or self.tool_call_parser in (None, "openai"),
                  "reasoning_parser", f"openai_gptoss reads GPT-OSS's harmony output, whose tool calls only "
                  f"--tool-call-parser openai reads (not {self.tool_call_parser})")
+        _require(self.reasoning_parser in (None, "openai_gptoss") or self.tool_call_parser != "openai",
+                 "reasoning_parser", f"{self.reasoning_parser} reads <think> tags, which GPT-OSS does not write; "
+                 f"--tool-call-parser openai reads GPT-OSS's harmony output, whose reasoning only "
+                 f"--reasoning-parser openai_gptoss reads")
         _require(self.max_seqs_per_request <= self.max_queued_seqs, "max_seqs_per_request",
                  f"({self.max_seqs_per_request}) must not exceed max_queued_seqs ({self.max_queued_seqs}): "
                  f"such a request could never be queued")

@@ -20,6 +20,8 @@ from atom_aot.server.serving.common import (ChoiceResult, bad_words_of, check_re
                                             truncated_prompt)
 from atom_aot.server.serving.harmony_stream import HarmonyFields, HarmonyStream, harmony_fields, harmony_message
 from atom_aot.server.serving.logprobs import chat_logprobs
+from atom_aot.server.serving.reasoning_parsers import (THINK_TAGS, ReasoningChoiceStream, ReasoningParser,
+                                                       reasoning_fields, think_tag_parser)
 from atom_aot.server.serving.responses import DONE, Envelope, StreamResponse, envelope, sse, sse_error, usage
 from atom_aot.server.serving.tokenizer_pool import off_loop
 from atom_aot.server.serving.tool_calls import ToolCallStream, ToolPlan, tool_plan
@@ -38,18 +40,31 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     params = choice_params(req, req.requested_max_tokens, logprobs, req.prompt_logprobs, grammar=grammar,
                            bad_words=await bad_words_of(state, req))
     harmony = harmony_fields(state.options, plan)
-    if harmony is not None:        # harmony is read from its special tokens, so the text keeps them
+    reasoning = reasoning_parser_of(state, req, plan, prompt_ids)
+    if harmony is not None or (reasoning is not None and reasoning.keeps_special_tokens):
+        # harmony (and a think-tag family whose tags are special tokens) is read from its special tokens
         params = [dataclasses.replace(p, skip_special_tokens=False) for p in params]
     rid = request_id_of(request)
     env = envelope(state, "chatcmpl", "chat.completion.chunk" if req.stream else "chat.completion", rid,
                    req.include_usage)
     group = await submit(state, rid.engine_base(env.id), [prompt_ids] * len(params), params, arrival)
     if req.stream:
-        return StreamResponse(_stream(state, req, group, env, len(prompt_ids), plan, harmony), group)
+        return StreamResponse(_stream(state, req, group, env, len(prompt_ids), plan, harmony, reasoning), group)
     results = await collect_unless_disconnected(request, group)
     if results is None:
         return Response(status_code=499)        # the client is gone; nobody reads this
-    return JSONResponse(_response(state, req, plan, env, results, len(prompt_ids), harmony))
+    return JSONResponse(_response(state, req, plan, env, results, len(prompt_ids), harmony, reasoning))
+
+
+def reasoning_parser_of(state: ServerState, req: ChatCompletionRequest, plan: ToolPlan | None,
+                        prompt_ids: list[int]) -> ReasoningParser | None:
+    """How the server's think-tag `--reasoning-parser` reads this request's output; None where none does: no such
+    parser (openai_gptoss is read as harmony), or a tool_choice's grammar writes the output (plain JSON)."""
+    name = state.options.reasoning_parser
+    if name not in THINK_TAGS or (plan is not None and plan.grammar is not None):
+        return None
+    return think_tag_parser(name, state.tokenizer, req.chat_template_kwargs, prompt_ids,
+                            constrained=req.grammar_spec is not None, skip_special_tokens=req.skip_special_tokens)
 
 
 def check_request_template(state: ServerState, req: TemplateFields) -> None:
@@ -85,26 +100,32 @@ def render_messages(state: ServerState, messages: list[ChatMessage], add_generat
                           code="invalid_value") from None
 
 
-def _message(plan: ToolPlan | None, result: ChoiceResult, harmony: HarmonyFields | None) -> tuple[dict, str | None]:
-    """The assistant message of a choice and its finish reason: tool calls (and harmony's reasoning) read from the
-    text."""
+def _message(plan: ToolPlan | None, result: ChoiceResult, harmony: HarmonyFields | None,
+             reasoning: ReasoningParser | None) -> tuple[dict, str | None]:
+    """The assistant message of a choice and its finish reason: the reasoning (harmony's, or a think-tag parser's)
+    and tool calls read from the text; with a think-tag parser the calls are read from the content only."""
     if harmony is not None:
         message, parsed = harmony_message(harmony, result.text)
         return message, plan.finish_reason(parsed, result.finish_reason) if plan else result.finish_reason
-    if plan is None:
-        return {"role": "assistant", "content": result.text}, result.finish_reason
-    parsed = plan.parse(result.text)
-    message = {"role": "assistant", "content": parsed.content}
+    text, thought = result.text, {}
+    if reasoning is not None:
+        thinking, text = reasoning.split(result.text)
+        thought = reasoning_fields(thinking)
+    if plan is None or text is None:
+        return {"role": "assistant", "content": text, **thought}, result.finish_reason
+    parsed = plan.parse(text)
+    message = {"role": "assistant", "content": parsed.content, **thought}
     if parsed.tool_calls:
         message["tool_calls"] = [call.as_openai() for call in parsed.tool_calls]
     return message, plan.finish_reason(parsed, result.finish_reason)
 
 
 def _response(state: ServerState, req: ChatCompletionRequest, plan: ToolPlan | None, env: Envelope,
-              results: list[ChoiceResult], num_prompt_tokens: int, harmony: HarmonyFields | None = None) -> dict:
+              results: list[ChoiceResult], num_prompt_tokens: int, harmony: HarmonyFields | None = None,
+              reasoning: ReasoningParser | None = None) -> dict:
     choices, echo, renderer = [], echoed(req), renderer_of(state, req)
     for i, r in enumerate(results):
-        message, finish_reason = _message(plan, r, harmony)
+        message, finish_reason = _message(plan, r, harmony, reasoning)
         if echo:
             message["content"] = echo + (message["content"] or "")
         choices.append({"index": i, "message": message, "finish_reason": finish_reason,
@@ -116,12 +137,12 @@ def _response(state: ServerState, req: ChatCompletionRequest, plan: ToolPlan | N
 
 
 async def _stream(state: ServerState, req: ChatCompletionRequest, group: RequestGroup, env: Envelope,
-                  num_prompt_tokens: int, plan: ToolPlan | None = None, harmony: HarmonyFields | None = None):
+                  num_prompt_tokens: int, plan: ToolPlan | None = None, harmony: HarmonyFields | None = None,
+                  reasoning: ReasoningParser | None = None):
     """The `{"role": "assistant"}` chunks are sent with the engine's first output, not before the
     prefill: benchmark clients (vLLM's, ATOM's) start the first-token clock on the first chunk."""
     finals = [None] * len(group.request_ids)
-    tool_streams = ([HarmonyStream(harmony, plan) for _ in group.request_ids] if harmony is not None
-                    else [ToolCallStream(plan) for _ in group.request_ids] if plan is not None else None)
+    tool_streams = [_choice_stream(plan, harmony, reasoning) for _ in group.request_ids]
     roles = "".join(_first_chunks(env, len(group.request_ids), echoed(req)))
     renderer = renderer_of(state, req)
     try:
@@ -129,7 +150,7 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, group: Request
             head, roles = roles, ""     # the role chunks go with the first output, in the same write
             if update.finished:
                 finals[index] = update
-            delta, finish_reason = _delta(tool_streams[index] if tool_streams else None, update)
+            delta, finish_reason = _delta(tool_streams[index], update)
             if not (delta or update.finished or (req.logprobs and update.logprobs)):
                 if head:
                     yield head
@@ -165,9 +186,22 @@ def _first_chunks(env: Envelope, count: int, echo: str):
             yield sse(env.wrap([{"index": i, "delta": {"content": echo}, "logprobs": None, "finish_reason": None}]))
 
 
-def _delta(tool_stream: ToolCallStream | HarmonyStream | None, update) -> tuple[dict, str | None]:
-    """A stream chunk's delta and finish reason: the text as content, or through the choice's tool or harmony
-    stream."""
+ChoiceStream = ToolCallStream | HarmonyStream | ReasoningChoiceStream
+
+
+def _choice_stream(plan: ToolPlan | None, harmony: HarmonyFields | None,
+                   reasoning: ReasoningParser | None) -> ChoiceStream | None:
+    """What reads one choice's stream: harmony, or the reasoning parser with the tool calls read from its content,
+    or the tool calls alone; None: the text is the content."""
+    if harmony is not None:
+        return HarmonyStream(harmony, plan)
+    tools = ToolCallStream(plan) if plan is not None else None
+    return ReasoningChoiceStream(reasoning.stream(), tools) if reasoning is not None else tools
+
+
+def _delta(tool_stream: ChoiceStream | None, update) -> tuple[dict, str | None]:
+    """A stream chunk's delta and finish reason: the text as content, or through the choice's tool, harmony or
+    reasoning stream."""
     if tool_stream is None:
         return ({"content": update.delta_text} if update.delta_text else {}), update.finish_reason
     delta = tool_stream.delta(update.delta_text, update.finished)

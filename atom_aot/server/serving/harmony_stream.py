@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from atom_aot.server.options import ServerOptions
 from atom_aot.server.serving.harmony import FUNCTIONS, START, HarmonyMessage, held_back, parse_messages, read_output
+from atom_aot.server.serving.reasoning_parsers import reasoning_fields
 from atom_aot.server.serving.tool_calls import ToolPlan
 from atom_aot.server.serving.tool_parsers import ParsedOutput, ToolCall
 
@@ -35,10 +36,6 @@ def harmony_fields(options: ServerOptions, plan: ToolPlan | None) -> HarmonyFiel
         return None
     return HarmonyFields(reasoning=options.reasoning_parser == "openai_gptoss", tools=plan is not None,
                          max_calls=None if plan is None else plan.max_calls)
-
-
-def reasoning_fields(text: str | None) -> dict:
-    return {} if text is None else {"reasoning": text, "reasoning_content": text}
 
 
 def harmony_message(fields: HarmonyFields, text: str) -> tuple[dict, ParsedOutput]:
