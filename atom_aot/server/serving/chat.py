@@ -31,14 +31,14 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     check_request(state, req)
     check_tools(state.options, req.tools)
     check_request_template(state, req)
-    plan = tool_plan(state.options, req)
+    plan = tool_plan(state.options, req, state.tokenizer)
     prompt_ids = await off_loop(state.tokenize_pool, encode_messages, state, req)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     grammar = plan.grammar if plan is not None and plan.grammar is not None else req.grammar_spec
     params = choice_params(req, req.requested_max_tokens, logprobs, req.prompt_logprobs, grammar=grammar,
                            bad_words=await bad_words_of(state, req))
     harmony = harmony_fields(state.options, plan)
-    if harmony is not None:        # harmony is read from its special tokens, so the text keeps them
+    if harmony is not None or (plan is not None and plan.keeps_special_tokens):   # read from special tokens: kept
         params = [dataclasses.replace(p, skip_special_tokens=False) for p in params]
     rid = request_id_of(request)
     env = envelope(state, "chatcmpl", "chat.completion.chunk" if req.stream else "chat.completion", rid,
