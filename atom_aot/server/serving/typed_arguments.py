@@ -1,6 +1,7 @@
 """A tool call's argument values, written by the model as text, typed by the tool's JSON schema as vLLM's
 `glm45` and `qwen3_coder` parsers type them (server/serving/xml_tool_parsers.py). A value that does not fit its
-type stays the text it is (vLLM's fallback): the call is never lost to it."""
+type stays the text it is (vLLM's fallback; vLLM makes a boolean that is neither true nor false false): the
+call is never lost to it."""
 from __future__ import annotations
 
 import ast
