@@ -11,8 +11,9 @@ import pytest
 
 from atom_aot.server.args import parse_args
 from atom_aot.server.options import ServerOptions
+from atom_aot.server.serving.markers import special_texts
 from atom_aot.server.serving.reasoning_parsers import (THINK_TAGS, ReasoningChoiceStream, ThinkTagParser,
-                                                       special_texts, think_tag_parser)
+                                                       think_tag_parser)
 from atom_aot.server.serving.tool_calls import ToolCallStream, ToolPlan
 from atom_aot.server.serving.tool_parsers import HermesParser
 from live_reasoning import check_reasoning_and_call, reasoning_client
@@ -197,3 +198,24 @@ def test_live_server_returns_reasoning_and_calls(qwen3_client, stream):
     """Reasoning and content apart, and the hermes call read from the content (a regex is a structured output: the
     reasoning is what the explicit tags hold)."""
     check_reasoning_and_call(*qwen3_client, FORCED_ANSWER, FORCED_CALL, stream)
+
+
+def test_a_tool_parsers_special_markers_stay_and_the_other_special_tokens_are_left_out(tmp_path):
+    """Plain-text think tags, but a tool-call parser whose markers are special tokens: the text is decoded with
+    special tokens kept for that parser, so the reasoning parser leaves the others (the end of turn) out of the
+    reasoning and the content, and hands the markers on."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+    from atom_aot.runtime.text.tokenizer import load_tokenizer
+    backend = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|user|>",
+                            additional_special_tokens=["<call>", "</call>"]).save_pretrained(tmp_path)
+    tokenizer = load_tokenizer(tmp_path)
+    plain = think_tag_parser("deepseek_r1", tokenizer, None, [0], constrained=False, skip_special_tokens=None)
+    assert not plain.keeps_special_tokens and plain.dropped == ()
+    parser = think_tag_parser("deepseek_r1", tokenizer, None, [0], constrained=False, skip_special_tokens=None,
+                              tool_markers=("<call>", "</call>"))
+    assert parser.dropped == ("<|user|>",)
+    assert parser.split("a<|user|></think>b<call>x</call><|user|>") == ("a", "b<call>x</call>")
+    assert parser.split("a<|user|>") == ("a", None)                       # cut inside the reasoning
+    assert streamed(parser, "a<|user|></think>b<call>x</call><|user|>", 2) == ("a", "b<call>x</call>")

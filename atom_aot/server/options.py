@@ -10,6 +10,7 @@ from atom_aot.config_flags import flag
 
 # the think-tag families (server/serving/reasoning_parsers.py) and GPT-OSS's harmony
 REASONING_PARSERS = ("deepseek_r1", "qwen3", "glm45", "openai_gptoss")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "deepseek_v3", "deepseek_v31", "glm45", "qwen3_coder", "openai")
 GRAMMAR_LIMITS = ("max_json_schema_bytes", "max_json_schema_depth", "max_grammar_choices", "max_regex_length",
                   "max_grammar_length", "max_tools")
 
@@ -30,11 +31,15 @@ class ServerOptions:
     enable_auto_tool_choice: bool = flag(False, "--enable-auto-tool-choice", help="let the model decide to call "
                                          "tools (tool_choice 'auto', the default when a request has tools); needs "
                                          "--tool-call-parser")
-    tool_call_parser: str | None = flag(None, "--tool-call-parser", choices=("hermes", "llama3_json", "openai"),
-                                        help="how tool calls are read from the model's text: hermes "
-                                        "(<tool_call>{json}</tool_call>: Qwen2.5/Qwen3, Hermes), llama3_json "
-                                        "({\"name\": ..., \"parameters\": ...}: Llama 3.x) or openai (GPT-OSS's "
-                                        "harmony messages to functions.NAME)")
+    tool_call_parser: str | None = flag(None, "--tool-call-parser", choices=TOOL_CALL_PARSERS,
+                                        help="how tool calls are read from the model's text, as vLLM's parser of "
+                                        "that name: hermes (<tool_call>{json}</tool_call>: Qwen2.5/Qwen3, Hermes), "
+                                        "llama3_json ({\"name\": ..., \"parameters\": ...}: Llama 3.x), "
+                                        "deepseek_v3 (DeepSeek-V3/R1's <｜tool▁call▁begin｜> calls with a json "
+                                        "block), deepseek_v31 (DeepSeek-V3.1's), glm45 (GLM-4.5/4.6's "
+                                        "<arg_key>/<arg_value> pairs), qwen3_coder (Qwen3-Coder's <function=...> "
+                                        "<parameter=...>; glm45 and qwen3_coder type the values by the tool's "
+                                        "schema) or openai (GPT-OSS's harmony messages to functions.NAME)")
     reasoning_parser: str | None = flag(None, "--reasoning-parser", choices=REASONING_PARSERS,
                                         help="return the model's reasoning apart from its answer, as the message's "
                                         "reasoning and reasoning_content, as vLLM's parser of that name: "
@@ -78,7 +83,7 @@ class ServerOptions:
             _require(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0, name,
                      f"must be a number of seconds > 0, got {value!r}")
         _require(not self.enable_auto_tool_choice or self.tool_call_parser is not None, "enable_auto_tool_choice",
-                 "needs --tool-call-parser (hermes, llama3_json or openai): it says how to read the calls")
+                 f"needs --tool-call-parser ({', '.join(TOOL_CALL_PARSERS)}): it says how to read the calls")
         _require(self.reasoning_parser != "openai_gptoss" or self.tool_call_parser in (None, "openai"),
                  "reasoning_parser", f"openai_gptoss reads GPT-OSS's harmony output, whose tool calls only "
                  f"--tool-call-parser openai reads (not {self.tool_call_parser})")

@@ -33,7 +33,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     check_request(state, req)
     check_tools(state.options, req.tools)
     check_request_template(state, req)
-    plan = tool_plan(state.options, req)
+    plan = tool_plan(state.options, req, state.tokenizer)
     prompt_ids = await off_loop(state.tokenize_pool, encode_messages, state, req)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     grammar = plan.grammar if plan is not None and plan.grammar is not None else req.grammar_spec
@@ -41,8 +41,9 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
                            bad_words=await bad_words_of(state, req))
     harmony = harmony_fields(state.options, plan)
     reasoning = reasoning_parser_of(state, req, plan, prompt_ids)
-    if harmony is not None or (reasoning is not None and reasoning.keeps_special_tokens):
-        # harmony (and a think-tag family whose tags are special tokens) is read from its special tokens
+    if (harmony is not None or (reasoning is not None and reasoning.keeps_special_tokens)
+            or (plan is not None and plan.keeps_special_tokens)):
+        # harmony, and think tags or tool-call markers the tokenizer holds as special tokens, are read from them
         params = [dataclasses.replace(p, skip_special_tokens=False) for p in params]
     rid = request_id_of(request)
     env = envelope(state, "chatcmpl", "chat.completion.chunk" if req.stream else "chat.completion", rid,
@@ -64,7 +65,8 @@ def reasoning_parser_of(state: ServerState, req: ChatCompletionRequest, plan: To
     if name not in THINK_TAGS or (plan is not None and plan.grammar is not None):
         return None
     return think_tag_parser(name, state.tokenizer, req.chat_template_kwargs, prompt_ids,
-                            constrained=req.grammar_spec is not None, skip_special_tokens=req.skip_special_tokens)
+                            constrained=req.grammar_spec is not None, skip_special_tokens=req.skip_special_tokens,
+                            tool_markers=plan.kept_markers if plan is not None else ())
 
 
 def check_request_template(state: ServerState, req: TemplateFields) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from atom_aot.server.serving.markers import held_prefix
+from atom_aot.server.serving.markers import held_prefix, special_texts
 
 START, END, TOOL_CALL = "<think>", "</think>", "<tool_call>"
 
@@ -149,25 +149,19 @@ def reasoning_fields(text: str | None) -> dict:
     return {} if text is None else {"reasoning": text, "reasoning_content": text}
 
 
-def special_texts(tokenizer) -> set[str]:
-    """The texts of the tokenizer's special tokens (those that skip_special_tokens leaves out)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "backend", None)
-    if not hasattr(backend, "get_added_tokens_decoder"):
-        return set(getattr(tokenizer, "all_special_tokens", ()))
-    return {token.content for token in backend.get_added_tokens_decoder().values() if token.special}
-
-
 def think_tag_parser(name: str, tokenizer, template_kwargs: dict | None, prompt_ids: list[int], constrained: bool,
-                     skip_special_tokens: bool | None) -> ThinkTagParser:
+                     skip_special_tokens: bool | None, tool_markers: tuple[str, ...] = ()) -> ThinkTagParser:
     """How one chat request's output is read by the server's `--reasoning-parser NAME`. `constrained`: a grammar
-    writes the output (a structured output); `skip_special_tokens`: the request's."""
+    writes the output (a structured output); `skip_special_tokens`: the request's; `tool_markers`: the special
+    tokens the request's tool-call parser reads (the text is then decoded with special tokens kept, and these
+    stay in it for that parser)."""
     tags = THINK_TAGS[name]
     prompt_tail = tokenizer.decode(prompt_ids[-8:], skip_special_tokens=False).rstrip()
     specials = special_texts(tokenizer)
     tags_special = any(marker in specials for marker in (START, END, *tags.implicit_ends))
     dropped = ()
-    if tags_special and skip_special_tokens is not False:
-        dropped = tuple(sorted(specials - {START, END, *tags.implicit_ends}, key=len, reverse=True))
+    if (tags_special or tool_markers) and skip_special_tokens is not False:
+        dropped = tuple(sorted(specials - {START, END, *tags.implicit_ends, *tool_markers}, key=len, reverse=True))
     return ThinkTagParser(tags, thinking=tags.thinking(template_kwargs) and not prompt_tail.endswith(END),
                           in_reasoning=not constrained, keeps_special_tokens=tags_special, dropped=dropped)
 

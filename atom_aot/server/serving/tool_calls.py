@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Literal
@@ -18,7 +19,8 @@ from atom_aot.runtime.sampling_params import GrammarSpec
 from atom_aot.server.options import ServerOptions
 from atom_aot.server.protocol.errors import bad_request
 from atom_aot.server.protocol.requests import ChatCompletionRequest
-from atom_aot.server.serving.tool_parsers import TOOL_PARSERS, ParsedOutput, PartialCall, ToolCall, call_of
+from atom_aot.server.serving.markers import HiddenTokens, special_texts
+from atom_aot.server.serving.tool_parsers import ParsedOutput, PartialCall, ToolCall, call_of, tool_parser
 
 ANY_OBJECT = {"type": "object"}
 
@@ -26,12 +28,25 @@ ANY_OBJECT = {"type": "object"}
 @dataclass(frozen=True)
 class ToolPlan:
     mode: Literal["auto", "required", "named"]
-    parser: object | None = None          # auto: HermesParser or Llama3JsonParser
+    parser: object | None = None          # auto: one of TOOL_PARSERS
     function: str | None = None           # named: the function every output calls
     grammar: GrammarSpec | None = None    # required, named
     max_calls: int | None = None          # 1 with parallel_tool_calls false
+    hidden: HiddenTokens | None = None    # auto: the text keeps special tokens (the parser's markers are); the others
+
+    @property
+    def keeps_special_tokens(self) -> bool:
+        """The output is decoded with its special tokens kept, since the parser reads some."""
+        return self.hidden is not None
+
+    @property
+    def kept_markers(self) -> tuple[str, ...]:
+        """The parser's markers, where the text keeps special tokens for them (a reasoning parser leaves them in)."""
+        return tuple(getattr(self.parser, "MARKERS", ())) if self.keeps_special_tokens else ()
 
     def parse(self, text: str) -> ParsedOutput:
+        if self.hidden is not None:
+            text = self.hidden.visible(text)
         if self.mode == "named":
             return ParsedOutput(None, [ToolCall(self.function, text)])
         if self.mode == "required":
@@ -48,8 +63,9 @@ class ToolPlan:
         return "tool_calls" if called else reason
 
 
-def tool_plan(options: ServerOptions, req: ChatCompletionRequest) -> ToolPlan | None:
-    """How this request's tools are called; None: plain text."""
+def tool_plan(options: ServerOptions, req: ChatCompletionRequest, tokenizer=None) -> ToolPlan | None:
+    """How this request's tools are called; None: plain text. With `tokenizer`, a parser whose markers it holds as
+    special tokens has them kept in the text."""
     choice = req.effective_tool_choice
     max_calls = 1 if req.parallel_tool_calls is False else None
     if choice == "none":
@@ -59,7 +75,10 @@ def tool_plan(options: ServerOptions, req: ChatCompletionRequest) -> ToolPlan | 
             raise bad_request('tool_choice "auto" (the default when tools are given) needs the server started with '
                               '--enable-auto-tool-choice and --tool-call-parser; or send tool_choice "required", '
                               '"none" or a named function', param="tool_choice", code="invalid_value")
-        return ToolPlan("auto", parser=TOOL_PARSERS[options.tool_call_parser](), max_calls=max_calls)
+        parser = tool_parser(options.tool_call_parser, {t.function.name: t.function.parameters or {}
+                                                        for t in req.tools or []})
+        return ToolPlan("auto", parser=parser, max_calls=max_calls,
+                        hidden=hidden_tokens(tokenizer, getattr(parser, "MARKERS", ())))
     if req.response_format is not None or req.grammar_spec is not None:
         raise bad_request(f"tool_choice {choice if isinstance(choice, str) else 'naming a function'} is decoded with "
                           f"a grammar, so it cannot be combined with another structured output", param="tool_choice",
@@ -69,6 +88,17 @@ def tool_plan(options: ServerOptions, req: ChatCompletionRequest) -> ToolPlan | 
     function = next(tool.function for tool in req.tools if tool.function.name == choice.function.name)
     return ToolPlan("named", function=function.name,
                     grammar=GrammarSpec("json_schema", json.dumps(function.parameters or ANY_OBJECT)))
+
+
+@functools.lru_cache(maxsize=8)
+def hidden_tokens(tokenizer, markers: tuple[str, ...]) -> HiddenTokens | None:
+    """Where `tokenizer` holds some of `markers` as special tokens (skipped when decoding by default): its other
+    special tokens, which the text then shows and the reader removes; None where no marker is special (the text
+    holds them either way, as tokens or as plain text)."""
+    if tokenizer is None or not markers:
+        return None
+    special = special_texts(tokenizer)
+    return HiddenTokens(frozenset(special - set(markers))) if special & set(markers) else None
 
 
 def _required_schema(req: ChatCompletionRequest, max_calls: int | None) -> dict:
@@ -95,13 +125,15 @@ class ToolCallStream:
     arguments as they come (the parser's partial read; the last delta completes them from the whole
     text's parse, which the partial read is a prefix of). `required` sends its calls at the end."""
     plan: ToolPlan
-    text: str = ""
+    text: str = ""                   # what the parser reads: the output without the plan's hidden tokens
+    raw: str = ""                    # the output as decoded
     sent: int = 0                    # characters of text already sent as content (or, named, arguments)
     call: ToolCall | None = field(default=None)
     streamed: list[_Streamed] = field(default_factory=list)
 
     def delta(self, delta_text: str, finished: bool) -> dict:
-        self.text += delta_text
+        self.raw += delta_text
+        self.text = self.raw if self.plan.hidden is None else self.plan.hidden.visible(self.raw, finished)
         if self.plan.mode == "named":
             return self._named_delta(delta_text)
         if finished:

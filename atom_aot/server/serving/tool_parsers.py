@@ -5,6 +5,10 @@
 - `llama3_json` (Llama 3.x): the whole output is `{"name": ..., "parameters": {...}}` (several joined by
   `;`), optionally after `<|python_tag|>`; no content.
 
+- `deepseek_v3` (DeepSeek-V3, R1) and `deepseek_v31` (DeepSeek-V3.1): calls between DeepSeek's markers, the
+  arguments' JSON as written (server/serving/deepseek_tool_parsers.py).
+- `glm45` (GLM-4.5, GLM-4.6) and `qwen3_coder` (Qwen3-Coder): a name and its arguments one by one in tags, each value
+  typed by the tool's JSON schema (server/serving/xml_tool_parsers.py).
 - `openai` (GPT-OSS): harmony messages to `functions.NAME` (server/serving/harmony.py); its streams and reasoning go
   through server/serving/harmony_stream.py, since harmony's content is not a prefix of the text.
 
@@ -19,27 +23,12 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
-from dataclasses import dataclass, field
 
+from atom_aot.server.serving.deepseek_tool_parsers import DeepSeekV3Parser, DeepSeekV31Parser
 from atom_aot.server.serving.harmony import read_output
 from atom_aot.server.serving.markers import held_prefix
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    name: str
-    arguments: str                 # JSON text, as OpenAI sends it
-    id: str = field(default_factory=lambda: f"chatcmpl-tool-{uuid.uuid4().hex}")
-
-    def as_openai(self) -> dict:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-
-
-@dataclass(frozen=True)
-class ParsedOutput:
-    content: str | None
-    tool_calls: list[ToolCall]
+from atom_aot.server.serving.tool_call_types import ParsedOutput, PartialCall, ToolCall
+from atom_aot.server.serving.xml_tool_parsers import Glm45Parser, Qwen3CoderParser
 
 
 def call_of(obj, arguments_keys: tuple[str, ...]) -> ToolCall:
@@ -48,15 +37,6 @@ def call_of(obj, arguments_keys: tuple[str, ...]) -> ToolCall:
         raise ValueError("a tool call is an object with a string name")
     arguments = next((obj[key] for key in arguments_keys if key in obj), {})
     return ToolCall(obj["name"], arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False))
-
-
-@dataclass(frozen=True)
-class PartialCall:
-    """A call as far as the model has written it."""
-    name: str | None     # None until the name's string is closed
-    arguments: str       # the part of the arguments' JSON text that is surely theirs
-    complete: bool       # the arguments' value is closed
-    end: int | None      # offset in the body just past the call's own closing brace, once written
 
 
 _DECODER = json.JSONDecoder()
@@ -98,6 +78,7 @@ def parsed_call(body: str, arguments_keys: tuple[str, ...]) -> ToolCall:
 
 class HermesParser:
     START, END = "<tool_call>", "</tool_call>"
+    MARKERS = (START, END)          # kept in the text where the tokenizer holds them as special tokens
     KEYS = ("arguments", "parameters")
     _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
@@ -187,4 +168,13 @@ class OpenAIHarmonyParser:
         return ParsedOutput(out.content, [ToolCall(name, arguments) for name, arguments in out.calls])
 
 
-TOOL_PARSERS = {"hermes": HermesParser, "llama3_json": Llama3JsonParser, "openai": OpenAIHarmonyParser}
+TOOL_PARSERS = {"hermes": HermesParser, "llama3_json": Llama3JsonParser, "openai": OpenAIHarmonyParser,
+                "deepseek_v3": DeepSeekV3Parser, "deepseek_v31": DeepSeekV31Parser, "glm45": Glm45Parser,
+                "qwen3_coder": Qwen3CoderParser}
+
+
+def tool_parser(name: str, schemas: dict[str, dict] | None = None):
+    """The parser `--tool-call-parser NAME` names, for a request whose tools have these parameters' schemas
+    (function name -> JSON schema; the parsers that type values by them read them)."""
+    parser = TOOL_PARSERS[name]
+    return parser(schemas) if getattr(parser, "READS_SCHEMAS", False) else parser()
