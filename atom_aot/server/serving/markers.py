@@ -1,6 +1,7 @@
 """What the output parsers share about markers in a growing text."""
 from __future__ import annotations
 
+import functools
 import re
 
 
@@ -10,12 +11,22 @@ def held_prefix(text: str, marker: str) -> int:
     return next((n for n in range(min(len(marker) - 1, len(text)), 0, -1) if marker.startswith(text[-n:])), 0)
 
 
-def special_texts(tokenizer) -> set[str]:
-    """The texts of the tokenizer's special tokens (those that skip_special_tokens leaves out)."""
+@functools.lru_cache(maxsize=8)
+def special_texts(tokenizer) -> frozenset[str]:
+    """The texts of the tokenizer's special tokens (those that skip_special_tokens leaves out); read once per
+    tokenizer, not per request."""
     backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "backend", None)
     if not hasattr(backend, "get_added_tokens_decoder"):
-        return set(getattr(tokenizer, "all_special_tokens", ()))
-    return {token.content for token in backend.get_added_tokens_decoder().values() if token.special}
+        return frozenset(getattr(tokenizer, "all_special_tokens", ()))
+    return frozenset(token.content for token in backend.get_added_tokens_decoder().values() if token.special)
+
+
+def other_specials(tokenizer, markers: tuple[str, ...]) -> frozenset[str] | None:
+    """Where `tokenizer` holds some of a reader's `markers` as special tokens (so its text is decoded with the
+    special tokens kept): the other special tokens, which that text then shows and the reader leaves out; None
+    where no marker is special (the text holds the markers either way, as tokens or as plain text)."""
+    special = special_texts(tokenizer)
+    return special - set(markers) if special & set(markers) else None
 
 
 class HiddenTokens:

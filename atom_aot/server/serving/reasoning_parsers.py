@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from atom_aot.server.serving.markers import held_prefix, special_texts
+from atom_aot.server.serving.markers import held_prefix, other_specials, special_texts
 
 START, END, TOOL_CALL = "<think>", "</think>", "<tool_call>"
 
@@ -157,11 +157,11 @@ def think_tag_parser(name: str, tokenizer, template_kwargs: dict | None, prompt_
     stay in it for that parser)."""
     tags = THINK_TAGS[name]
     prompt_tail = tokenizer.decode(prompt_ids[-8:], skip_special_tokens=False).rstrip()
-    specials = special_texts(tokenizer)
-    tags_special = any(marker in specials for marker in (START, END, *tags.implicit_ends))
+    tags_special = bool(special_texts(tokenizer) & {START, END, *tags.implicit_ends})
+    others = other_specials(tokenizer, (START, END, *tags.implicit_ends, *tool_markers))
     dropped = ()
-    if (tags_special or tool_markers) and skip_special_tokens is not False:
-        dropped = tuple(sorted(specials - {START, END, *tags.implicit_ends, *tool_markers}, key=len, reverse=True))
+    if others is not None and skip_special_tokens is not False:
+        dropped = tuple(sorted(others, key=len, reverse=True))
     return ThinkTagParser(tags, thinking=tags.thinking(template_kwargs) and not prompt_tail.endswith(END),
                           in_reasoning=not constrained, keeps_special_tokens=tags_special, dropped=dropped)
 

@@ -19,7 +19,7 @@ from atom_aot.runtime.sampling_params import GrammarSpec
 from atom_aot.server.options import ServerOptions
 from atom_aot.server.protocol.errors import bad_request
 from atom_aot.server.protocol.requests import ChatCompletionRequest
-from atom_aot.server.serving.markers import HiddenTokens, special_texts
+from atom_aot.server.serving.markers import HiddenTokens, other_specials
 from atom_aot.server.serving.tool_parsers import ParsedOutput, PartialCall, ToolCall, call_of, tool_parser
 
 ANY_OBJECT = {"type": "object"}
@@ -92,13 +92,9 @@ def tool_plan(options: ServerOptions, req: ChatCompletionRequest, tokenizer=None
 
 @functools.lru_cache(maxsize=8)
 def hidden_tokens(tokenizer, markers: tuple[str, ...]) -> HiddenTokens | None:
-    """Where `tokenizer` holds some of `markers` as special tokens (skipped when decoding by default): its other
-    special tokens, which the text then shows and the reader removes; None where no marker is special (the text
-    holds them either way, as tokens or as plain text)."""
-    if tokenizer is None or not markers:
-        return None
-    special = special_texts(tokenizer)
-    return HiddenTokens(frozenset(special - set(markers))) if special & set(markers) else None
+    """The parser's view of `other_specials`: those tokens removed from its text; None where no marker is special."""
+    others = None if tokenizer is None or not markers else other_specials(tokenizer, markers)
+    return None if others is None else HiddenTokens(others)
 
 
 def _required_schema(req: ChatCompletionRequest, max_calls: int | None) -> dict:
