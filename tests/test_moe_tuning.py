@@ -58,9 +58,11 @@ class TestTuning:
         make_backend("moe", choice)
 
 
-    def test_a_candidate_the_gpu_cannot_launch_is_skipped(self, monkeypatch, caplog):
-        """Triton's OutOfResources (shared memory, registers) at a candidate: recorded as None, logged, never chosen."""
-        from triton.runtime.errors import OutOfResources
+    @pytest.mark.parametrize("refusal", ["shared memory", "registers"])
+    def test_a_candidate_the_gpu_cannot_launch_is_skipped(self, monkeypatch, caplog, refusal):
+        """Triton's OutOfResources (shared memory) or ptxas's refusal (more registers than the warps leave, raised as
+        PTXASError) at a candidate: recorded as None, logged, never chosen."""
+        from triton.runtime.errors import OutOfResources, PTXASError
         too_big, fits = triton_moe.MoEConfig(16, 16, 32, 1, 2, 1), triton_moe.MoEConfig(32, 16, 16, 2, 4, 2)
         monkeypatch.setattr(triton_moe, "CANDIDATE_CONFIGS", (too_big, fits))
         monkeypatch.setattr(triton_moe, "TOKEN_BUCKETS", (1, 4))
@@ -69,7 +71,9 @@ class TestTuning:
 
         def scripted(fn):
             if next(calls) % 2 == 0:       # the first candidate of each bucket
-                raise OutOfResources(300000, 232448, "shared memory")
+                if refusal == "shared memory":
+                    raise OutOfResources(300000, 232448, "shared memory")
+                raise PTXASError("ptxas fatal   : (C7602) Insufficient registers (128) to compile instruction")
             return 5.0, True
         monkeypatch.setattr("atom_aot.ops.triton.timing.measure_ms", scripted)
         with caplog.at_level("INFO", logger="atom_aot"):

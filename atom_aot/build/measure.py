@@ -18,11 +18,12 @@ def best_config(rows: dict) -> tuple[int, ...]:
 
 
 def ms_unless_too_big(fn, config) -> float | None:
-    """measure_ms's median, or None (logged) for a config this GPU cannot launch (shared memory, registers)."""
-    from triton.runtime.errors import OutOfResources
+    """measure_ms's median, or None (logged) for a config this GPU cannot launch: too much shared memory
+    (OutOfResources) or more registers per thread than its warps leave (ptxas refuses to assemble it)."""
+    from triton.runtime.errors import OutOfResources, PTXASError
     from atom_aot.ops.triton.timing import measure_ms
     try:
         return measure_ms(fn)[0]
-    except OutOfResources as e:
+    except (OutOfResources, PTXASError) as e:
         log.info("tuning: %s does not fit this GPU (%s); not a candidate", config, e)
         return None

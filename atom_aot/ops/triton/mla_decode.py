@@ -44,11 +44,14 @@ class MLADecodeConfig:
 
 
 # What the build measures on the target (batches 1 to 256 at a long context): the latent tile is
-# r = 512 wide, so key tiles stay small; candidates differ in heads per program and the split policy.
-# More heads per program read each latent tile fewer times (DeepSeek-V3's 128 heads: 8 reads at 16, 2 at
-# 64) and give the MMA a taller tile; at batch 256 the 16-head configs ran at ~1 ms per layer on an H200
-# (profiled on an H200: far from both the KV-read and the compute bound). A config the GPU cannot launch
-# (registers, shared memory) is skipped by the build.
+# r = 512 wide, so key tiles stay small; candidates differ in heads per program, key tile, pipeline stages and
+# the split policy. More heads per program read each latent tile fewer times (DeepSeek-V3's 128 heads: 8 reads
+# at 16, 2 at 64) and give the MMA a taller tile; 128 heads per program do not compile (ptxas runs out of
+# registers at 8 and 16 warps). The last four came from a wider grid (scripts/gpu/bench_mla_decode.py on an
+# H200, docs/benchmarks/h200-deepseek-v3-mla-decode-2026-12-03.json): at batch 256 over 1,280 tokens 64 heads
+# with 64-key tiles in 3 stages took 0.449 ms against 0.764 for the best of the first eight; at batch 1, 32
+# heads with 64-key tiles 0.0184 against 0.0196 ms. A config the GPU cannot launch (shared memory, registers)
+# is skipped by the build.
 CANDIDATE_CONFIGS = (
     MLADecodeConfig(16, 32, 4, 2, 512, 32),
     MLADecodeConfig(16, 32, 4, 2, 1024, 64),
@@ -58,6 +61,10 @@ CANDIDATE_CONFIGS = (
     MLADecodeConfig(32, 16, 4, 2, 512, 32),
     MLADecodeConfig(64, 16, 8, 2, 512, 32),
     MLADecodeConfig(64, 32, 8, 1, 512, 32),
+    MLADecodeConfig(64, 64, 8, 3, 512, 32),
+    MLADecodeConfig(64, 64, 8, 2, 512, 32),
+    MLADecodeConfig(64, 32, 8, 3, 512, 32),
+    MLADecodeConfig(32, 64, 8, 2, 512, 32),
 )
 
 
