@@ -117,9 +117,11 @@ def test_result_name_and_fields(tmp_path):
     assert results.device_slug("NVIDIA H200", 2) == "h200x2"
     assert results.device_slug("Some Board 9", 1) == "some-board-9"
     engines = {"ours": {"device": "NVIDIA H100 80GB HBM3", "versions": {"torch": "2.11.0"},
-                        "throughput": {"output_tok_s": 16285.0}, "tpot": {"tpot_s": 0.00135}},
+                        "throughput": {"output_tok_s": 16285.0}, "tpot": {"tpot_s": 0.00135},
+                        "prefill": {"seconds": 3.72}},
                "vllm": {"device": "NVIDIA H100 80GB HBM3", "versions": {"vllm": "0.24.0"},
-                        "throughput": {"output_tok_s": 15613.0}, "tpot": {"tpot_s": 0.00235}}}
+                        "throughput": {"output_tok_s": 15613.0}, "tpot": {"tpot_s": 0.00235},
+                        "prefill": {"seconds": 3.06}}}
     data = results.assemble(s, engines, {}, ["python", "-m", "atom_aot.bench.gpu", s.name], "abc123", day)
     path = results.write(data, tmp_path, s, day)
     assert path.name == "h100-qwen3-0.6b-throughput-2026-11-28.json"
@@ -129,6 +131,7 @@ def test_result_name_and_fields(tmp_path):
     assert saved["versions"] == {"ours": {"torch": "2.11.0"}, "vllm": {"vllm": "0.24.0"}}
     assert saved["ratios"]["throughput_output_tok_s"] == pytest.approx(16285 / 15613)
     assert saved["ratios"]["tpot_speedup"] == pytest.approx(2.35 / 1.35)
+    assert saved["ratios"]["prefill_speedup"] == pytest.approx(3.06 / 3.72)
     assert saved["settings"]["scenario"]["build_flags"] == []
 
 
@@ -146,9 +149,10 @@ def test_a_failing_engine_is_recorded_with_its_log(tmp_path):
 def test_the_measuring_code_runs_our_engine(tiny_llama_dir, tiny_llama_eager_artifact):
     tiny = dataclasses.replace(
         scenario("qwen3-0.6b-throughput"), model=Model("tiny", "tiny", "tiny"), max_model_len=256,
-        workload=Workload(("throughput", "tpot", "sampled"), num_prompts=3, input_len=8, output_len=4,
+        workload=Workload(("throughput", "prefill", "tpot", "sampled"), num_prompts=3, input_len=8, output_len=4,
                           decode_tokens=4, sampling=(("temperature", 0.8), ("top_p", 0.95))))
     got = offline("ours", tiny, tiny_llama_dir, tiny_llama_eager_artifact)
     assert got["throughput"]["output_tokens"] == 12 and got["throughput"]["output_tok_s"] > 0
+    assert got["prefill"]["output_tokens"] == 3 and got["prefill"]["output_len"] == 1
     assert got["sampled"]["output_tokens"] == 12 and got["sampled"]["sampling"]["top_p"] == 0.95
     assert len(got["tpot"]["runs"]) == 3 and got["tpot"]["tpot_s"] == sorted(got["tpot"]["runs"])[1]

@@ -21,6 +21,7 @@ from atom_aot.bench.gpu.scenarios import (GPU_MEMORY_UTILIZATION, MAX_NUM_SEQS, 
 
 ENGINES = ("ours", "vllm")
 TPOT_PROMPT_LEN = 128
+OFFLINE_BATCH_KINDS = {"throughput", "prefill", "sampled"}     # the kinds that run the N x I prompts
 
 
 def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -96,7 +97,7 @@ def throughput(engine, batch: list[list[int]], output_len: int, sampling: dict) 
 
 
 def offline(which: str, s: Scenario, model: Path, artifact: Path | None) -> dict:
-    """The scenario's offline kinds (throughput, sampled, tpot) on one engine started once."""
+    """The scenario's offline kinds (throughput, prefill, sampled, tpot) on one engine started once."""
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     start = time.perf_counter()
     if which == "ours":
@@ -105,11 +106,13 @@ def offline(which: str, s: Scenario, model: Path, artifact: Path | None) -> dict
         engine = VLLM(str(model), s.max_model_len, **engine_kwargs_vllm(s))
     result: dict = {"init_s": time.perf_counter() - start}
     w = s.workload
-    batch = prompts(w.num_prompts, w.input_len, vocab, seed=4) if {"throughput", "sampled"} & set(w.kinds) else []
+    batch = prompts(w.num_prompts, w.input_len, vocab, seed=4) if OFFLINE_BATCH_KINDS & set(w.kinds) else []
     if "tpot" in w.kinds:
         result["tpot"] = tpot(engine, prompts(1, TPOT_PROMPT_LEN, vocab, seed=3), w.decode_tokens)
     if "throughput" in w.kinds:
         result["throughput"] = throughput(engine, batch, w.output_len, GREEDY)
+    if "prefill" in w.kinds:      # the same prompts, one new token each: what the prefill alone takes
+        result["prefill"] = throughput(engine, batch, 1, GREEDY)
     if "sampled" in w.kinds:
         result["sampled"] = throughput(engine, batch, w.output_len, dict(w.sampling))
     if which == "ours" and dict(s.ours_kwargs).get("method"):
@@ -153,7 +156,7 @@ def main(argv=None) -> int:
     if "serving" in kinds:
         from atom_aot.bench.gpu.serve import serving
         result["serving"] = serving(args.engine, s, args.model, args.artifact, args.work or args.out.parent)
-    if kinds & {"throughput", "sampled", "tpot"}:
+    if kinds & (OFFLINE_BATCH_KINDS | {"tpot"}):
         result.update(offline(args.engine, s, args.model, args.artifact))
     if args.engine == "vllm" and "sampled" in kinds:
         result["sampler"] = "vLLM's PyTorch top-p/top-k (VLLM_USE_FLASHINFER_SAMPLER=0; no FlashInfer in the bundle)"

@@ -45,6 +45,8 @@ def ratios(engines: dict) -> dict:
             out[f"{kind}_output_tok_s"] = ours[kind]["output_tok_s"] / peer[kind]["output_tok_s"]
     if "tpot" in ours and "tpot" in peer:
         out["tpot_speedup"] = peer["tpot"]["tpot_s"] / ours["tpot"]["tpot_s"]
+    if "prefill" in ours and "prefill" in peer:
+        out["prefill_speedup"] = peer["prefill"]["seconds"] / ours["prefill"]["seconds"]
     if "serving" in ours and "serving" in peer:
         out["serving_output_throughput"] = (ours["serving"]["client"]["output_throughput"]
                                             / peer["serving"]["client"]["output_throughput"])
