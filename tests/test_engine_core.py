@@ -92,17 +92,19 @@ class TestStep:
         assert (second.new_token_ids, second.finish_reason) == ([11], "length")
         assert second.finish_time is not None and pool_is_whole(core)
 
-    @pytest.mark.parametrize("params, script, reason, tokens", [
-        (SamplingParams(max_tokens=4), [9, EOS], "stop", [9, EOS]),
-        (SamplingParams(max_tokens=4, ignore_eos=True), [9, EOS], "length", [9, EOS, FILLER, FILLER]),
-        (SamplingParams(max_tokens=4, stop_token_ids=[9]), [8, 9], "stop", [8, 9]),
+    @pytest.mark.parametrize("params, script, reason, tokens, stop_token", [
+        (SamplingParams(max_tokens=4), [9, EOS], "stop", [9, EOS], EOS),
+        (SamplingParams(max_tokens=4, ignore_eos=True), [9, EOS], "length", [9, EOS, FILLER, FILLER], None),
+        (SamplingParams(max_tokens=4, stop_token_ids=[9]), [8, 9], "stop", [8, 9], 9),
     ])
-    def test_finish_reasons(self, params, script, reason, tokens):
+    def test_finish_reasons(self, params, script, reason, tokens, stop_token):
+        """The last output names the token that stopped it (the output processor leaves its text out)."""
         core = make_core(runner=FakeRunner({"r": script}))
         core.add_request([5, 6, 7], params, request_id="r")
         outputs = run_to_end(core)
         assert [o.new_token_ids[0] for o in outputs] == tokens
         assert [o.finish_reason for o in outputs] == [None] * (len(tokens) - 1) + [reason]
+        assert [o.stop_token_id for o in outputs] == [None] * (len(tokens) - 1) + [stop_token]
 
 
 class TestPromptLogprobs:

@@ -25,21 +25,23 @@ def tokenizer(tmp_path_factory):
 class Run:
     """One request through a processor; records what the core was asked to abort."""
 
-    def __init__(self, tokenizer, stop: list[str], request_id: str = "r"):
+    def __init__(self, tokenizer, stop: list[str], request_id: str = "r", **params):
         self.aborted: list[list[str]] = []
         self.processor = OutputProcessor(tokenizer, abort_in_core=self.aborted.append)
         self.request_id = request_id
-        self.processor.add_request(request_id, PROMPT, SamplingParams(stop_strings=stop))
+        self.processor.add_request(request_id, PROMPT, SamplingParams(stop_strings=stop, **params))
 
     def feed(self, token_ids: list[int], last_reason: str | None = None,
-             times: tuple[float, float, float] = (10.0, 10.5, 12.5)) -> list[RequestOutput]:
-        """One CoreOutput per token, the last one finished with `last_reason`; stops feeding
-        once an update finishes (the core would have been told to abort)."""
+             times: tuple[float, float, float] = (10.0, 10.5, 12.5), stop_token: bool = False) -> list[RequestOutput]:
+        """One CoreOutput per token, the last one finished with `last_reason` (by its token, an EOS or a stop
+        token, when `stop_token`); stops feeding once an update finishes (the core would have been told to
+        abort)."""
         arrival, first, finish = times
         updates = []
         for i, token in enumerate(token_ids):
             last = i == len(token_ids) - 1
             out = CoreOutput(self.request_id, [token], finish_reason=last_reason if last else None,
+                             stop_token_id=token if last and stop_token else None,
                              num_prompt_tokens=len(PROMPT), arrival_time=arrival, first_token_time=first,
                              finish_time=finish if last and last_reason else None)
             updates += self.processor.process([out])
@@ -97,6 +99,35 @@ def test_finish_reasons_of_the_core_pass_through_with_all_the_text(tokenizer):
         assert all(u.finish_reason is None for u in updates[:-1])
         assert "".join(u.delta_text for u in updates) == TEXT     # the held-back tail comes out at the end
         assert run.aborted == []
+
+
+@pytest.mark.parametrize("stop_strings", [[], ["not in the text"]], ids=["no-stop-strings", "stop-strings"])
+@pytest.mark.parametrize("listed", [True, False], ids=["stop_token_ids", "eos"])
+def test_the_token_that_stopped_a_request_leaves_its_text_and_stays_in_its_tokens(tokenizer, stop_strings, listed):
+    """vLLM's rule: the EOS or stop token that finished a request is an output token but not output text (whatever
+    skip_special_tokens says); a stop token from stop_token_ids is the stop_reason, an EOS none."""
+    text_ids, stop = ids(tokenizer, TEXT), ids(tokenizer, " lazy")[0]
+    params = {"stop_token_ids": [stop]} if listed else {}
+    run = Run(tokenizer, stop_strings, skip_special_tokens=False, **params)
+    updates = run.feed(text_ids + [stop], last_reason="stop", stop_token=True)
+    last = updates[-1]
+    assert (last.finish_reason, last.text, last.token_ids) == ("stop", TEXT, text_ids + [stop])
+    assert "".join(u.delta_text for u in updates) == TEXT and last.num_tokens_output == len(text_ids) + 1
+    assert last.stop_reason == (stop if listed else None)
+    assert all(u.stop_reason is None for u in updates[:-1])
+
+
+def test_include_stop_str_in_output_keeps_the_stop_tokens_text(tokenizer):
+    text_ids, stop = ids(tokenizer, TEXT), ids(tokenizer, " lazy")[0]
+    run = Run(tokenizer, [], stop_token_ids=[stop], include_stop_str_in_output=True)
+    last = run.feed(text_ids + [stop], last_reason="stop", stop_token=True)[-1]
+    assert last.text == TEXT + tokenizer.decode([stop]) and last.stop_reason == stop
+
+
+def test_a_stop_string_is_the_stop_reason(tokenizer):
+    last = Run(tokenizer, ["fox jumps", "lazy"]).feed(ids(tokenizer, TEXT))[-1]
+    assert (last.finish_reason, last.stop_reason) == ("stop", "fox jumps")
+    assert Run(tokenizer, []).feed(ids(tokenizer, TEXT), last_reason="length")[-1].stop_reason is None
 
 
 def test_timings(tokenizer):

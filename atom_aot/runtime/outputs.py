@@ -36,6 +36,7 @@ class CoreOutput:
     request_id: str
     new_token_ids: list[int]
     finish_reason: str | None = None
+    stop_token_id: int | None = None    # finished by this token (an EOS or a stop token): the last of new_token_ids
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprobs] | None = None  # complete list, sent once
     num_prompt_tokens: int = 0

@@ -330,7 +330,7 @@ class EngineCore:
         first = len(seq.token_ids) - num_new == seq.num_prompt_tokens
         return CoreOutput(
             request_id=seq.request_id, new_token_ids=seq.token_ids[-num_new:], finish_reason=seq.finish_reason,
-            logprobs=logprobs,
+            stop_token_id=seq.stop_token_id if seq.is_finished else None, logprobs=logprobs,
             prompt_logprobs=self._prompt_logprobs.pop(seq.request_id, None) if first else None,
             num_prompt_tokens=seq.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens,
             arrival_time=seq.arrival_time, first_token_time=seq.first_token_time, finish_time=seq.finish_time)

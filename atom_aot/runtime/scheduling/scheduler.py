@@ -451,8 +451,11 @@ class Scheduler:
         queue.remove(seq)
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+        """"stop" on an EOS or a stop token (then recorded as the sequence's stop_token_id: its text is left out of
+        the output, as vLLM leaves it out), "length" at its length, else None."""
         params = seq.params
         if token in params.stop_token_ids or (not params.ignore_eos and token in seq.eos_token_ids):
+            seq.stop_token_id = token
             return "stop"
         if seq.num_pending_tokens == 0 and self._reached_length(seq):
             return "length"

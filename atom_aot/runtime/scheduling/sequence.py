@@ -39,6 +39,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # hashes of the full blocks, in order
     finish_reason: str | None = None
+    stop_token_id: int | None = None  # the token that finished it (an EOS or one of stop_token_ids), its last
     first_token_time: float | None = None
     finish_time: float | None = None
     generator: object | None = None   # the request's own RNG when params.seed is set (the runner's, a torch.Generator)

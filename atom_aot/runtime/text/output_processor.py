@@ -34,6 +34,9 @@ class RequestOutput:
     ttft: float | None = None          # seconds from arrival to the first token
     tpot: float | None = None          # mean seconds per output token after the first
     latency: float | None = None       # seconds from arrival to the end
+    # vLLM's stop_reason: the stop string or the id of the stop token (one of stop_token_ids) that finished it;
+    # None at an EOS, at the length or while it runs
+    stop_reason: str | int | None = None
     # the request's output tokens, a list later updates extend: `token_ids` reads this update's share
     all_token_ids: list[int] = field(default_factory=list, repr=False, compare=False)
 
@@ -45,7 +48,8 @@ class RequestOutput:
     def as_dict(self) -> dict:
         return {"text": self.text, "token_ids": self.token_ids, "latency": self.latency,
                 "finish_reason": self.finish_reason, "num_tokens_input": self.num_tokens_input,
-                "num_tokens_output": self.num_tokens_output, "ttft": self.ttft, "tpot": self.tpot}
+                "num_tokens_output": self.num_tokens_output, "ttft": self.ttft, "tpot": self.tpot,
+                "stop_reason": self.stop_reason}
 
 
 StreamCallback = Callable[[RequestOutput], None]
@@ -53,7 +57,7 @@ AbortInCore = Callable[[list[str]], None]    # request ids a stop string finishe
 
 
 class _RequestState:
-    __slots__ = ("stream", "params", "callback", "text", "emitted", "token_ids", "holdback", "stops_from")
+    __slots__ = ("stream", "params", "callback", "text", "emitted", "token_ids", "holdback", "stops_from", "stop_reason")
 
     def __init__(self, stream: ByteStream | WindowStream, params: SamplingParams, callback: StreamCallback | None):
         self.stream = stream
@@ -64,6 +68,7 @@ class _RequestState:
         self.token_ids: list[int] = []
         self.holdback = max((len(s) for s in params.stop_strings), default=1) - 1
         self.stops_from = 0  # where stop strings are looked for: past the text of the first min_tokens tokens
+        self.stop_reason: str | int | None = None
 
 
 class OutputProcessor:
@@ -87,14 +92,19 @@ class OutputProcessor:
     def process(self, outputs: list[CoreOutput]) -> list[RequestOutput]:
         """The updates of the requests these outputs advanced. A stop string in the text ends the
         request with finish_reason "stop" even when the core finished it on the same token (at
-        max_tokens, say); one the core still runs is aborted there."""
+        max_tokens, say); one the core still runs is aborted there. The token that finished a request (an EOS or a
+        stop token) stays in its token ids and leaves the text, unless include_stop_str_in_output (vLLM's rule)."""
         updates, stopped = [], []
         for out in outputs:
             state = self.requests.get(out.request_id)
             if state is None:          # aborted meanwhile
                 continue
             finish_reason = out.finish_reason
-            kept, matched = self._add_tokens(state, out.new_token_ids)
+            if out.stop_token_id is not None and out.stop_token_id in state.params.stop_token_ids:
+                state.stop_reason = out.stop_token_id
+            untexted = bool(out.stop_token_id is not None and out.new_token_ids
+                            and not state.params.include_stop_str_in_output)
+            kept, matched = self._add_tokens(state, out.new_token_ids, untexted)
             if kept < len(out.new_token_ids):
                 out = dataclasses.replace(out, new_token_ids=out.new_token_ids[:kept], logprobs=out.logprobs[:kept])
             if matched:
@@ -111,17 +121,21 @@ class OutputProcessor:
             self.abort_in_core(stopped)
         return updates
 
-    def _add_tokens(self, state: _RequestState, token_ids: list[int]) -> tuple[int, bool]:
+    def _add_tokens(self, state: _RequestState, token_ids: list[int], last_untexted: bool) -> tuple[int, bool]:
         """Add the tokens to the text; with stop strings one at a time, up to the first that
-        completes one (a verified run of speculative decoding brings several). Returns (tokens
-        kept, whether a stop string matched)."""
+        completes one (a verified run of speculative decoding brings several). `last_untexted`: the last token
+        joins the token ids only (the stop token that finished the request). Returns (tokens kept, whether a stop
+        string matched)."""
+        texted = len(token_ids) - last_untexted
         if not state.params.stop_strings:
             state.token_ids += token_ids
-            state.text += state.stream.add(token_ids)
+            state.text += state.stream.add(token_ids[:texted])
             return len(token_ids), False
         min_tokens = state.params.min_tokens
         for kept, token in enumerate(token_ids, 1):
             state.token_ids.append(token)
+            if kept > texted:
+                return kept, False
             state.text += state.stream.add([token])
             if len(state.token_ids) == min_tokens:      # vLLM's rule: no stop string ends the first min_tokens
                 state.stops_from = max(0, len(state.text) - state.holdback)
@@ -135,6 +149,7 @@ class OutputProcessor:
                 if i >= 0]
         if hits:
             start, length = min(hits)
+            state.stop_reason = state.text[start:start + length]
             state.text = state.text[:start + length if state.params.include_stop_str_in_output else start]
         return bool(hits)
 
@@ -146,7 +161,8 @@ class OutputProcessor:
             request_id=out.request_id, text=state.text[:visible], delta_text=delta, new_token_ids=out.new_token_ids,
             finished=finished, finish_reason=finish_reason, num_tokens_input=out.num_prompt_tokens,
             num_tokens_output=len(state.token_ids), logprobs=out.logprobs, prompt_logprobs=out.prompt_logprobs,
-            num_cached_tokens=out.num_cached_tokens, all_token_ids=state.token_ids)
+            num_cached_tokens=out.num_cached_tokens, all_token_ids=state.token_ids,
+            stop_reason=state.stop_reason if finished else None)
         if out.first_token_time is not None:
             update.ttft = out.first_token_time - out.arrival_time
         if finished:

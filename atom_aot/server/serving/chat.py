@@ -131,6 +131,7 @@ def _response(state: ServerState, req: ChatCompletionRequest, plan: ToolPlan | N
         if echo:
             message["content"] = echo + (message["content"] or "")
         choices.append({"index": i, "message": message, "finish_reason": finish_reason,
+                        "stop_reason": r.last.stop_reason if r.last else None,
                         "logprobs": chat_logprobs(renderer, r.logprobs) if req.logprobs else None,
                         **shown_prompt_logprobs(renderer, req, r)})
     completion_tokens = sum(len(r.token_ids) for r in results)
@@ -157,7 +158,7 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, group: Request
                 if head:
                     yield head
                 continue      # text held back (a partial character, a possible stop string or tool call)
-            choice = {"index": index, "delta": delta, "finish_reason": finish_reason,
+            choice = {"index": index, "delta": delta, "finish_reason": finish_reason, "stop_reason": update.stop_reason,
                       "logprobs": chat_logprobs(renderer, update.logprobs) if req.logprobs else None}
             yield head + sse(env.wrap([choice]))
         if req.include_usage:

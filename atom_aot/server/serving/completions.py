@@ -147,6 +147,7 @@ def _response(state: ServerState, req: CompletionRequest, plan: Plan, env: Envel
         text, logprobs, _ = _piece(state, req, plan, plan.prompt_of(i), NewTokens.of_result(r), 0)
         choices.append({"index": i, "text": text, "logprobs": logprobs,
                         "finish_reason": _finish_reason(plan, r.finish_reason),
+                        "stop_reason": r.last.stop_reason if r.last else None,
                         **shown_prompt_logprobs(renderer_of(state, req), req, r)})
     return env.wrap(choices, _usage(plan, [r.last for r in results]))
 
@@ -172,7 +173,8 @@ async def _stream(state: ServerState, req: CompletionRequest, plan: Plan, group:
             if not (text or update.finished or logprobs and logprobs["tokens"]):
                 continue      # text held back (a partial character, a possible stop string)
             yield sse(env.wrap([{"index": index, "text": text, "logprobs": logprobs,
-                                 "finish_reason": _finish_reason(plan, update.finish_reason)}]))
+                                 "finish_reason": _finish_reason(plan, update.finish_reason),
+                                 "stop_reason": update.stop_reason}]))
         if req.include_usage:
             yield sse(env.wrap([], _usage(plan, finals)))
     except APIError as error:       # the engine died, the server is shutting down, or the reader stalled
