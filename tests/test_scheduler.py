@@ -8,7 +8,8 @@ import time
 import pytest
 
 from atom_aot.errors import RequestError
-from atom_aot.runtime.config import DEFAULT_STEP_TOKENS_CPU, DEFAULT_STEP_TOKENS_GPU, RuntimeConfig
+from atom_aot.runtime.config import (DEFAULT_STEP_TOKENS_CPU, DEFAULT_STEP_TOKENS_GPU, DEFAULT_STEP_TOKENS_GPU_OFFLINE,
+                                     RuntimeConfig)
 from atom_aot.runtime.scheduling.scheduler import SchedulerConfig, SequenceQueue
 from atom_aot.runtime.scheduling.sequence import SequenceStatus
 from engine_factories import EOS, FILLER, FakeClock, FakeRunner, make_scheduler, make_seq, run_step
@@ -52,6 +53,14 @@ class TestSchedulerConfig:
         assert RuntimeConfig().for_target("sm90").max_num_batched_tokens == DEFAULT_STEP_TOKENS_GPU
         assert RuntimeConfig(max_num_batched_tokens=100).for_target("cpu").max_num_batched_tokens == 100
         assert DEFAULT_STEP_TOKENS_CPU < DEFAULT_STEP_TOKENS_GPU
+
+    def test_the_offline_engine_takes_vllms_offline_step_budget_on_a_gpu(self):
+        """LLMEngine's default on a GPU is vLLM's LLM class's on 70 GiB+ GPUs (16384), the server's 8192; one asked
+        for is kept, and the CPU's stays short."""
+        assert RuntimeConfig().for_offline("sm90").max_num_batched_tokens == DEFAULT_STEP_TOKENS_GPU_OFFLINE == 16384
+        assert RuntimeConfig().for_offline("gfx942").for_target("gfx942").max_num_batched_tokens == 16384
+        assert RuntimeConfig(max_num_batched_tokens=100).for_offline("sm90").max_num_batched_tokens == 100
+        assert RuntimeConfig().for_offline("cpu").for_target("cpu").max_num_batched_tokens == DEFAULT_STEP_TOKENS_CPU
 
     def test_needs_a_step_budget(self):
         with pytest.raises(ValueError, match="step budget"):

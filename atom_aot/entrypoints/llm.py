@@ -4,7 +4,8 @@
 the embedded default); a model is built into the artifact cache first (in a child `atom-build`),
 so both run the runtime's artifact engine. Build options (dtype, quant, -tp, ...) apply only to a
 model: an artifact's were fixed when it was built. `torch_profiler_dir` (default: ATOM's
-`ATOM_TORCH_PROFILER_DIR`) enables `start_profile()` / `stop_profile()`.
+`ATOM_TORCH_PROFILER_DIR`) enables `start_profile()` / `stop_profile()`. On a GPU a step computes up to 16384
+tokens unless `max_num_batched_tokens` says otherwise (vLLM's offline default; the server's is 8192).
 """
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ class LLMEngine(ArtifactEngine):
             log.info("artifact %s (%s)", result["path"], "cached" if result["cached"] else "built")
             artifact = result["path"]
         traces = torch_profiler_dir or profiler.dir_from_env()
-        layout = Artifact.open(artifact, config.trusted_keys).manifest.layout
+        manifest = Artifact.open(artifact, config.trusted_keys).manifest
+        config, layout = config.for_offline(manifest.target.arch), manifest.layout
         if traces and layout.attention_data_parallel:
             raise ValueError("torch_profiler_dir: the ranks of a data-parallel-attention artifact run in their own "
                              "processes, which the offline engine does not profile; profile them through "

@@ -20,6 +20,11 @@ DEFAULT_CPU_KV_BYTES = 1 << 30
 # from large steps.
 DEFAULT_STEP_TOKENS_GPU = 8192
 DEFAULT_STEP_TOKENS_CPU = 128
+# The offline engine's (LLMEngine) on a GPU: vLLM's offline `LLM` default on GPUs of 70 GiB or more (every GPU arch
+# built for here: Hopper, MI300; its server keeps 8192, as ours does). With no client waiting on a step, a batch of
+# prompts prefills in half the steps, each reading the weights once, and an MoE layer's experts get twice the
+# tokens per GEMM.
+DEFAULT_STEP_TOKENS_GPU_OFFLINE = 16384
 SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
@@ -29,7 +34,8 @@ class RuntimeConfig:
     max_num_batched_tokens: int | None = flag(None, "--max-num-batched-tokens",
                                               help=f"tokens computed in one step; longer prompts are chunked "
                                                    f"(default: {DEFAULT_STEP_TOKENS_GPU} on a GPU, "
-                                                   f"{DEFAULT_STEP_TOKENS_CPU} on the CPU)")
+                                                   f"{DEFAULT_STEP_TOKENS_GPU_OFFLINE} in the offline LLMEngine "
+                                                   f"there, {DEFAULT_STEP_TOKENS_CPU} on the CPU)")
     max_model_len: int | None = flag(None, "--max-model-len", help="longest sequence served; at most the "
                                      "artifact's (default: the artifact's)")
     enable_prefix_caching: bool = flag(True, "--enable-prefix-caching", negate="--no-prefix-caching",
@@ -111,6 +117,13 @@ class RuntimeConfig:
                                f"{artifact_limit}, or build an artifact with atom-build --max-model-len "
                                f"{self.max_model_len}.")
         return self.max_model_len or artifact_limit
+
+    def for_offline(self, arch: str) -> RuntimeConfig:
+        """This config with the offline engine's step budget on a GPU target where none was asked for (one asked
+        for is kept; the CPU's stays for_target's)."""
+        if self.max_num_batched_tokens is not None or arch == "cpu":
+            return self
+        return replace(self, max_num_batched_tokens=DEFAULT_STEP_TOKENS_GPU_OFFLINE)
 
     def for_target(self, arch: str) -> RuntimeConfig:
         """This config with the step budget of the artifact's target (`arch`, the manifest's) where none was asked
