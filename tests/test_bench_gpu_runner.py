@@ -13,7 +13,8 @@ from atom_aot.bench.gpu import result as results
 from atom_aot.bench.gpu.__main__ import main
 from atom_aot.bench.gpu.measure import offline
 from atom_aot.bench.gpu.runner import Paths, Step, measure, run_dir
-from atom_aot.bench.gpu.scenarios import KINDS, SCENARIOS, WEIGHTS, Model, Workload, scenario, table
+from atom_aot.bench.gpu.scenarios import (KINDS, SCENARIOS, WEIGHTS, Model, Workload, engine_kwargs_vllm, scenario,
+                                          table)
 
 
 def test_every_scenario_is_well_formed():
@@ -109,6 +110,14 @@ def test_refusals_are_one_line(capsys, assets, tmp_path):
     assert "--engines takes a comma list of ours, vllm" in capsys.readouterr().err
     assert main(["qwen3-0.6b-tpot", "--dry-run", "--assets", str(tmp_path / "none")]) == 2
     assert "no config qwen3-0.6b.json" in capsys.readouterr().err
+
+
+def test_vllm_loads_the_checkpoint_of_same_draws_and_draws_dummy_weights_itself():
+    """same-draws: vLLM must load the checkpoint of our draws (load_format "dummy" would draw its own, which route
+    every token to about the same experts: not the model ours runs)."""
+    assert "load_format" not in engine_kwargs_vllm(scenario("deepseek-v3-5l"))             # same-draws
+    assert "load_format" not in engine_kwargs_vllm(scenario("deepseek-v3-5l-fp8"))         # random: a checkpoint
+    assert engine_kwargs_vllm(scenario("qwen3-30b-a3b-16l-tp2"))["load_format"] == "dummy"  # dummy-at-load
 
 
 def test_result_name_and_fields(tmp_path):

@@ -180,9 +180,14 @@ def table() -> str:
     return "\n".join(rows)
 
 
+VLLM_DRAWS = ("dummy", "dummy-at-load")     # the weights vLLM draws itself (load_format="dummy"); it loads the others
+
+
 def engine_kwargs_vllm(s: Scenario) -> dict:
-    """The scenario's vLLM settings; dummy weights are drawn by vLLM as ours are at build."""
+    """The scenario's vLLM settings; dummy weights are drawn by vLLM as ours are at build. random and same-draws
+    weights are a checkpoint vLLM loads (same-draws: the checkpoint of our draws, whose routing spreads tokens
+    over the experts as ours does; vLLM's own draws route them to about the same few)."""
     kwargs = dict(s.vllm_kwargs)
-    if s.model.weights != "random":
+    if s.model.weights in VLLM_DRAWS:
         kwargs["load_format"] = "dummy"
     return kwargs
