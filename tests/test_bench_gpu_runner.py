@@ -91,6 +91,10 @@ def test_same_draws_give_vllm_a_checkpoint_of_the_draws_ours_makes_at_load(capsy
     assert checkpoint.endswith("deepseek-v3-5l-same-draws-checkpoint")
     assert f"--model {checkpoint} " in lines[4] and "measure vllm" in lines[4]
     assert "measure ours" in lines[3] and f"--model {checkpoint} " not in lines[3]
+    # the step_profile kind: each engine's decode step profiled after both measured, vLLM on the same checkpoint
+    assert "scripts/profile_decode.py" in lines[5] and "--artifact" in lines[5] and "--batch 256" in lines[5]
+    assert "vllm_decode_profile.py" in lines[6] and f"--model {checkpoint} " in lines[6]
+    assert "--load-format auto" in lines[6] and "VLLM_USE_FLASHINFER_SAMPLER=0" in lines[6]
     assert "make_random_model.py" not in "\n".join(dry_run(capsys, assets, tmp_path, "deepseek-v3-5l", "--engines", "ours"))
 
 

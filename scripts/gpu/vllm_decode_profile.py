@@ -59,6 +59,11 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--decode", type=int, default=32, help="decode steps profiled")
+    parser.add_argument("--batch", type=int, default=256, help="prompts decoding together")
+    parser.add_argument("--input-len", type=int, default=1024, help="tokens of each prompt")
+    parser.add_argument("--load-format", default="dummy",
+                        help="vLLM's: dummy (its own random weights) or auto (the folder's checkpoint, e.g. ours "
+                             "drawn: MoE models, where vLLM's dummy weights route every token to the same experts)")
     parser.add_argument("--engine-kwargs", default="{}", help="JSON: more LLM(...) arguments")
     args = parser.parse_args()
     from vllm import LLM, SamplingParams
@@ -67,10 +72,10 @@ def main() -> None:
     shutil.rmtree(trace_dir, ignore_errors=True)
     vocab = json.load(open(os.path.join(args.model, "config.json")))["vocab_size"]
     rng = random.Random(4)                          # sbs.py's throughput prompts
-    prompts = [TokensPrompt(prompt_token_ids=[rng.randrange(100, vocab - 100) for _ in range(1024)])
-               for _ in range(256)]
-    llm = LLM(model=args.model, max_model_len=4096, gpu_memory_utilization=0.85, max_num_seqs=256, seed=0,
-              load_format="dummy", profiler_config={"profiler": "torch", "torch_profiler_dir": trace_dir,
+    prompts = [TokensPrompt(prompt_token_ids=[rng.randrange(100, vocab - 100) for _ in range(args.input_len)])
+               for _ in range(args.batch)]
+    llm = LLM(model=args.model, max_model_len=4096, gpu_memory_utilization=0.85, max_num_seqs=args.batch, seed=0,
+              load_format=args.load_format, profiler_config={"profiler": "torch", "torch_profiler_dir": trace_dir,
                                                      "torch_profiler_with_stack": False},
               **json.loads(args.engine_kwargs))
     greedy = lambda n: SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)     # noqa: E731
@@ -82,7 +87,8 @@ def main() -> None:
     llm.stop_profile()
     time.sleep(5)                                                   # the engine core writes its trace
     traces = sorted(glob.glob(f"{trace_dir}/**/*.json*", recursive=True), key=os.path.getsize)
-    report = {"model": args.model, "window_s": round(seconds, 3), "traces": traces}
+    report = {"model": args.model, "load_format": args.load_format, "batch": args.batch, "input_len": args.input_len,
+              "window_s": round(seconds, 3), "traces": traces}
     if traces:
         report.update(summarize(kernel_times(traces[-1]), args.decode))
         name = "vllm-trace.json.gz" if traces[-1].endswith(".gz") else "vllm-trace.json"

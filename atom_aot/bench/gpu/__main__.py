@@ -16,7 +16,7 @@ from pathlib import Path
 
 from atom_aot.bench.gpu import result as results
 from atom_aot.bench.gpu.measure import ENGINES
-from atom_aot.bench.gpu.runner import REPO, Paths, SetupError, execute, measure, plan
+from atom_aot.bench.gpu.runner import REPO, Paths, SetupError, execute, measure, plan, profile_name, profile_steps
 from atom_aot.bench.gpu.scenarios import UnknownScenario, scenario, table
 
 DEFAULT_VLLM_PATH = Path("/tmp/vsite")     # where scripts/gpu/stage.sh installs the vLLM bundle
@@ -68,10 +68,10 @@ def run(args, argv: list[str]) -> int:
     s = scenario(args.scenario)
     engines = engines_of(args.engines)
     paths = Paths(args.assets.resolve(), args.work.resolve(), vllm_path(args, engines))
-    steps = plan(s, engines, paths)
+    steps, profiles = plan(s, engines, paths), profile_steps(s, engines, paths)
     today = datetime.date.today()
     if args.dry_run:
-        for step in steps:
+        for step in steps + profiles:
             print(step.shell())
         out = args.out / f"DEVICE-{s.name}-{today.isoformat()}.json" if args.out.is_dir() else args.out
         print(f"# result: {out}")
@@ -90,6 +90,13 @@ def run(args, argv: list[str]) -> int:
         else:
             errors[engine] = error
             print(f"[bench.gpu] {engine} failed: {error}", file=sys.stderr, flush=True)
+    for engine, step in zip(engines, profiles):
+        figures, error = measure(step, profile_name(engine), s, paths)
+        if figures is not None:
+            engines_out.setdefault(engine, {})["step_profile"] = figures
+        else:
+            errors[profile_name(engine)] = error
+            print(f"[bench.gpu] {profile_name(engine)} failed: {error}", file=sys.stderr, flush=True)
     commit = args.commit or results.commit_of(REPO)
     data = results.assemble(s, engines_out, errors, ["python", "-m", "atom_aot.bench.gpu", *argv], commit, today)
     path = results.write(data, args.out, s, today)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from atom_aot.bench.gpu.scenarios import WEIGHTS, Scenario
+from atom_aot.bench.gpu.scenarios import WEIGHTS, Scenario, engine_kwargs_vllm
 
 REPO = Path(__file__).resolve().parents[3]
 REPO_CONFIGS = REPO / "scripts" / "gpu" / "configs"
@@ -145,6 +145,35 @@ def measure_step(engine: str, s: Scenario, paths: Paths) -> Step:
     return Step(f"measure {engine}", tuple(argv), tuple(env.items()))
 
 
+PROFILE_SCRIPTS = {"ours": REPO / "scripts" / "profile_decode.py", "vllm": REPO / "scripts" / "gpu" / "vllm_decode_profile.py"}
+
+
+def profile_name(engine: str) -> str:
+    """The step profile's JSON and log in the run folder: NAME.json, NAME.log."""
+    return f"{engine}-step-profile"
+
+
+def profile_step(engine: str, s: Scenario, paths: Paths) -> Step:
+    """The step_profile kind: each engine's decode step at batch num_prompts, kernel by kernel, in a process of its
+    own (the engine started once more), by the profiling script of that engine."""
+    w, out = s.workload, run_dir(s, paths) / f"{profile_name(engine)}.json"
+    argv = [sys.executable, str(PROFILE_SCRIPTS[engine]), "--out", str(out)]
+    if engine == "ours":
+        argv += ["--artifact", str(artifact_path(s, paths)), "--batch", str(w.num_prompts), "--input-len",
+                 str(w.input_len), "--sections", "step,kernels"]
+    else:
+        kwargs = engine_kwargs_vllm(s)
+        argv += ["--model", str(checkpoint_dir(s, paths)), "--load-format", kwargs.pop("load_format", "auto"),
+                 "--batch", str(w.num_prompts), "--input-len", str(w.input_len),
+                 "--engine-kwargs", json.dumps(kwargs)]
+    env = {"PYTHONPATH": python_path(engine, paths), "PYTHONUNBUFFERED": "1", **(VLLM_ENV if engine == "vllm" else {})}
+    return Step(f"step profile {engine}", tuple(argv), tuple(env.items()))
+
+
+def profile_steps(s: Scenario, engines: tuple[str, ...], paths: Paths) -> list[Step]:
+    return [profile_step(engine, s, paths) for engine in engines] if "step_profile" in s.workload.kinds else []
+
+
 def plan(s: Scenario, engines: tuple[str, ...], paths: Paths) -> list[Step]:
     steps = [model_step(s, paths)]
     if "ours" in engines:
@@ -168,16 +197,17 @@ def execute(step: Step) -> None:
         raise SetupError(f"{step.label} failed (exit code {rc}): {step.shell()}")
 
 
-def measure(step: Step, engine: str, s: Scenario, paths: Paths) -> tuple[dict | None, str | None]:
-    """One engine's measuring process; its output goes to ENGINE.log beside its JSON. (figures, error)."""
+def measure(step: Step, name: str, s: Scenario, paths: Paths) -> tuple[dict | None, str | None]:
+    """A measuring process (an engine's, or its step profile's: `name`) that writes NAME.json in the run folder;
+    its output goes to NAME.log beside it. (figures, error)."""
     out = run_dir(s, paths)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{engine}.json").unlink(missing_ok=True)
+    (out / f"{name}.json").unlink(missing_ok=True)
     print(f"[bench.gpu] {step.label}: {step.shell()}", flush=True)
-    with open(out / f"{engine}.log", "w") as log:
+    with open(out / f"{name}.log", "w") as log:
         rc = subprocess.run(step.argv, env={**os.environ, **dict(step.env)}, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True).returncode
-    if rc or not (out / f"{engine}.json").exists():
-        tail = (out / f"{engine}.log").read_text()[-4000:]
-        return None, f"exit code {rc}; the log ({out / f'{engine}.log'}) ends:\n{tail}"
-    return json.loads((out / f"{engine}.json").read_text()), None
+    if rc or not (out / f"{name}.json").exists():
+        tail = (out / f"{name}.log").read_text()[-4000:]
+        return None, f"exit code {rc}; the log ({out / f'{name}.log'}) ends:\n{tail}"
+    return json.loads((out / f"{name}.json").read_text()), None

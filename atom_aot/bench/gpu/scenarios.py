@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 WEIGHTS = ("random", "dummy", "dummy-at-load", "same-draws")
-KINDS = ("throughput", "prefill", "sampled", "tpot", "cold", "serving")
+KINDS = ("throughput", "prefill", "sampled", "tpot", "cold", "serving", "step_profile")
 
 # Both engines, every scenario (the peer harness's settings): memory share, longest sequence, batch slots.
 GPU_MEMORY_UTILIZATION = 0.85
@@ -44,7 +44,9 @@ class Workload:
     `sampling`; tpot: batch 1, a 128-token prompt, (t(1 + D tokens) - t(1)) / D, median
     of 3; cold: fresh processes, spawn to first token; serving: the OpenAI server under
     atom_aot.bench.serving (random prompts at `request_rate` per second or `max_concurrency` at once, with a
-    shared prefix of `prefix_len` tokens)."""
+    shared prefix of `prefix_len` tokens); step_profile: a decode step at batch `num_prompts` over `input_len`-token
+    prompts, kernel by kernel under torch's profiler, each engine started once more for it
+    (scripts/profile_decode.py, scripts/gpu/vllm_decode_profile.py)."""
     kinds: tuple[str, ...]
     num_prompts: int = 256
     input_len: int = 1024
@@ -93,7 +95,7 @@ DEEPSEEK_5L_MTP = Model("deepseek-v3-5l-mtp-32e", "deepseek-v3", "llama3", "dumm
 GPT_OSS_20B = Model("gpt-oss-20b", "gpt-oss-20b", "llama3", "dummy-at-load", (("vocab_size", 128256),))
 
 OFFLINE = Workload(("throughput", "tpot"))
-OFFLINE_PREFILL = Workload(("throughput", "prefill", "tpot"))
+OFFLINE_PREFILL = Workload(("throughput", "prefill", "tpot", "step_profile"))
 OFFLINE_1000 = Workload(("throughput",), num_prompts=1000, input_len=1000, output_len=1000)
 FP8 = ("--quant", "fp8", "--kv-cache-dtype", "fp8")
 VLLM_FP8 = (("quantization", "fp8"), ("kv_cache_dtype", "fp8"))
@@ -128,10 +130,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("qwen3-30b-a3b-16l-ep2", "MoE, Qwen3-30B-A3B cut to 16 layers, whole experts per rank (-tp 2 --ep)",
              MOE_16L, OFFLINE, build_flags=("-tp", "2", "--ep"),
              vllm_kwargs=(("tensor_parallel_size", 2), ("enable_expert_parallel", True)), gpus=2),
-    Scenario("deepseek-v3-5l", "DeepSeek-V3 cut to 5 layers (3 dense, 2 MoE of 256 experts), throughput, prefill "
-             "and TPOT", DEEPSEEK_5L, OFFLINE_PREFILL),
+    Scenario("deepseek-v3-5l", "DeepSeek-V3 cut to 5 layers (3 dense, 2 MoE of 256 experts), throughput, prefill, "
+             "TPOT and the decode step's kernels", DEEPSEEK_5L, OFFLINE_PREFILL),
     Scenario("deepseek-v3-5l-fp8", "DeepSeek-V3 cut to 5 layers in DeepSeek's FP8 checkpoint format (128x128-block "
-             "W8A8 linears and experts), throughput, prefill and TPOT", DEEPSEEK_5L_FP8, OFFLINE_PREFILL,
+             "W8A8 linears and experts), throughput, prefill, TPOT and the decode step's kernels", DEEPSEEK_5L_FP8, OFFLINE_PREFILL,
              notes="one checkpoint, block-quantized as DeepSeek ships it, loaded by both engines; the KV cache is "
                    "bf16 in both"),
     Scenario("glm-4.5-air-12l", "GLM-4.5-Air cut to 12 layers (1 dense, 11 MoE of 128 experts + a shared one), "
