@@ -121,6 +121,7 @@ def test_vllm_loads_the_checkpoint_of_same_draws_and_draws_dummy_weights_itself(
     every token to about the same experts: not the model ours runs)."""
     assert "load_format" not in engine_kwargs_vllm(scenario("deepseek-v3-5l"))             # same-draws
     assert "load_format" not in engine_kwargs_vllm(scenario("deepseek-v3-5l-fp8"))         # random: a checkpoint
+    assert "load_format" not in engine_kwargs_vllm(scenario("glm-4.5-air-12l"))            # same-draws
     assert engine_kwargs_vllm(scenario("qwen3-30b-a3b-16l-tp2"))["load_format"] == "dummy"  # dummy-at-load
 
 

@@ -79,7 +79,7 @@ MOE_16L = Model("qwen3-30b-a3b-16l", "qwen3-30b-a3b", "qwen3", "dummy-at-load",
                 (("num_hidden_layers", 16), ("max_window_layers", 16)))
 DEEPSEEK_5L = Model("deepseek-v3-5l", "deepseek-v3", "llama3", "same-draws",
                     (("num_hidden_layers", 5), ("num_nextn_predict_layers", 0), ("vocab_size", 128256)))
-GLM_AIR_12L = Model("glm-4.5-air-12l", "glm-4.5-air", "qwen3", "dummy-at-load",
+GLM_AIR_12L = Model("glm-4.5-air-12l", "glm-4.5-air", "qwen3", "same-draws",
                     (("num_hidden_layers", 12), ("num_nextn_predict_layers", 0), ("vocab_size", 151936)))
 KIMI_K2_3L = Model("kimi-k2-3l", "kimi-k2", "llama3", "dummy-at-load",
                    (("num_hidden_layers", 3), ("vocab_size", 128256)))
@@ -138,12 +138,14 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
                    "bf16 in both"),
     Scenario("glm-4.5-air-12l", "GLM-4.5-Air cut to 12 layers (1 dense, 11 MoE of 128 experts + a shared one), "
              "throughput and TPOT", GLM_AIR_12L, OFFLINE,
-             notes="weights drawn by each engine: vLLM's dummy draws the router and its correction bias uniform in "
-                   "+-1e-3 too, which can send every token to the same experts (docs/deepseek.md)"),
+             notes="vLLM loads a checkpoint of our draws (~52 GB): its own dummy weights draw the router's correction "
+                   "bias uniform in +-1e-3, which sends every token to about the same experts (docs/deepseek.md)"),
     Scenario("kimi-k2-3l", "Kimi-K2 cut to 3 layers (1 dense, 2 MoE of 384 experts in one group), throughput and "
              "TPOT", KIMI_K2_3L, OFFLINE,
-             notes="weights drawn by each engine: vLLM's dummy draws the router and its correction bias uniform in "
-                   "+-1e-3 too, which can send every token to the same experts (docs/deepseek.md)"),
+             notes="weights drawn by each engine (a checkpoint of our draws, two MoE layers of 384 experts, would not fit "
+                   "the GPU machine's disk): vLLM's dummy draws the router's correction bias uniform in +-1e-3, which "
+                   "can send every token to the same experts (docs/deepseek.md), so its figures are not of the same "
+                   "model"),
     Scenario("gpt-oss-20b-throughput", "GPT-OSS-20B shapes, bf16 experts (sinks, 128-token windows on half the "
              "layers, clamped SwiGLU experts): throughput 256 x 1024/512 and batch-1 TPOT", GPT_OSS_20B, OFFLINE),
     Scenario("gpt-oss-20b-long-prompt", "GPT-OSS-20B shapes, bf16 experts: throughput 64 x 8192/256, where the "
