@@ -40,9 +40,11 @@ SMOKE_CASES = [(3, 40)]
 
 def grid() -> list[MLADecodeConfig]:
     """The build's candidates, then heads per program 32 or 64 x key tiles 16-64 x 4 or 8 warps x 1-3 pipeline
-    stages (128 heads per program do not compile: ptxas runs out of registers)."""
+    stages, and 64 heads with 16 warps or 128-key tiles (128 heads per program do not compile: ptxas runs out of
+    registers; a tile past shared memory is recorded as null)."""
     configs = list(CANDIDATE_CONFIGS)
     tiles = [(h, n, w) for h in (32, 64) for n in (16, 32, 64) for w in (4, 8)]
+    tiles += [(64, 64, 16), (64, 128, 8), (64, 128, 16)]       # past the 2026-12-03 grid's best (64, 64, 8)
     for h, n, w in tiles:
         for stages in (1, 2, 3):
             c = MLADecodeConfig(h, n, w, stages, 512, 32)
