@@ -4,13 +4,16 @@ The interpreter runs kernels as numpy and accepts code that Triton's compiler re
 kernel is compiled for the real targets at model shapes (Qwen3-0.6B / Llama-3.1-8B heads, bf16,
 bf16 and fp8 caches), and register spills to local memory fail the test. Runs in a subprocess:
 the other test files turn on TRITON_INTERPRET, which replaces the kernels with interpreted ones.
-Each check is one single-threaded compiler process; the selected tests' checks run side by side, one
-per usable CPU (one after another they took ~200 CPU-s, the longest file of the suite).
+The selected tests' checks run side by side in single-threaded compiler processes, one per usable CPU, each
+taking check after check (one after another they took ~200 CPU-s, the longest file of the suite; a process per
+check paid ~4 s of imports for each, for checks of 1 to 30 s of compiling).
 """
 import json
 import os
 import subprocess
 import sys
+import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,33 +22,64 @@ import pytest
 from atom_aot.runtime.threads import usable_cpus
 
 pytest.importorskip("triton")
+import triton_aot_check  # noqa: E402  (tests/ is on the path: conftest.py)
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def compile_kernels(*flags: str) -> list[dict]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "triton_aot_check.py"), *flags], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.splitlines()[-1])
+class Compilers:
+    """A triton_aot_check.py process per pool thread, kept up between checks (`--stdin`): a check sent to it
+    compiles there, so each process imports torch, Triton and the kernels once."""
+
+    def __init__(self):
+        self.local, self.started = threading.local(), []
+
+    def compile_kernels(self, *flags: str) -> list[dict]:
+        process = getattr(self.local, "process", None) or self._start()
+        watchdog = threading.Timer(600, process.kill)       # a hung compile fails its test, as a timeout did
+        watchdog.start()
+        try:
+            process.stdin.write(json.dumps(flags) + "\n")
+            process.stdin.flush()
+            for line in process.stdout:
+                if line.startswith(triton_aot_check.RESULTS):
+                    return json.loads(line[len(triton_aot_check.RESULTS):])
+        finally:
+            watchdog.cancel()
+        process.wait()
+        self.local.stderr.seek(0)
+        raise AssertionError(f"{flags}: exit code {process.returncode}\n{self.local.stderr.read()[-4000:]}")
+
+    def _start(self) -> subprocess.Popen:
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        self.local.stderr = tempfile.TemporaryFile("w+")
+        process = self.local.process = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "triton_aot_check.py"), "--stdin"], env=env, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.local.stderr)
+        self.started.append(process)
+        return process
+
+    def close(self) -> None:
+        for process in self.started:
+            process.stdin.close()
+            process.wait(60)
 
 
-CHECKS = {   # a test's `check` -> the flags of its triton_aot_check.py run, longest first
-    "all-reduce-norm": ("--targets", "sm90,gfx942", "--all-reduce-norm"),
+CHECKS = {   # a test's `check` -> the flags of its triton_aot_check.py check, longest first (sent first)
     "int4": ("--targets", "sm90,gfx942", "--int4"),
     "all-candidates": ("--model", "qwen3-0.6b", "--targets", "sm90", "--all-candidates"),
-    "mla-mixed": ("--targets", "sm90", "--mla-mixed"),
+    "all-reduce-norm": ("--targets", "sm90,gfx942", "--all-reduce-norm"),
     "small-m": ("--targets", "sm90", "--small-m"),
     "silu-mul-quant": ("--targets", "sm90,gfx942", "--silu-mul-quant"),
-    "fp8-cache": ("--model", "llama-3.1-8b", "--targets", "sm90,gfx942", "--fp8-cache"),
-    "rms-norm-quant": ("--targets", "sm90,gfx942", "--rms-norm-quant"),
     "moe-glue": ("--targets", "sm90,gfx942", "--moe-glue"),
+    "rms-norm-quant": ("--targets", "sm90,gfx942", "--rms-norm-quant"),
     "moe-mxfp4": ("--targets", "sm90", "--moe-mxfp4"),
+    "mla-mixed": ("--targets", "sm90", "--mla-mixed"),
+    "fp8-cache": ("--model", "llama-3.1-8b", "--targets", "sm90,gfx942", "--fp8-cache"),
     "bf16-cache": ("--model", "llama-3.1-8b", "--targets", "sm90,gfx942"),
     "partial-rotary": ("--model", "glm-4.5-air", "--targets", "sm90,gfx942"),
-    "sampling": ("--targets", "sm90,gfx942", "--sampling"),
     "gpt-oss": ("--targets", "sm90,gfx942", "--gpt-oss"),
+    "sampling": ("--targets", "sm90,gfx942", "--sampling"),
 }
 
 
@@ -54,11 +88,13 @@ def compiled(request):
     """check -> the future of its results, for every check a selected test of this file names."""
     specs = [getattr(item, "callspec", None) for item in request.session.items if item.module is request.module]
     selected = {spec.params["check"] for spec in specs if spec is not None and "check" in spec.params}
-    pool = ThreadPoolExecutor(max_workers=usable_cpus())
+    pool, compilers = ThreadPoolExecutor(max_workers=usable_cpus()), Compilers()
     try:
-        yield {check: pool.submit(compile_kernels, *flags) for check, flags in CHECKS.items() if check in selected}
+        yield {check: pool.submit(compilers.compile_kernels, *flags) for check, flags in CHECKS.items()
+               if check in selected}
     finally:
         pool.shutdown(cancel_futures=True)      # a run stopped early (-x) starts no further compiles
+        compilers.close()
 
 
 def assert_compiled_without_spills(results):

@@ -370,9 +370,11 @@ def compile_all(launches: list[Launch], targets: list[str]) -> list[dict]:
     return results
 
 
-def main() -> None:
+RESULTS = "results: "     # the prefix of a results line in --stdin mode (the compiler may print lines of its own)
+
+
+def argument_parser():
     import argparse
-    import json
     parser = argparse.ArgumentParser(description="Compile the atom_triton kernels for GPU targets, no GPU needed.")
     parser.add_argument("--model", choices=sorted(MODELS), default="llama-3.1-8b")
     parser.add_argument("--targets", default="sm90,gfx942")
@@ -388,21 +390,35 @@ def main() -> None:
     parser.add_argument("--moe-mxfp4", action="store_true", help="only the fused MoE GEMMs on mxfp4 experts")
     parser.add_argument("--mla-mixed", action="store_true", help="only the MLA mixed step's chunk, prefix and workspace kernels")
     parser.add_argument("--gpt-oss", action="store_true", help="only paged attention with sinks and a window")
-    args = parser.parse_args()
+    parser.add_argument("--stdin", action="store_true",
+                        help="compile each flag set read from stdin (a JSON list a line), answer each with a line "
+                             f"'{RESULTS}<json>': one process's imports for many checks")
+    return parser
+
+
+def results_for(args) -> list[dict]:
     only = {"rms_norm_quant": rms_norm_quant_launches, "silu_mul_quant": silu_mul_quant_launches,
             "sampling": sampling_launches, "all_reduce_norm": all_reduce_norm_launches,
             "moe_glue": moe_glue_launches, "int4": int4_launches, "mla_mixed": mla_mixed_launches,
             "gpt_oss": gpt_oss_attention_launches}      # flag (its dest) -> the launches it compiles alone
     chosen = [launches for flag, launches in only.items() if getattr(args, flag)]
     if args.moe_mxfp4:
-        print(json.dumps(compile_all(moe_mxfp4_launches(args.all_candidates), args.targets.split(","))))
-        return
+        return compile_all(moe_mxfp4_launches(args.all_candidates), args.targets.split(","))
     if chosen:
-        print(json.dumps(compile_all(chosen[0](), args.targets.split(","))))
+        return compile_all(chosen[0](), args.targets.split(","))
+    return check(args.model, args.targets.split(","), torch.float8_e4m3fn if args.fp8_cache else None,
+                 args.all_candidates, args.small_m)
+
+
+def main() -> None:
+    import json
+    import sys
+    args = argument_parser().parse_args()
+    if not args.stdin:
+        print(json.dumps(results_for(args)))
         return
-    results = check(args.model, args.targets.split(","), torch.float8_e4m3fn if args.fp8_cache else None,
-                    args.all_candidates, args.small_m)
-    print(json.dumps(results))
+    for line in sys.stdin:
+        print(RESULTS + json.dumps(results_for(argument_parser().parse_args(json.loads(line)))), flush=True)
 
 
 if __name__ == "__main__":
